@@ -1,0 +1,197 @@
+//! Framing: a byte stream carrying length-prefixed `Envelope`s.
+//!
+//! `Connection` only reads and writes frames; what a message means is the caller's business.
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use prost::Message as _;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+use crate::{Envelope, Message};
+
+/// Frames larger than this are refused unless configured otherwise: 4 MiB.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// The length prefix announced more than the configured maximum.
+    #[error("frame larger than the {limit}-byte limit")]
+    FrameTooLarge { limit: usize },
+    /// The stream ended in the middle of a frame.
+    #[error("connection closed in the middle of a frame")]
+    Truncated,
+    /// The frame's bytes are not a protobuf `Envelope`.
+    #[error("undecodable frame: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// A decodable envelope with no message this build knows.
+    #[error("frame carries no message this side knows (newer peer?)")]
+    UnknownMessage,
+    #[error("i/o: {0}")]
+    Io(std::io::Error),
+}
+
+impl ConnectionError {
+    /// True when the peer sent bytes that break the protocol (as opposed to an i/o failure).
+    pub fn is_protocol_violation(&self) -> bool {
+        !matches!(self, ConnectionError::Io(_))
+    }
+}
+
+/// A framed, bidirectional protobuf connection over any byte stream (TCP, TLS, in-memory).
+pub struct Connection<S> {
+    framed: Framed<S, LengthDelimitedCodec>,
+    max_frame_bytes: usize,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
+    /// Wraps a stream with the default 4 MiB frame limit.
+    pub fn new(stream: S) -> Self {
+        Self::with_max_frame(stream, DEFAULT_MAX_FRAME_BYTES)
+    }
+
+    /// Wraps a stream refusing frames over `max_frame_bytes`.
+    pub fn with_max_frame(stream: S, max_frame_bytes: usize) -> Self {
+        let codec = LengthDelimitedCodec::builder()
+            .length_field_length(4)
+            .big_endian()
+            .max_frame_length(max_frame_bytes)
+            .new_codec();
+        Connection {
+            framed: Framed::new(stream, codec),
+            max_frame_bytes,
+        }
+    }
+
+    /// Sends one message as one frame.
+    pub async fn send(&mut self, message: impl Into<Envelope>) -> Result<(), ConnectionError> {
+        let envelope: Envelope = message.into();
+        let bytes = Bytes::from(envelope.encode_to_vec());
+        self.framed.send(bytes).await.map_err(|e| self.classify(e))
+    }
+
+    /// Sends a message without flushing; call [`Connection::flush`] after a batch.
+    pub async fn feed(&mut self, message: impl Into<Envelope>) -> Result<(), ConnectionError> {
+        let envelope: Envelope = message.into();
+        let bytes = Bytes::from(envelope.encode_to_vec());
+        self.framed.feed(bytes).await.map_err(|e| self.classify(e))
+    }
+
+    /// Flushes messages queued with [`Connection::feed`].
+    pub async fn flush(&mut self) -> Result<(), ConnectionError> {
+        SinkExt::<Bytes>::flush(&mut self.framed)
+            .await
+            .map_err(|e| self.classify(e))
+    }
+
+    /// Receives the next message; `Ok(None)` when the peer closed cleanly between frames.
+    pub async fn recv(&mut self) -> Result<Option<Message>, ConnectionError> {
+        match self.framed.next().await {
+            None => Ok(None),
+            Some(Err(e)) => Err(self.classify(e)),
+            Some(Ok(frame)) => {
+                let envelope = Envelope::decode(frame.freeze())?;
+                envelope
+                    .message
+                    .map(Some)
+                    .ok_or(ConnectionError::UnknownMessage)
+            }
+        }
+    }
+
+    /// The underlying stream, e.g. to read the peer address.
+    pub fn get_ref(&self) -> &S {
+        self.framed.get_ref()
+    }
+
+    fn classify(&self, e: std::io::Error) -> ConnectionError {
+        let text = e.to_string();
+        if e.kind() == std::io::ErrorKind::InvalidData && text.contains("frame size too big") {
+            ConnectionError::FrameTooLarge {
+                limit: self.max_frame_bytes,
+            }
+        } else if e.kind() == std::io::ErrorKind::UnexpectedEof
+            || text.contains("bytes remaining on stream")
+        {
+            ConnectionError::Truncated
+        } else {
+            ConnectionError::Io(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Demand, Ping};
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn round_trips_messages() {
+        let (a, b) = tokio::io::duplex(1024);
+        let mut a = Connection::new(a);
+        let mut b = Connection::new(b);
+        a.send(Message::Ping(Ping { nonce: 7 })).await.unwrap();
+        a.send(Message::Demand(Demand {
+            resources: None,
+            count: 3,
+        }))
+        .await
+        .unwrap();
+        assert_eq!(
+            b.recv().await.unwrap(),
+            Some(Message::Ping(Ping { nonce: 7 }))
+        );
+        assert!(matches!(b.recv().await.unwrap(), Some(Message::Demand(d)) if d.count == 3));
+        drop(a);
+        assert_eq!(b.recv().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn oversized_frame_is_refused() {
+        let (mut a, b) = tokio::io::duplex(1024);
+        let mut b = Connection::with_max_frame(b, 16);
+        a.write_all(&100u32.to_be_bytes()).await.unwrap();
+        a.write_all(&[0u8; 100]).await.unwrap();
+        assert!(matches!(
+            b.recv().await,
+            Err(ConnectionError::FrameTooLarge { limit: 16 })
+        ));
+    }
+
+    #[tokio::test]
+    async fn truncated_frame_is_reported() {
+        let (mut a, b) = tokio::io::duplex(1024);
+        let mut b = Connection::new(b);
+        a.write_all(&10u32.to_be_bytes()).await.unwrap();
+        a.write_all(&[1, 2, 3]).await.unwrap();
+        drop(a);
+        assert!(matches!(b.recv().await, Err(ConnectionError::Truncated)));
+    }
+
+    #[tokio::test]
+    async fn garbage_is_a_decode_error() {
+        let (mut a, b) = tokio::io::duplex(1024);
+        let mut b = Connection::new(b);
+        a.write_all(&4u32.to_be_bytes()).await.unwrap();
+        a.write_all(&[0xff, 0xff, 0xff, 0xff]).await.unwrap();
+        assert!(matches!(b.recv().await, Err(ConnectionError::Decode(_))));
+    }
+
+    #[tokio::test]
+    async fn empty_envelope_is_an_unknown_message() {
+        let (mut a, b) = tokio::io::duplex(1024);
+        let mut b = Connection::new(b);
+        // field 99 (unknown to this build), varint 1
+        let unknown = [0x98u8, 0x06, 0x01];
+        a.write_all(&(unknown.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        a.write_all(&unknown).await.unwrap();
+        assert!(matches!(
+            b.recv().await,
+            Err(ConnectionError::UnknownMessage)
+        ));
+    }
+}

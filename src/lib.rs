@@ -1,0 +1,1 @@
+//! Ringmaster master crate.
