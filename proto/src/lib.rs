@@ -6,8 +6,10 @@
 //! ([`Connection`]) and the version handshake, so no other crate touches bytes on the wire.
 
 mod connection;
+pub mod resources;
 
 pub use connection::{Connection, ConnectionError, DEFAULT_MAX_FRAME_BYTES};
+pub use resources::ResourceError;
 
 /// Generated protobuf messages, package `ringmaster.v1`.
 pub mod v1 {

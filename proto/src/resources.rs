@@ -1,0 +1,408 @@
+//! Resources: named scalar quantities and their arithmetic, in one place.
+//!
+//! Every scalar is kept as fixed-point thousandths of its unit (`cpus:1.5` is 1500 milli-cpus,
+//! `mem:8192` is 8192 MiB = 8_192_000 milli-MiB), so arithmetic is exact and comparisons never
+//! meet floating-point surprises. The text form is Mesos-style: `cpus:4;mem:8192;gpus:1`.
+//! Entries are kept sorted by name and zero amounts are dropped, so two equal bundles have
+//! one representation and print the same.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Scalars carry three decimal places.
+pub const MILLI: u64 = 1000;
+
+/// A bundle of named scalar resources, each at most once, sorted by name, none zero.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Resources {
+    entries: Vec<(String, u64)>,
+}
+
+/// Why resource text or arithmetic was refused. Each variant names the offending part.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceError {
+    #[error("`{part}` is not `name:amount` (in `{text}`)")]
+    Malformed { part: String, text: String },
+    #[error("`{name}` is not a valid resource name (letters, digits, `_` and `-`, starting with a letter)")]
+    BadName { name: String },
+    #[error(
+        "`{part}`: amount `{amount}` is not a non-negative finite number with at most 3 decimals"
+    )]
+    BadAmount { part: String, amount: String },
+    #[error("`{name}` appears more than once")]
+    Duplicate { name: String },
+    #[error("`{name}` overflows")]
+    Overflow { name: String },
+    #[error("not enough `{name}`: {have} < {need}")]
+    Insufficient {
+        name: String,
+        have: String,
+        need: String,
+    },
+}
+
+impl Resources {
+    /// The empty bundle.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Parses `name:amount;name:amount`. Whitespace around parts is ignored; an empty text is
+    /// the empty bundle.
+    pub fn parse(text: &str) -> Result<Self, ResourceError> {
+        let mut pairs = Vec::new();
+        for raw in text.split(';') {
+            let part = raw.trim();
+            if part.is_empty() {
+                if text.trim().is_empty() {
+                    continue;
+                }
+                return Err(ResourceError::Malformed {
+                    part: raw.to_string(),
+                    text: text.to_string(),
+                });
+            }
+            let (name, amount) = part
+                .split_once(':')
+                .ok_or_else(|| ResourceError::Malformed {
+                    part: part.to_string(),
+                    text: text.to_string(),
+                })?;
+            let name = name.trim();
+            check_name(name)?;
+            let milli = parse_amount(amount.trim()).ok_or_else(|| ResourceError::BadAmount {
+                part: part.to_string(),
+                amount: amount.trim().to_string(),
+            })?;
+            pairs.push((name.to_string(), milli));
+        }
+        Self::from_milli(pairs)
+    }
+
+    /// Builds a bundle from (name, milli) pairs; duplicate or invalid names are refused.
+    pub fn from_milli<N: Into<String>>(
+        pairs: impl IntoIterator<Item = (N, u64)>,
+    ) -> Result<Self, ResourceError> {
+        let mut entries: Vec<(String, u64)> = Vec::new();
+        for (name, milli) in pairs {
+            let name = name.into();
+            check_name(&name)?;
+            if entries.iter().any(|(n, _)| *n == name) {
+                return Err(ResourceError::Duplicate { name });
+            }
+            entries.push((name, milli));
+        }
+        entries.retain(|(_, m)| *m > 0);
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Resources { entries })
+    }
+
+    /// One dimension in whole units and thousandths, e.g. `Resources::scalar("cpus", 2.0)`.
+    /// Panics on a bad name or amount: for literals in code and tests only.
+    pub fn scalar(name: &str, amount: f64) -> Self {
+        Self::parse(&format!("{name}:{amount}")).expect("valid literal resources")
+    }
+
+    /// The amount of `name` in thousandths (0 when absent).
+    pub fn milli(&self, name: &str) -> u64 {
+        match self.entries.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+            Ok(i) => self.entries[i].1,
+            Err(_) => 0,
+        }
+    }
+
+    /// The amount of `name` in units, for display and ratios.
+    pub fn amount(&self, name: &str) -> f64 {
+        self.milli(name) as f64 / MILLI as f64
+    }
+
+    /// Sets one dimension (0 removes it).
+    pub fn set_milli(&mut self, name: &str, milli: u64) {
+        match self.entries.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+            Ok(i) if milli == 0 => {
+                self.entries.remove(i);
+            }
+            Ok(i) => self.entries[i].1 = milli,
+            Err(_) if milli == 0 => {}
+            Err(i) => self.entries.insert(i, (name.to_string(), milli)),
+        }
+    }
+
+    /// (name, milli) pairs sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.entries.iter().map(|(n, m)| (n.as_str(), *m))
+    }
+
+    /// Dimension names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.entries.iter().map(|(n, _)| n.as_str())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// True when every dimension of `other` is at most this bundle's amount.
+    pub fn contains(&self, other: &Resources) -> bool {
+        other.iter().all(|(name, need)| self.milli(name) >= need)
+    }
+
+    /// The dimensions of `demand` this bundle falls short of.
+    pub fn shortfalls<'a>(&'a self, demand: &'a Resources) -> impl Iterator<Item = &'a str> + 'a {
+        demand
+            .iter()
+            .filter(move |(name, need)| self.milli(name) < *need)
+            .map(|(name, _)| name)
+    }
+
+    /// Sum, refusing overflow.
+    pub fn checked_add(&self, other: &Resources) -> Result<Resources, ResourceError> {
+        let mut out = self.clone();
+        for (name, m) in other.iter() {
+            let sum = out
+                .milli(name)
+                .checked_add(m)
+                .ok_or_else(|| ResourceError::Overflow {
+                    name: name.to_string(),
+                })?;
+            out.set_milli(name, sum);
+        }
+        Ok(out)
+    }
+
+    /// Difference, refusing to go below zero in any dimension.
+    pub fn checked_sub(&self, other: &Resources) -> Result<Resources, ResourceError> {
+        let mut out = self.clone();
+        for (name, m) in other.iter() {
+            let have = out.milli(name);
+            let left = have
+                .checked_sub(m)
+                .ok_or_else(|| ResourceError::Insufficient {
+                    name: name.to_string(),
+                    have: format_milli(have),
+                    need: format_milli(m),
+                })?;
+            out.set_milli(name, left);
+        }
+        Ok(out)
+    }
+
+    /// Difference, clamped at zero in every dimension.
+    pub fn saturating_sub(&self, other: &Resources) -> Resources {
+        let mut out = self.clone();
+        for (name, m) in other.iter() {
+            let left = out.milli(name).saturating_sub(m);
+            out.set_milli(name, left);
+        }
+        out
+    }
+
+    /// How many copies of `unit` fit in this bundle (u64::MAX for an empty unit).
+    pub fn copies_of(&self, unit: &Resources) -> u64 {
+        unit.iter()
+            .map(|(name, m)| self.milli(name) / m)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ResourceError> {
+    let mut chars = name.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ResourceError::BadName {
+            name: name.to_string(),
+        })
+    }
+}
+
+/// Parses a decimal with at most three fractional digits into thousandths, exactly.
+fn parse_amount(text: &str) -> Option<u64> {
+    let (whole, frac) = match text.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (text, ""),
+    };
+    if whole.is_empty() && frac.is_empty() {
+        return None;
+    }
+    if !whole.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None; // rejects signs, NaN, inf, exponents
+    }
+    if frac.len() > 3 && frac[3..].bytes().any(|b| b != b'0') {
+        return None;
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let mut frac_milli = 0u64;
+    for (i, b) in frac.bytes().take(3).enumerate() {
+        frac_milli += u64::from(b - b'0') * 10u64.pow(2 - i as u32);
+    }
+    whole.checked_mul(MILLI)?.checked_add(frac_milli)
+}
+
+/// Prints thousandths as a decimal without trailing zeros: 1500 → `1.5`, 8192000 → `8192`.
+pub fn format_milli(milli: u64) -> String {
+    let whole = milli / MILLI;
+    let frac = milli % MILLI;
+    if frac == 0 {
+        whole.to_string()
+    } else {
+        let digits = format!("{frac:03}");
+        format!("{whole}.{}", digits.trim_end_matches('0'))
+    }
+}
+
+impl fmt::Display for Resources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (name, m)) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(";")?;
+            }
+            write!(f, "{name}:{}", format_milli(m))?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Resources {
+    type Err = ResourceError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Resources::parse(s)
+    }
+}
+
+impl From<&Resources> for crate::v1::Resources {
+    fn from(r: &Resources) -> Self {
+        crate::v1::Resources {
+            scalars: r
+                .iter()
+                .map(|(name, milli)| crate::v1::Scalar {
+                    name: name.to_string(),
+                    milli,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl TryFrom<&crate::v1::Resources> for Resources {
+    type Error = ResourceError;
+    fn try_from(wire: &crate::v1::Resources) -> Result<Self, Self::Error> {
+        Resources::from_milli(wire.scalars.iter().map(|s| (s.name.clone(), s.milli)))
+    }
+}
+
+impl Resources {
+    /// Converts an optional wire bundle (absent = empty).
+    pub fn from_wire(wire: Option<&crate::v1::Resources>) -> Result<Self, ResourceError> {
+        wire.map(Resources::try_from)
+            .unwrap_or(Ok(Resources::new()))
+    }
+
+    /// The wire form.
+    pub fn to_wire(&self) -> crate::v1::Resources {
+        self.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(text: &str) -> Resources {
+        Resources::parse(text).unwrap()
+    }
+
+    #[test]
+    fn parses_and_prints_mesos_syntax() {
+        let res = r("mem:8192; cpus:1.5;gpus:1");
+        assert_eq!(res.milli("cpus"), 1500);
+        assert_eq!(res.milli("mem"), 8_192_000);
+        assert_eq!(res.to_string(), "cpus:1.5;gpus:1;mem:8192");
+        assert_eq!(r("").to_string(), "");
+        assert_eq!(r("cpus:0;mem:1").to_string(), "mem:1");
+        assert_eq!(r("cpus:.25").milli("cpus"), 250);
+        assert_eq!(r("cpus:2.5000").milli("cpus"), 2500);
+    }
+
+    #[test]
+    fn refuses_bad_text_naming_the_part() {
+        let cases = [
+            ("cpus", "`cpus` is not `name:amount`"),
+            ("cpus:-1", "`cpus:-1`: amount `-1`"),
+            ("cpus:NaN", "amount `NaN`"),
+            ("cpus:inf", "amount `inf`"),
+            ("cpus:1e3", "amount `1e3`"),
+            ("cpus:0.0001", "amount `0.0001`"),
+            ("cpus:1;cpus:2", "`cpus` appears more than once"),
+            ("cpus:1;;mem:2", "`` is not"),
+            ("4cpus:1", "`4cpus` is not a valid resource name"),
+            ("cpus:", "amount ``"),
+            ("cpus:99999999999999999999", "amount"),
+        ];
+        for (text, expected) in cases {
+            let err = Resources::parse(text).unwrap_err().to_string();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn checked_arithmetic() {
+        let a = r("cpus:4;mem:8192");
+        let b = r("cpus:2;mem:1024");
+        assert_eq!(a.checked_sub(&b).unwrap(), r("cpus:2;mem:7168"));
+        assert_eq!(a.checked_add(&b).unwrap(), r("cpus:6;mem:9216"));
+        let err = b.checked_sub(&a).unwrap_err();
+        assert_eq!(err.to_string(), "not enough `cpus`: 2 < 4");
+        let big = Resources::from_milli([("x", u64::MAX)]).unwrap();
+        assert!(big.checked_add(&r("x:1")).is_err());
+        assert!(a.contains(&b) && !b.contains(&a));
+        assert!(a.contains(&Resources::new()));
+        assert!(!a.contains(&r("gpus:1")));
+        assert_eq!(a.copies_of(&b), 2);
+        assert_eq!(b.saturating_sub(&a), Resources::new());
+        assert_eq!(
+            a.shortfalls(&r("cpus:5;mem:1")).collect::<Vec<_>>(),
+            ["cpus"]
+        );
+    }
+
+    /// SPEC seed 001: an agent with 4 CPU and 8 GB free runs (2 CPU, 1 GB) and (2 CPU, 2 GB)
+    /// and is left with 0 CPU and 5 GB.
+    #[test]
+    fn seed_001_example() {
+        let free = r("cpus:4;mem:8192");
+        let left = free
+            .checked_sub(&r("cpus:2;mem:1024"))
+            .unwrap()
+            .checked_sub(&r("cpus:2;mem:2048"))
+            .unwrap();
+        assert_eq!(left.milli("cpus"), 0);
+        assert_eq!(left, r("mem:5120"));
+    }
+
+    #[test]
+    fn wire_round_trip() {
+        let a = r("cpus:0.5;mem:100;gpus:2");
+        assert_eq!(Resources::try_from(&a.to_wire()).unwrap(), a);
+        let dup = crate::v1::Resources {
+            scalars: vec![
+                crate::v1::Scalar {
+                    name: "cpus".into(),
+                    milli: 1,
+                },
+                crate::v1::Scalar {
+                    name: "cpus".into(),
+                    milli: 2,
+                },
+            ],
+        };
+        assert!(Resources::try_from(&dup).is_err());
+    }
+}
