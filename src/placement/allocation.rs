@@ -1,0 +1,278 @@
+//! One allocation step: DRF decides who is next, the placer decides where.
+//!
+//! Frameworks with outstanding requests sit in a `BTreeSet` keyed by their DRF position
+//! (share, allocations, registration), so each decision costs O(log frameworks) plus one
+//! placement, never a walk over all frameworks. Resources only leave agents during a step, so a
+//! request that fits nowhere cannot fit later in the same step and is dropped for the step.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::drf::SortKey;
+use super::{AgentKey, Cluster, Decision, DrfSorter, FrameworkKey, Resources};
+
+/// Outstanding demand: `count` more copies of `demand` for `framework`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub framework: FrameworkKey,
+    pub demand: Resources,
+    pub count: u32,
+}
+
+/// What a served framework receives from the chosen agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// The agent's whole free resources, as a Mesos offer.
+    WholeAgent,
+    /// Exactly the demand (the dry-run: as if the task were launched at once).
+    Demand,
+}
+
+/// One served demand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub framework: FrameworkKey,
+    pub agent: AgentKey,
+    /// What was taken from the agent and recorded against the framework.
+    pub resources: Resources,
+    pub decision: Decision,
+}
+
+/// Serves requests until none of them can be placed; see the module doc.
+///
+/// Per framework, its requests are tried in slice order. Each serve places one demand with the
+/// cluster's placer among agents `eligible(framework, agent)` accepts, takes the grant from the
+/// agent, records it in `drf` and lowers the request's count (by 1 for [`Grant::Demand`]; by the
+/// number of copies of the demand the grant holds, at least 1, for [`Grant::WholeAgent`]).
+/// Frameworks unknown to `drf` or suppressed are not served.
+pub fn allocate(
+    cluster: &mut Cluster,
+    drf: &mut DrfSorter,
+    requests: &mut [Request],
+    grant: Grant,
+    eligible: &dyn Fn(FrameworkKey, AgentKey) -> bool,
+) -> Vec<Allocation> {
+    // The cluster total does not change during a step (only free amounts do).
+    let total = cluster.total().clone();
+    let mut pending: BTreeMap<FrameworkKey, Vec<usize>> = BTreeMap::new();
+    for (i, req) in requests.iter().enumerate() {
+        if req.count > 0 {
+            pending.entry(req.framework).or_default().push(i);
+        }
+    }
+    let mut queue: BTreeSet<SortKey> = pending
+        .keys()
+        .filter_map(|fw| drf.sort_key(*fw, &total))
+        .collect();
+    // Index into each framework's pending list of the request being served.
+    let mut cursor: BTreeMap<FrameworkKey, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+
+    while let Some(next) = queue.pop_first() {
+        let fw = next.framework;
+        let Some(indices) = pending.get(&fw) else {
+            continue;
+        };
+        let at = cursor.entry(fw).or_insert(0);
+        let mut served = false;
+        while let Some(&i) = indices.get(*at) {
+            let req = &requests[i];
+            if req.count == 0 {
+                *at += 1;
+                continue;
+            }
+            let Some(decision) = cluster.place(&req.demand, &|agent| eligible(fw, agent)) else {
+                *at += 1;
+                continue;
+            };
+            let (granted, copies) = match grant {
+                Grant::Demand => (req.demand.clone(), 1),
+                Grant::WholeAgent => {
+                    let free = match cluster.agent(decision.agent) {
+                        Some(agent) => agent.free.clone(),
+                        None => break,
+                    };
+                    let copies = free.copies_of(&req.demand).clamp(1, u32::MAX as u64) as u32;
+                    (free, copies)
+                }
+            };
+            if cluster.take(decision.agent, &granted).is_err() {
+                // A placer chose an agent that cannot hold the grant: never serve this request.
+                *at += 1;
+                continue;
+            }
+            drf.allocated(fw, &granted);
+            let req = &mut requests[i];
+            req.count = req.count.saturating_sub(copies);
+            out.push(Allocation {
+                framework: fw,
+                agent: decision.agent,
+                resources: granted,
+                decision,
+            });
+            served = true;
+            break;
+        }
+        if served {
+            if let Some(key) = drf.sort_key(fw, &total) {
+                queue.insert(key);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::{Phase, PlacerKind, RingsConfig};
+
+    fn r(text: &str) -> Resources {
+        Resources::parse(text).unwrap()
+    }
+
+    /// The DRF paper's example: 9 CPUs and 18 GB; A's tasks are <1 CPU, 4 GB>, B's <3 CPU, 1 GB>.
+    #[test]
+    fn drf_paper_example() {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        let agent = cluster.add_agent(r("cpus:9;mem:18432"));
+        let mut drf = DrfSorter::new();
+        let (a, b) = (10, 20);
+        drf.add(a, 1.0);
+        drf.add(b, 1.0);
+        let mut requests = [
+            Request {
+                framework: a,
+                demand: r("cpus:1;mem:4096"),
+                count: 10,
+            },
+            Request {
+                framework: b,
+                demand: r("cpus:3;mem:1024"),
+                count: 10,
+            },
+        ];
+        let out = allocate(
+            &mut cluster,
+            &mut drf,
+            &mut requests,
+            Grant::Demand,
+            &|_, _| true,
+        );
+        let order: Vec<FrameworkKey> = out.iter().map(|x| x.framework).collect();
+        assert_eq!(order, [a, b, a, b, a]);
+        assert!(out.iter().all(|x| x.agent == agent));
+        assert_eq!(requests[0].count, 7);
+        assert_eq!(requests[1].count, 8);
+        let total = cluster.total().clone();
+        assert_eq!(drf.share(a, &total), 2.0 / 3.0);
+        assert_eq!(drf.share(b, &total), 2.0 / 3.0);
+        assert_eq!(drf.allocation(a), Some(&r("cpus:3;mem:12288")));
+        assert_eq!(drf.allocation(b), Some(&r("cpus:6;mem:2048")));
+        assert_eq!(cluster.agent(agent).unwrap().free, r("mem:4096"));
+        assert_eq!(out[0].decision.phase, Some(Phase::Down));
+    }
+
+    #[test]
+    fn whole_agent_grants_count_copies() {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        let small = cluster.add_agent(r("cpus:2;mem:2048"));
+        let big = cluster.add_agent(r("cpus:8;mem:8192"));
+        let mut drf = DrfSorter::new();
+        drf.add(1, 1.0);
+        drf.add(2, 1.0);
+        drf.add(3, 1.0);
+        drf.suppress(3);
+        let mut requests = [
+            Request {
+                framework: 1,
+                demand: r("cpus:1;mem:1024"),
+                count: 5,
+            },
+            Request {
+                framework: 2,
+                demand: r("cpus:4;mem:1024"),
+                count: 1,
+            },
+            Request {
+                framework: 3,
+                demand: r("cpus:1"),
+                count: 1,
+            },
+            Request {
+                framework: 4, // unknown to the sorter
+                demand: r("cpus:1"),
+                count: 1,
+            },
+        ];
+        let out = allocate(
+            &mut cluster,
+            &mut drf,
+            &mut requests,
+            Grant::WholeAgent,
+            &|_, _| true,
+        );
+        // Framework 1 first (registration): best fit is the small agent, 2 copies of its demand.
+        // Framework 2 then gets the big agent; framework 1 finds nothing left.
+        let got: Vec<(FrameworkKey, AgentKey, String)> = out
+            .iter()
+            .map(|x| (x.framework, x.agent, x.resources.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, small, "cpus:2;mem:2048".to_string()),
+                (2, big, "cpus:8;mem:8192".to_string())
+            ]
+        );
+        assert_eq!(
+            requests.iter().map(|r| r.count).collect::<Vec<_>>(),
+            [3, 0, 1, 1]
+        );
+        assert!(cluster.free().is_empty());
+    }
+
+    #[test]
+    fn skips_a_request_that_fits_nowhere_and_tries_the_next() {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::FirstFit);
+        cluster.add_agent(r("cpus:4;mem:4096"));
+        let mut drf = DrfSorter::new();
+        drf.add(1, 1.0);
+        let mut requests = [
+            Request {
+                framework: 1,
+                demand: r("cpus:8"),
+                count: 1,
+            },
+            Request {
+                framework: 1,
+                demand: r("cpus:1"),
+                count: 2,
+            },
+        ];
+        let out = allocate(
+            &mut cluster,
+            &mut drf,
+            &mut requests,
+            Grant::Demand,
+            &|_, a| a != 99,
+        );
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].decision.phase, None);
+        assert_eq!(requests[0].count, 1);
+        assert_eq!(requests[1].count, 0);
+        // Not eligible anywhere: nothing served.
+        let mut requests = [Request {
+            framework: 1,
+            demand: r("cpus:1"),
+            count: 1,
+        }];
+        assert!(allocate(
+            &mut cluster,
+            &mut drf,
+            &mut requests,
+            Grant::Demand,
+            &|_, _| false
+        )
+        .is_empty());
+    }
+}
