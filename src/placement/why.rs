@@ -120,7 +120,8 @@ mod tests {
             cluster.add_agent(r(a));
         }
         let all = |_| true;
-        let cases: [(&str, &dyn Fn(usize) -> bool, &str); 6] = [
+        type Eligible<'a> = &'a dyn Fn(usize) -> bool;
+        let cases: [(&str, Eligible, &str); 6] = [
             ("cpus:8;mem:4096", &|k| k < 3, "no agent fits cpus:8;mem:4096: 2 agents short of cpus, 2 short of mem, 2 not eligible"),
             ("cpus:32", &all, "no agent fits cpus:32: 5 agents short of cpus"),
             ("cpus:1;gpus:1", &all, "no agent fits cpus:1;gpus:1: 5 agents short of gpus"),
