@@ -4,4 +4,5 @@
 //! file, line and key; [`dry_run`] runs placement over a scenario file for `ringmaster place`.
 
 pub mod config;
+pub mod dry_run;
 pub mod placement;
