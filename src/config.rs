@@ -1,0 +1,724 @@
+//! The master's YAML configuration, and the one place YAML errors are turned into messages.
+//!
+//! Every error a person sees names the file, the line and the key, e.g.
+//! `cluster.yaml:4: rings.mem.bounds: bounds must be strictly increasing (4096 after 16384)`.
+//! Syntax and shape errors (unknown keys, wrong types) come from serde_norway with their
+//! position; checks made after parsing (a layout that is not increasing, a bad duration) find
+//! their key's line with [`locate`], which asks the same YAML parser where the key is.
+//!
+//! ```yaml
+//! placer: ring            # ring | linear-best-fit | first-fit
+//! rings:
+//!   cpus: { base: 0, step: 1, buckets: 64, search_up: 2 }
+//!   mem:  { bounds: [0, 1024, 4096, 16384, 65536], search_up: 1 }
+//! master:
+//!   agent_timeout: 15s
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::de::{
+    self, DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
+use serde::Deserialize;
+
+use crate::placement::{PlacerKind, Resources, RingLayout, RingSpec, RingsConfig};
+use ringmaster_proto::resources::MILLI;
+
+/// A configuration or scenario error, located as precisely as the text allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// Dotted path of the key, e.g. `rings.mem.bounds` (empty for the whole document).
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// One step of a path into a YAML document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+impl From<&str> for Seg {
+    fn from(key: &str) -> Self {
+        Seg::Key(key.to_string())
+    }
+}
+
+impl From<usize> for Seg {
+    fn from(index: usize) -> Self {
+        Seg::Index(index)
+    }
+}
+
+/// `rings.mem.bounds`, `agents[3].id`.
+pub fn path_string(path: &[Seg]) -> String {
+    let mut out = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Seg::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+/// A parsed YAML document that can place errors found after parsing.
+pub struct YamlSource<'a> {
+    pub text: &'a str,
+    pub file: &'a str,
+}
+
+impl YamlSource<'_> {
+    /// Deserializes the whole document, turning serde_norway's error into a located one.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        serde_yaml::from_str(self.text).map_err(|err| self.serde_error(&err))
+    }
+
+    fn serde_error(&self, err: &serde_yaml::Error) -> ConfigError {
+        let mut text = err.to_string();
+        let line = err.location().map(|loc| {
+            let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+            if let Some(at) = text.find(&suffix) {
+                text.replace_range(at..at + suffix.len(), "");
+            }
+            loc.line()
+        });
+        // serde_norway writes `path: message` when the error is below the root.
+        let (key, message) = match text.split_once(": ") {
+            Some((path, rest)) if !path.is_empty() && !path.contains(char::is_whitespace) => {
+                (path.to_string(), rest.to_string())
+            }
+            _ => (String::new(), text),
+        };
+        ConfigError {
+            file: self.file.to_string(),
+            line,
+            key,
+            message,
+        }
+    }
+
+    /// An error about the key at `path` (its line looked up in the text).
+    pub fn error(&self, path: &[Seg], message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_string(),
+            line: locate(self.text, path),
+            key: path_string(path),
+            message: message.into(),
+        }
+    }
+}
+
+const FOUND: &str = "\u{0}ringmaster-locate\u{0}";
+
+/// The 1-based line of the key at `path` (of the element, for a trailing index), found by
+/// walking the document with serde_norway and stopping with a marker error at the target:
+/// serde_norway stamps every error with the position of the node being read.
+pub fn locate(text: &str, path: &[Seg]) -> Option<usize> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    match (Probe { path }).deserialize(de) {
+        Err(err) if err.to_string().contains(FOUND) => err.location().map(|l| l.line()),
+        _ => None,
+    }
+}
+
+struct Probe<'p> {
+    path: &'p [Seg],
+}
+
+impl<'de> DeserializeSeed<'de> for Probe<'_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Probe<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any YAML node")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let Some((Seg::Key(want), rest)) = self.path.split_first() else {
+            return Err(de::Error::custom(FOUND));
+        };
+        while let Some(hit) = map.next_key_seed(KeyProbe {
+            want,
+            last: rest.is_empty(),
+        })? {
+            if hit {
+                return map.next_value_seed(Probe { path: rest });
+            }
+            map.next_value::<IgnoredAny>()?;
+        }
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let Some((Seg::Index(want), rest)) = self.path.split_first() else {
+            return Err(de::Error::custom(FOUND));
+        };
+        let mut i = 0;
+        loop {
+            if i == *want {
+                return seq.next_element_seed(Probe { path: rest }).map(|_| ());
+            }
+            if seq.next_element::<IgnoredAny>()?.is_none() {
+                return Ok(());
+            }
+            i += 1;
+        }
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.scalar()
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.scalar()
+    }
+}
+
+impl Probe<'_> {
+    /// A scalar is the target only when the path ends here.
+    fn scalar<E: de::Error>(&self) -> Result<(), E> {
+        if self.path.is_empty() {
+            Err(E::custom(FOUND))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Reads one mapping key; true when it is the one wanted. When it is the last step, stops
+/// right here so the position is the key's own.
+struct KeyProbe<'p> {
+    want: &'p str,
+    last: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for KeyProbe<'_> {
+    type Value = bool;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyProbe<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a mapping key")
+    }
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
+        match key == self.want {
+            true if self.last => Err(E::custom(FOUND)),
+            hit => Ok(hit),
+        }
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<bool, E> {
+        self.visit_str(&v.to_string())
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<bool, E> {
+        self.visit_str(&v.to_string())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+}
+
+/// A YAML number for an amount in a dimension's units, kept exact (`0.5` cpus is 500 milli).
+pub fn amount_milli(value: &serde_yaml::Value) -> Result<u64, String> {
+    let serde_yaml::Value::Number(n) = value else {
+        return Err(format!("expected a number, found {}", describe(value)));
+    };
+    if let Some(u) = n.as_u64() {
+        return u
+            .checked_mul(MILLI)
+            .ok_or_else(|| format!("{u} is too large"));
+    }
+    if n.as_i64().is_some() || n.as_f64().is_some_and(|f| f < 0.0) {
+        return Err(format!("{n} is negative"));
+    }
+    let text = n.as_f64().map(|f| f.to_string()).unwrap_or_default();
+    Resources::parse(&format!("amount:{text}"))
+        .map(|r| r.milli("amount"))
+        .map_err(|_| format!("{n} is not a finite amount with at most 3 decimals"))
+}
+
+/// A non-negative integer (counts, bucket numbers).
+pub fn whole_number(value: &serde_yaml::Value) -> Result<u64, String> {
+    match value {
+        serde_yaml::Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Ok(u),
+            (None, Some(i)) => Err(format!("{i} is negative")),
+            _ => Err(format!("{n} is not a whole number")),
+        },
+        other => Err(format!(
+            "expected a whole number, found {}",
+            describe(other)
+        )),
+    }
+}
+
+fn describe(value: &serde_yaml::Value) -> String {
+    match value {
+        serde_yaml::Value::Null => "nothing".to_string(),
+        serde_yaml::Value::Bool(b) => format!("`{b}`"),
+        serde_yaml::Value::Number(n) => format!("`{n}`"),
+        serde_yaml::Value::String(s) => format!("the string `{s}`"),
+        serde_yaml::Value::Sequence(_) => "a list".to_string(),
+        serde_yaml::Value::Mapping(_) => "a mapping".to_string(),
+        serde_yaml::Value::Tagged(_) => "a tagged value".to_string(),
+    }
+}
+
+/// One dimension's ring as written in YAML (numbers checked after parsing, with their line).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRing {
+    base: Option<serde_yaml::Value>,
+    step: Option<serde_yaml::Value>,
+    buckets: Option<serde_yaml::Value>,
+    bounds: Option<Vec<serde_yaml::Value>>,
+    search_up: Option<serde_yaml::Value>,
+}
+
+/// The `rings:` section: dimension name (or `"*"` for all others) → ring.
+pub type RawRings = BTreeMap<String, RawRing>;
+
+/// The name under `rings:` that sets the ring of every dimension not named.
+pub const FALLBACK_RING: &str = "*";
+
+/// Applies a `rings:` section (found at `at` in `source`) on top of `rings`.
+pub fn apply_rings(
+    source: &YamlSource,
+    at: &[Seg],
+    raw: &RawRings,
+    rings: &mut RingsConfig,
+) -> Result<(), ConfigError> {
+    for (name, ring) in raw {
+        let mut path = at.to_vec();
+        path.push(Seg::Key(name.clone()));
+        if name != FALLBACK_RING {
+            if let Err(e) = Resources::from_milli([(name.as_str(), 1)]) {
+                return Err(source.error(&path, e.to_string()));
+            }
+        }
+        let spec = ring_spec(source, &path, ring)?;
+        if name == FALLBACK_RING {
+            rings.set_fallback(spec);
+        } else {
+            rings.set(name.clone(), spec);
+        }
+    }
+    Ok(())
+}
+
+fn ring_spec(source: &YamlSource, at: &[Seg], raw: &RawRing) -> Result<RingSpec, ConfigError> {
+    let key = |k: &str| {
+        let mut p = at.to_vec();
+        p.push(Seg::Key(k.to_string()));
+        p
+    };
+    let field =
+        |k: &str, v: &serde_yaml::Value, f: fn(&serde_yaml::Value) -> Result<u64, String>| {
+            f(v).map_err(|m| source.error(&key(k), m))
+        };
+    let search_up = match &raw.search_up {
+        Some(v) => field("search_up", v, whole_number)?,
+        None => 1,
+    };
+    let search_up = usize::try_from(search_up).unwrap_or(usize::MAX);
+    let layout = match (&raw.bounds, &raw.base, &raw.step, &raw.buckets) {
+        (Some(bounds), None, None, None) => {
+            let mut milli = Vec::with_capacity(bounds.len());
+            for (i, b) in bounds.iter().enumerate() {
+                let mut p = key("bounds");
+                p.push(Seg::Index(i));
+                milli.push(amount_milli(b).map_err(|m| source.error(&p, m))?);
+            }
+            RingLayout::Bounds(milli)
+        }
+        (Some(_), ..) => {
+            return Err(source.error(
+                at,
+                "give either `bounds` or `base`/`step`/`buckets`, not both",
+            ))
+        }
+        (None, base, Some(step), Some(buckets)) => RingLayout::EqualSpans {
+            base: match base {
+                Some(v) => field("base", v, amount_milli)?,
+                None => 0,
+            },
+            step: field("step", step, amount_milli)?,
+            buckets: usize::try_from(field("buckets", buckets, whole_number)?)
+                .unwrap_or(usize::MAX),
+        },
+        (None, ..) => {
+            return Err(source.error(
+                at,
+                "give `bounds: [...]` or `step` and `buckets` (and optionally `base`)",
+            ))
+        }
+    };
+    let which = match layout {
+        RingLayout::Bounds(_) => "bounds",
+        RingLayout::EqualSpans { step: 0, .. } => "step",
+        RingLayout::EqualSpans { .. } => "buckets",
+    };
+    RingSpec::new(layout, search_up).map_err(|e| source.error(&key(which), e.to_string()))
+}
+
+/// Timers and limits of the master.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MasterConfig {
+    /// An agent silent this long is lost.
+    pub agent_timeout: Duration,
+    /// An offer not answered this long is rescinded.
+    pub offer_timeout: Duration,
+    /// Time between allocation steps.
+    pub allocation_interval: Duration,
+    pub heartbeat_interval: Duration,
+    /// How long a declined agent is not re-offered to the same framework by default.
+    pub default_refuse: Duration,
+    pub status_retry_interval: Duration,
+    /// Largest frame accepted on any connection.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        MasterConfig {
+            agent_timeout: Duration::from_secs(15),
+            offer_timeout: Duration::from_secs(10),
+            allocation_interval: Duration::from_millis(20),
+            heartbeat_interval: Duration::from_secs(1),
+            default_refuse: Duration::from_secs(5),
+            status_retry_interval: Duration::from_secs(2),
+            max_frame_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMaster {
+    agent_timeout: Option<String>,
+    offer_timeout: Option<String>,
+    allocation_interval: Option<String>,
+    heartbeat_interval: Option<String>,
+    default_refuse: Option<String>,
+    status_retry_interval: Option<String>,
+    max_frame_bytes: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    placer: Option<String>,
+    rings: Option<RawRings>,
+    master: Option<RawMaster>,
+}
+
+/// The whole configuration file; every section is optional.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub placer: PlacerKind,
+    pub rings: RingsConfig,
+    pub master: MasterConfig,
+}
+
+/// Parses a placer name found at `path`.
+pub fn placer_kind(
+    source: &YamlSource,
+    path: &[Seg],
+    name: &str,
+) -> Result<PlacerKind, ConfigError> {
+    name.parse()
+        .map_err(|e: crate::placement::placer::UnknownPlacer| source.error(path, e.to_string()))
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: None,
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::from_yaml(&text, &file)
+    }
+
+    /// Parses and checks configuration text; `file` names it in errors.
+    pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let source = YamlSource { text, file };
+        let raw: Option<RawConfig> = source.parse()?;
+        let raw = raw.unwrap_or_default();
+        let mut config = Config::default();
+        if let Some(name) = &raw.placer {
+            config.placer = placer_kind(&source, &["placer".into()], name)?;
+        }
+        if let Some(rings) = &raw.rings {
+            apply_rings(&source, &["rings".into()], rings, &mut config.rings)?;
+        }
+        if let Some(m) = &raw.master {
+            let out = &mut config.master;
+            let durations: [(&str, &Option<String>, &mut Duration); 6] = [
+                ("agent_timeout", &m.agent_timeout, &mut out.agent_timeout),
+                ("offer_timeout", &m.offer_timeout, &mut out.offer_timeout),
+                (
+                    "allocation_interval",
+                    &m.allocation_interval,
+                    &mut out.allocation_interval,
+                ),
+                (
+                    "heartbeat_interval",
+                    &m.heartbeat_interval,
+                    &mut out.heartbeat_interval,
+                ),
+                ("default_refuse", &m.default_refuse, &mut out.default_refuse),
+                (
+                    "status_retry_interval",
+                    &m.status_retry_interval,
+                    &mut out.status_retry_interval,
+                ),
+            ];
+            for (name, text, slot) in durations {
+                if let Some(text) = text {
+                    *slot = humantime::parse_duration(text).map_err(|e| {
+                        source.error(
+                            &["master".into(), name.into()],
+                            format!("`{text}` is not a duration like 15s or 500ms: {e}"),
+                        )
+                    })?;
+                }
+            }
+            if let Some(v) = &m.max_frame_bytes {
+                let path = ["master".into(), "max_frame_bytes".into()];
+                let n = whole_number(v).map_err(|e| source.error(&path, e))?;
+                out.max_frame_bytes = match usize::try_from(n) {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(source.error(&path, format!("{n} is not a usable frame size"))),
+                };
+            }
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = "\
+placer: linear-best-fit
+rings:
+  cpus: { base: 0.5, step: 0.5, buckets: 8, search_up: 3 }
+  mem:
+    bounds: [0, 1024, 4096, 16384, 65536]
+    search_up: 0
+  \"*\": { bounds: [0, 10] }
+master:
+  agent_timeout: 30s
+  allocation_interval: 500ms
+  max_frame_bytes: 1024
+";
+
+    #[test]
+    fn reads_every_section() {
+        let config = Config::from_yaml(FULL, "cluster.yaml").unwrap();
+        assert_eq!(config.placer, PlacerKind::LinearBestFit);
+        let cpus = config.rings.spec_for("cpus");
+        assert_eq!(
+            cpus.layout(),
+            &RingLayout::EqualSpans {
+                base: 500,
+                step: 500,
+                buckets: 8
+            }
+        );
+        assert_eq!(cpus.search_up(), 3);
+        let mem = config.rings.spec_for("mem");
+        assert_eq!(
+            mem.layout(),
+            &RingLayout::Bounds(vec![0, 1_024_000, 4_096_000, 16_384_000, 65_536_000])
+        );
+        assert_eq!(mem.search_up(), 0);
+        assert_eq!(
+            config.rings.spec_for("fpgas").layout(),
+            &RingLayout::Bounds(vec![0, 10_000])
+        );
+        // Untouched dimensions keep their defaults.
+        assert_eq!(
+            config.rings.spec_for("gpus"),
+            RingsConfig::default().spec_for("gpus")
+        );
+        assert_eq!(config.master.agent_timeout, Duration::from_secs(30));
+        assert_eq!(
+            config.master.allocation_interval,
+            Duration::from_millis(500)
+        );
+        assert_eq!(config.master.offer_timeout, Duration::from_secs(10));
+        assert_eq!(config.master.max_frame_bytes, 1024);
+    }
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        for text in ["", "# nothing\n", "{}"] {
+            assert_eq!(
+                Config::from_yaml(text, "c.yaml").unwrap(),
+                Config::default()
+            );
+        }
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let cases = [
+            (
+                "rings:\n  cpus: { step: 1, buckets: 4 }\n  mem:\n    bounds: [0, 1024, 16384, 4096]\n",
+                "cluster.yaml:4: rings.mem.bounds: bounds must be strictly increasing (4096 after 16384)",
+            ),
+            (
+                "placer: ring\nrings:\n  cpus: { step: 0, buckets: 4 }\n",
+                "cluster.yaml:3: rings.cpus.step: step must be greater than 0",
+            ),
+            (
+                "rings:\n  cpus:\n    step: 1\n    buckets: 0\n",
+                "cluster.yaml:4: rings.cpus.buckets: buckets must be at least 1",
+            ),
+            (
+                "rings:\n  cpus: { step: 1, buckets: 4, base: -1 }\n",
+                "cluster.yaml:2: rings.cpus.base: -1 is negative",
+            ),
+            (
+                "rings:\n  mem:\n    bounds:\n      - 0\n      - -5\n",
+                "cluster.yaml:5: rings.mem.bounds[1]: -5 is negative",
+            ),
+            (
+                "rings:\n  cpus: { step: 1, buckets: 4, search_up: -2 }\n",
+                "cluster.yaml:2: rings.cpus.search_up: -2 is negative",
+            ),
+            (
+                "rings:\n  cpus: { step: 1, bounds: [0] }\n",
+                "cluster.yaml:2: rings.cpus: give either `bounds` or `base`/`step`/`buckets`, not both",
+            ),
+            (
+                "rings:\n  cpus: { search_up: 1 }\n",
+                "cluster.yaml:2: rings.cpus: give `bounds: [...]` or `step` and `buckets` (and optionally `base`)",
+            ),
+            (
+                "rings:\n  9cpus: { bounds: [0] }\n",
+                "cluster.yaml:2: rings.9cpus: `9cpus` is not a valid resource name (letters, digits, `_` and `-`, starting with a letter)",
+            ),
+            (
+                "\nplacer: best\n",
+                "cluster.yaml:2: placer: unknown placer `best` (expected ring, linear-best-fit or first-fit)",
+            ),
+            (
+                "master:\n  agent_timeout: 15s\n  offer_timeout: soon\n",
+                "cluster.yaml:3: master.offer_timeout: `soon` is not a duration like 15s or 500ms: expected number at 0",
+            ),
+            (
+                "master:\n  max_frame_bytes: 0\n",
+                "cluster.yaml:2: master.max_frame_bytes: 0 is not a usable frame size",
+            ),
+            (
+                "rings:\n  cpus: { step: 1, buckets: 4, sarch_up: 1 }\n",
+                "cluster.yaml:2: rings.cpus: unknown field `sarch_up`, expected one of `base`, `step`, `buckets`, `bounds`, `search_up`",
+            ),
+            (
+                "placer: ring\nmastr: {}\n",
+                "cluster.yaml:2: unknown field `mastr`, expected one of `placer`, `rings`, `master`",
+            ),
+            (
+                "master:\n  agent_timeout: [1]\n",
+                "cluster.yaml:2: master.agent_timeout: invalid type: sequence, expected a string",
+            ),
+            (
+                "placer: \"ring\n",
+                "cluster.yaml:2: found unexpected end of stream, while scanning a quoted scalar",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = Config::from_yaml(text, "cluster.yaml").unwrap_err();
+            let shown = err.to_string();
+            assert!(
+                shown.starts_with(expected),
+                "{text:?}\n got: {shown}\nwant: {expected}"
+            );
+            assert!(!shown.contains('\n'), "one line: {shown}");
+        }
+    }
+
+    #[test]
+    fn locate_finds_keys_and_elements() {
+        let text = "a:\n  b: 1\n  c:\n    - x\n    - { d: 2 }\n";
+        let path = |segs: &[Seg]| locate(text, segs);
+        assert_eq!(path(&["a".into()]), Some(1));
+        assert_eq!(path(&["a".into(), "c".into()]), Some(3));
+        assert_eq!(path(&["a".into(), "c".into(), 1.into()]), Some(5));
+        assert_eq!(
+            path(&["a".into(), "c".into(), 1.into(), "d".into()]),
+            Some(5)
+        );
+        assert_eq!(path(&["a".into(), "c".into(), 0.into()]), Some(4));
+        assert_eq!(path(&["a".into(), "z".into()]), None);
+        assert_eq!(path(&["a".into(), "c".into(), 7.into()]), None);
+    }
+
+    #[test]
+    fn load_names_a_missing_file() {
+        let err = Config::load(Path::new("/nonexistent/cluster.yaml")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("/nonexistent/cluster.yaml: cannot read:"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! `ringmaster place` end to end: the real binary on scenario files under `tests/scenarios/`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn scenario(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scenarios")
+        .join(name)
+}
+
+/// Runs `ringmaster place` with extra args; returns (exit code, stdout lines, stderr).
+fn place(args: &[&str]) -> (i32, Vec<String>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringmaster"))
+        .arg("place")
+        .args(args)
+        .output()
+        .expect("run ringmaster");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        stdout.lines().map(str::to_string).collect(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn path(name: &str) -> String {
+    scenario(name).display().to_string()
+}
+
+#[test]
+fn drf_paper_example() {
+    let (code, lines, stderr) = place(&["--scenario", &path("drf_paper.yaml")]);
+    assert_eq!(code, 0, "{stderr}");
+    let frameworks: Vec<serde_json::Value> = lines[..5]
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["framework"].clone())
+        .collect();
+    assert_eq!(frameworks, ["A", "B", "A", "B", "A"]);
+    assert_eq!(
+        lines[0],
+        r#"{"step":1,"framework":"A","agent":"a1","phase":"down","bucket":7,"resources":"cpus:1;mem:4096"}"#
+    );
+    assert!(lines[5]
+        .starts_with(r#"{"unplaced":[{"framework":"A","resources":"cpus:1;mem:4096","count":7,"#));
+    assert_eq!(
+        lines[6],
+        r#"{"agents":[{"id":"a1","free":"mem:4096"}],"shares":{"A":0.6667,"B":0.6667}}"#
+    );
+    assert_eq!(lines.len(), 7);
+}
+
+#[test]
+fn seed_001_example() {
+    let (code, lines, stderr) = place(&["--scenario", &path("seed_001.yaml")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(lines.len(), 4);
+    assert_eq!(lines[2], r#"{"unplaced":[]}"#);
+    assert_eq!(
+        lines[3],
+        r#"{"agents":[{"id":"n1","free":"mem:5120"}],"shares":{"F":1.0}}"#
+    );
+}
+
+#[test]
+fn placer_flag_and_config_choose_the_placer() {
+    let ring = place(&["--scenario", &path("best_fit.yaml")]);
+    assert_eq!(ring.0, 0, "{}", ring.2);
+    assert_eq!(
+        ring.1[0],
+        r#"{"step":1,"framework":"web","agent":"snug","phase":"bucket","bucket":2,"resources":"cpus:2;mem:1024"}"#
+    );
+    let first = place(&[
+        "--scenario",
+        &path("best_fit.yaml"),
+        "--placer",
+        "first-fit",
+    ]);
+    assert!(
+        first.1[0].contains(r#""agent":"big","phase":null,"bucket":null"#),
+        "{}",
+        first.1[0]
+    );
+    let lbf = place(&[
+        "--scenario",
+        &path("best_fit.yaml"),
+        "--placer",
+        "linear-best-fit",
+    ]);
+    assert!(
+        lbf.1[0].contains(r#""agent":"snug","phase":null"#),
+        "{}",
+        lbf.1[0]
+    );
+    // The config's placer applies without the flag; the flag wins over it.
+    let config = path("config_first_fit.yaml");
+    let by_config = place(&["--scenario", &path("best_fit.yaml"), "--config", &config]);
+    assert!(
+        by_config.1[0].contains(r#""agent":"big""#),
+        "{}",
+        by_config.1[0]
+    );
+    let flag_wins = place(&[
+        "--scenario",
+        &path("best_fit.yaml"),
+        "--config",
+        &config,
+        "--placer",
+        "ring",
+    ]);
+    assert!(
+        flag_wins.1[0].contains(r#""agent":"snug""#),
+        "{}",
+        flag_wins.1[0]
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_one_located_line() {
+    let cases = [
+        (
+            "bad_unknown_framework.yaml",
+            ":7: requests[1].framework: unknown framework `C`",
+        ),
+        (
+            "bad_resources.yaml",
+            ":3: agents[0].resources: `mem:-1`: amount `-1`",
+        ),
+        ("bad_count.yaml", ":3: requests[0].count: -2 is negative"),
+        (
+            "bad_unknown_key.yaml",
+            ":4: frameworks[0]: unknown field `wieght`",
+        ),
+        (
+            "bad_duplicate_agent.yaml",
+            ":4: agents[2].id: duplicate agent id `a1` (first on line 2)",
+        ),
+        (
+            "bad_rings.yaml",
+            ":4: rings.mem.bounds: bounds must be strictly increasing (4096 after 16384)",
+        ),
+        ("missing.yaml", ": cannot read:"),
+    ];
+    for (file, expected) in cases {
+        let (code, stdout, stderr) = place(&["--scenario", &path(file)]);
+        assert_eq!(code, 2, "{file}: {stderr}");
+        assert!(stdout.is_empty(), "{file}: {stdout:?}");
+        assert_eq!(stderr.lines().count(), 1, "{file}: {stderr}");
+        let want = format!("error: {}{expected}", path(file));
+        assert!(
+            stderr.starts_with(&want),
+            "{file}\n got: {stderr}want: {want}"
+        );
+    }
+    let (code, _, stderr) = place(&[
+        "--scenario",
+        &path("seed_001.yaml"),
+        "--config",
+        &path("bad_config.yaml"),
+    ]);
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: {}:3: rings.cpus.step: step must be greater than 0",
+            path("bad_config.yaml")
+        )
+    );
+    let (code, _, stderr) = place(&["--scenario", &path("seed_001.yaml"), "--placer", "random"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("unknown placer `random`"), "{stderr}");
+}
