@@ -1,8 +1,13 @@
-//! Ringmaster master crate: the pure placement library, its configuration, and the dry-run.
+//! Ringmaster master crate: the pure placement library, its configuration, the master, local
+//! mode, and the dry-run.
 //!
 //! [`placement`] decides (no I/O); [`config`] reads the operator's YAML with errors that name
-//! file, line and key; [`dry_run`] runs placement over a scenario file for `ringmaster place`.
+//! file, line and key; [`master`] runs the offer cycle over the wire; [`local`] runs a master
+//! and agents in one process; [`dry_run`] runs placement over a scenario file for
+//! `ringmaster place`.
 
 pub mod config;
 pub mod dry_run;
+pub mod local;
+pub mod master;
 pub mod placement;

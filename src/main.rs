@@ -1,14 +1,17 @@
-//! The `ringmaster` command line. Thin: parse arguments, call the library, print, set the exit code.
+//! The `ringmaster` command: the master (`serve`), local mode (`local`) and the dry-run
+//! placement tool (`place`). Thin: parse arguments, call the library, print, set the exit code.
 //!
-//! Exit codes: 0 success; 2 bad input (arguments, config or scenario), with one line on stderr
-//! naming the file, line and field.
+//! Exit codes: 0 success; 1 a runtime failure; 2 bad input (arguments, config or scenario),
+//! with one line on stderr naming the file, line and field.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use ringmaster::config::Config;
 use ringmaster::placement::PlacerKind;
+use ringmaster_proto::resources::Resources;
 
 #[derive(Debug, Parser)]
 #[command(name = "ringmaster", version, about = "Ringmaster cluster manager")]
@@ -19,6 +22,36 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the master.
+    Serve {
+        /// Address for agents and frameworks.
+        #[arg(long, default_value = "127.0.0.1:5050")]
+        listen: String,
+        /// YAML config file (placer, rings, master timers).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Run a master and N agents in one process on loopback (like mesos-local).
+    Local {
+        /// Number of agents.
+        #[arg(long, default_value_t = 3)]
+        agents: usize,
+        /// Resources of each agent.
+        #[arg(long, default_value = "cpus:4;mem:8192;disk:10240", value_parser = parse_resources)]
+        agent_resources: Resources,
+        /// Address for agents and frameworks.
+        #[arg(long, default_value = "127.0.0.1:5050")]
+        listen: String,
+        /// Also run two example frameworks to completion and print what happened.
+        #[arg(long)]
+        demo: bool,
+        /// YAML config file (placer, rings, master timers).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Where the agents keep their sandboxes (default: a temporary directory).
+        #[arg(long, value_name = "DIR")]
+        work_dir: Option<PathBuf>,
+    },
     /// Dry-run placement: where would a scenario's requests go? One JSON object per line.
     Place(PlaceArgs),
 }
@@ -39,9 +72,78 @@ struct PlaceArgs {
 /// Exit code for input the user must fix (same as clap's usage errors).
 const BAD_INPUT: u8 = 2;
 
+fn parse_resources(text: &str) -> Result<Resources, String> {
+    Resources::parse(text).map_err(|e| e.to_string())
+}
+
+fn load_config(path: Option<&PathBuf>) -> Result<Config, String> {
+    match path {
+        Some(path) => Config::load(path).map_err(|e| e.to_string()),
+        None => Ok(Config::default()),
+    }
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve { listen, config } => {
+            let config = match load_config(config.as_ref()) {
+                Ok(c) => c,
+                Err(e) => return bad_input(&e),
+            };
+            init_logging("info");
+            let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
+                rt.block_on(async {
+                    let master = ringmaster::master::Master::start(&listen, config).await?;
+                    shutdown_signal().await;
+                    tracing::info!("shutting down");
+                    master.shutdown().await;
+                    Ok(())
+                })
+            });
+            finish(result)
+        }
+        Command::Local {
+            agents,
+            agent_resources,
+            listen,
+            demo,
+            config,
+            work_dir,
+        } => {
+            let config = match load_config(config.as_ref()) {
+                Ok(c) => c,
+                Err(e) => return bad_input(&e),
+            };
+            init_logging(if demo { "warn" } else { "info" });
+            let options = ringmaster::local::LocalOptions {
+                listen,
+                agents,
+                agent_resources,
+                demo,
+                config,
+                work_dir,
+            };
+            let result = runtime()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(ringmaster::local::run(options)));
+            finish(result)
+        }
         Command::Place(args) => {
             match ringmaster::dry_run::place(&args.scenario, args.config.as_deref(), args.placer) {
                 Ok(lines) => {
@@ -53,11 +155,39 @@ fn main() -> ExitCode {
                     }
                     ExitCode::SUCCESS
                 }
-                Err(err) => {
-                    eprintln!("error: {err}");
-                    ExitCode::from(BAD_INPUT)
-                }
+                Err(err) => bad_input(&err.to_string()),
             }
+        }
+    }
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn bad_input(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(BAD_INPUT)
+}
+
+fn finish(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
         }
     }
 }

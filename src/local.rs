@@ -1,0 +1,277 @@
+//! Local mode (`ringmaster local`): a master and N agents in one process on loopback, like
+//! `mesos-local`, and with `--demo` two example frameworks run to completion.
+//!
+//! Everything here goes through the real protocol over real TCP; local mode only saves
+//! starting several processes by hand.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use ringmaster_proto::resources::Resources;
+use ringmaster_sdk::{Driver, FrameworkConfig, Offer, Scheduler, TaskState, TaskStatus};
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::master::Master;
+
+/// Options of `ringmaster local`.
+pub struct LocalOptions {
+    pub listen: String,
+    pub agents: usize,
+    pub agent_resources: Resources,
+    pub demo: bool,
+    pub config: Config,
+    pub work_dir: Option<PathBuf>,
+}
+
+/// A master with its in-process agents.
+pub struct LocalCluster {
+    pub master: Master,
+    agents: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    stop_agents: watch::Sender<bool>,
+    _work_dir: Option<tempfile::TempDir>,
+}
+
+impl LocalCluster {
+    /// Starts the master and `agents` agents, and waits until every agent has registered.
+    pub async fn start(options: &LocalOptions) -> anyhow::Result<LocalCluster> {
+        let master = Master::start(&options.listen, options.config.clone()).await?;
+        let (work_root, temp) = match &options.work_dir {
+            Some(dir) => (dir.clone(), None),
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("ringmaster-local-")
+                    .tempdir()
+                    .context("cannot create a work directory for the local agents")?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut agents = Vec::new();
+        for i in 0..options.agents {
+            let work_dir = work_root.join(format!("agent-{i}"));
+            std::fs::create_dir_all(&work_dir)
+                .with_context(|| format!("cannot create {}", work_dir.display()))?;
+            let config = ringmaster_agent::AgentConfig {
+                master: master.addr().to_string(),
+                id: Some(format!("local-agent-{i}")),
+                hostname: format!("local-agent-{i}"),
+                resources: options.agent_resources.clone(),
+                attributes: Vec::new(),
+                work_dir,
+                kill_grace: Duration::from_secs(3),
+                reconnect_max_backoff: Duration::from_secs(2),
+            };
+            let mut stop = stop_rx.clone();
+            agents.push(tokio::spawn(async move {
+                ringmaster_agent::run(config, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+            }));
+        }
+        let cluster = LocalCluster {
+            master,
+            agents,
+            stop_agents: stop_tx,
+            _work_dir: temp,
+        };
+        cluster.wait_for_agents(options.agents).await?;
+        Ok(cluster)
+    }
+
+    async fn wait_for_agents(&self, n: usize) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let snapshot = self.master.snapshot().await?;
+            if snapshot.agents.iter().filter(|a| a.connected).count() >= n {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!("only {} of {n} local agents registered within 20 s", snapshot.agents.len());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the agents (killing their tasks) and then the master.
+    pub async fn shutdown(self) {
+        let _ = self.stop_agents.send(true);
+        for agent in self.agents {
+            let _ = agent.await;
+        }
+        self.master.shutdown().await;
+    }
+}
+
+/// Runs `ringmaster local`: until ctrl-c, or with `--demo` until the demo frameworks finish.
+pub async fn run(options: LocalOptions) -> anyhow::Result<()> {
+    let cluster = LocalCluster::start(&options).await?;
+    let addr = cluster.master.addr();
+    if !options.demo {
+        println!(
+            "ringmaster local: master on {addr} with {} agents of {}. Try:\n  ringmaster-exec --master {addr} --name hello --resources 'cpus:0.5;mem:64' --instances 4 -- echo hello\nCtrl-C stops.",
+            options.agents, options.agent_resources
+        );
+        tokio::signal::ctrl_c().await?;
+        cluster.shutdown().await;
+        return Ok(());
+    }
+    let result = demo(&cluster).await;
+    cluster.shutdown().await;
+    result
+}
+
+/// One demo framework's plan.
+struct DemoPlan {
+    name: &'static str,
+    resources: &'static str,
+    tasks: u32,
+    command: &'static str,
+}
+
+const DEMO: [DemoPlan; 2] = [
+    DemoPlan {
+        name: "web",
+        resources: "cpus:0.5;mem:256",
+        tasks: 12,
+        command: "sleep 0.3",
+    },
+    DemoPlan {
+        name: "batch",
+        resources: "cpus:2;mem:1024",
+        tasks: 6,
+        command: "sleep 0.5",
+    },
+];
+
+async fn demo(cluster: &LocalCluster) -> anyhow::Result<()> {
+    let addr = cluster.master.addr().to_string();
+    println!("ringmaster local --demo: master on {addr}");
+    let mut runs = Vec::new();
+    for plan in DEMO.iter() {
+        let config = FrameworkConfig {
+            master: addr.clone(),
+            name: plan.name.to_string(),
+            user: "demo".into(),
+            weight: 1.0,
+            failover_timeout: Duration::from_secs(10),
+            framework_id: None,
+            reconnect_max_backoff: Duration::from_secs(2),
+        };
+        let scheduler = DemoScheduler {
+            resources: Resources::parse(plan.resources)?,
+            command: plan.command.to_string(),
+            name: plan.name.to_string(),
+            total: plan.tasks,
+            launched: 0,
+            states: HashMap::new(),
+        };
+        runs.push(tokio::spawn(ringmaster_sdk::run(config, scheduler)));
+    }
+    // Watch the shares while the frameworks run.
+    let mut peak: HashMap<String, f64> = HashMap::new();
+    let watch = async {
+        loop {
+            if let Ok(snapshot) = cluster.master.snapshot().await {
+                for f in snapshot.frameworks {
+                    let p = peak.entry(f.name).or_default();
+                    *p = p.max(f.share);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    };
+    let finished = tokio::time::timeout(Duration::from_secs(120), async {
+        tokio::select! {
+            results = futures::future::join_all(runs) => results,
+            _ = watch => unreachable!("the watch loop never ends"),
+        }
+    })
+    .await
+    .context("the demo frameworks did not finish within 120 s")?;
+    println!();
+    println!("{:<10} {:>6} {:>9} {:>7} {:>12}", "FRAMEWORK", "TASKS", "FINISHED", "FAILED", "PEAK SHARE");
+    let mut ok = true;
+    for result in finished {
+        let scheduler = result.context("demo framework panicked")??;
+        let done = scheduler
+            .states
+            .values()
+            .filter(|s| **s == TaskState::TaskFinished)
+            .count();
+        let failed = scheduler.states.len() - done;
+        ok &= done as u32 == scheduler.total;
+        println!(
+            "{:<10} {:>6} {:>9} {:>7} {:>12.4}",
+            scheduler.name,
+            scheduler.total,
+            done,
+            failed,
+            peak.get(&scheduler.name).copied().unwrap_or(0.0)
+        );
+    }
+    let snapshot = cluster.master.snapshot().await?;
+    println!();
+    println!("{:<16} {:<28} {:<28}", "AGENT", "TOTAL", "FREE");
+    for a in &snapshot.agents {
+        println!("{:<16} {:<28} {:<28}", a.id, a.total, a.free);
+    }
+    if !ok {
+        anyhow::bail!("some demo tasks did not finish");
+    }
+    Ok(())
+}
+
+/// Launches `total` copies of one task shape and stops when all have ended.
+struct DemoScheduler {
+    name: String,
+    resources: Resources,
+    command: String,
+    total: u32,
+    launched: u32,
+    states: HashMap<String, TaskState>,
+}
+
+#[async_trait]
+impl Scheduler for DemoScheduler {
+    async fn registered(&mut self, driver: &Driver, _framework_id: &str) {
+        let _ = driver.request(&self.resources, self.total);
+    }
+
+    async fn offers(&mut self, driver: &Driver, offers: Vec<Offer>) {
+        for offer in offers {
+            let offered = Resources::from_wire(offer.resources.as_ref()).unwrap_or_default();
+            let room = offered.copies_of(&self.resources);
+            let n = room.min(u64::from(self.total - self.launched)) as u32;
+            if n == 0 {
+                let _ = driver.decline(&[offer.offer_id.clone()], Duration::from_secs(1));
+                continue;
+            }
+            let tasks = (self.launched..self.launched + n)
+                .map(|i| {
+                    ringmaster_sdk::task(
+                        &format!("{}-{i}", self.name),
+                        &self.command,
+                        &self.resources,
+                    )
+                })
+                .collect();
+            self.launched += n;
+            let _ = driver.accept(&offer.offer_id, tasks);
+            let _ = driver.request(&self.resources, self.total - self.launched);
+        }
+    }
+
+    async fn status_update(&mut self, driver: &Driver, status: TaskStatus) {
+        let state = TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified);
+        self.states.insert(status.task_id.clone(), state);
+        let ended = self.states.values().filter(|s| s.is_terminal()).count();
+        if ended as u32 == self.total {
+            let _ = driver.stop();
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The agent conversation: registration and re-registration with task reconciliation,
+//! heartbeats, status updates, disconnection and loss.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{
+    AgentRegistered, ErrorCode, KillTask, Message, Pong, RegisterAgent, StatusAck, TaskState,
+    TaskStatus,
+};
+use tokio::time::Instant;
+
+use super::state::{AgentRecord, MasterState, Peer, TaskKey};
+use super::ConnId;
+
+impl MasterState {
+    pub(crate) fn register_agent(
+        &mut self,
+        conn: ConnId,
+        peer: SocketAddr,
+        register: RegisterAgent,
+        now: Instant,
+    ) {
+        let total = match Resources::from_wire(register.total.as_ref()) {
+            Ok(total) if !total.is_empty() => total,
+            Ok(_) => {
+                return self.close(
+                    conn,
+                    ErrorCode::InvalidRequest,
+                    "RegisterAgent: total resources are empty".into(),
+                )
+            }
+            Err(e) => {
+                return self.close(
+                    conn,
+                    ErrorCode::InvalidRequest,
+                    format!("RegisterAgent: bad total resources: {e}"),
+                )
+            }
+        };
+        let attributes: Vec<(String, String)> = register
+            .attributes
+            .iter()
+            .map(|a| (a.key.clone(), a.value.clone()))
+            .collect();
+        let id = if register.agent_id.is_empty() {
+            self.ids.agent()
+        } else {
+            register.agent_id.clone()
+        };
+        if let Some(existing) = self.agents.get(&id) {
+            if existing.conn.is_some_and(|c| c != conn) {
+                return self.close(
+                    conn,
+                    ErrorCode::FrameworkConflict,
+                    format!("agent id {id} is already registered on a live connection"),
+                );
+            }
+        }
+        let reregistering = self.agents.contains_key(&id);
+        // Start from a clean slate in the rings: offers on the agent are void, its total
+        // may have changed, and its tasks are re-counted below from what it reports.
+        if reregistering {
+            self.rescind_offers_on_agent(&id, "agent_reregistered");
+            // Its tasks are counted again as they are adopted below.
+            let held: Vec<TaskKey> = self.agents[&id].tasks.iter().cloned().collect();
+            for task_key in held {
+                self.release_task_resources(&task_key);
+            }
+            if let Some(key) = self.agents.get_mut(&id).and_then(|a| a.key.take()) {
+                self.cluster.remove_agent(key);
+                self.agent_by_key.remove(&key);
+            }
+        }
+        let key = self.cluster.add_agent(total.clone());
+        self.agent_by_key.insert(key, id.clone());
+        let record = self.agents.entry(id.clone()).or_insert_with(|| AgentRecord {
+            id: id.clone(),
+            hostname: String::new(),
+            attributes: Vec::new(),
+            total: Resources::new(),
+            reported_free: Resources::new(),
+            key: None,
+            conn: None,
+            last_heartbeat: now,
+            tasks: HashSet::new(),
+            lost: false,
+        });
+        record.hostname = register.hostname.clone();
+        record.attributes = attributes;
+        record.total = total.clone();
+        record.reported_free = total.clone();
+        record.key = Some(key);
+        record.conn = Some(conn);
+        record.last_heartbeat = now;
+        record.lost = false;
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.peer = Some(Peer::Agent(id.clone()));
+        }
+        tracing::info!(agent = %id, hostname = %register.hostname, %peer, resources = %total,
+            reregistered = reregistering, "agent registered");
+        self.send(
+            conn,
+            Message::AgentRegistered(AgentRegistered {
+                agent_id: id.clone(),
+                heartbeat_interval_ms: self.config.master.heartbeat_interval.as_millis() as u64,
+            }),
+        );
+        self.reconcile_agent_tasks(&id, conn, &register.tasks, now);
+        self.request_allocation(now);
+    }
+
+    /// Matches what a (re-)registering agent runs against what the master believes.
+    fn reconcile_agent_tasks(
+        &mut self,
+        agent_id: &str,
+        conn: ConnId,
+        reported: &[TaskStatus],
+        now: Instant,
+    ) {
+        let mut still_running: HashSet<TaskKey> = HashSet::new();
+        for status in reported {
+            let task_key = (status.framework_id.clone(), status.task_id.clone());
+            let adoptable = self.frameworks.contains_key(&status.framework_id)
+                && self.tasks.get(&task_key).is_some_and(|t| {
+                    t.agent == agent_id
+                        && (!t.state.is_terminal()
+                            || (t.state == TaskState::TaskLost && t.reason == "agent_lost"))
+                });
+            if !adoptable {
+                tracing::warn!(agent = %agent_id, task = %status.task_id, framework = %status.framework_id,
+                    "agent runs a task the master does not know; killing it");
+                self.send(
+                    conn,
+                    Message::KillTask(KillTask {
+                        task_id: status.task_id.clone(),
+                        framework_id: status.framework_id.clone(),
+                        reason: "unknown_task".into(),
+                    }),
+                );
+                continue;
+            }
+            still_running.insert(task_key.clone());
+            let resources = self.tasks[&task_key].resources.clone();
+            let was = self.tasks[&task_key].state;
+            if !self.tasks[&task_key].holds_resources {
+                self.hold_task_resources(&task_key, agent_id, &resources);
+            }
+            if let Some(agent) = self.agents.get_mut(agent_id) {
+                agent.tasks.insert(task_key.clone());
+            }
+            let reported_state =
+                TaskState::try_from(status.state).unwrap_or(TaskState::TaskRunning);
+            let new_state = if reported_state == TaskState::TaskStaging {
+                TaskState::TaskStaging
+            } else {
+                TaskState::TaskRunning
+            };
+            if was != new_state {
+                self.set_task_state(
+                    &task_key,
+                    new_state,
+                    "agent_reregistered",
+                    "the agent re-registered and still runs the task",
+                    now,
+                );
+            }
+        }
+        // Tasks the master placed on this agent that the agent no longer runs.
+        let known: Vec<TaskKey> = self
+            .agents
+            .get(agent_id)
+            .map(|a| a.tasks.iter().cloned().collect())
+            .unwrap_or_default();
+        for task_key in known {
+            if still_running.contains(&task_key) {
+                continue;
+            }
+            let Some(task) = self.tasks.get(&task_key) else {
+                continue;
+            };
+            if !task.state.is_terminal() {
+                self.finish_task(
+                    &task_key,
+                    TaskState::TaskLost,
+                    "agent_reregistered",
+                    "the agent re-registered without this task",
+                    None,
+                    now,
+                );
+            }
+        }
+    }
+
+    pub(crate) fn agent_message(
+        &mut self,
+        conn: ConnId,
+        agent_id: &str,
+        message: Message,
+        now: Instant,
+    ) {
+        match message {
+            Message::AgentHeartbeat(hb) => {
+                if let Some(agent) = self.agents.get_mut(agent_id) {
+                    agent.last_heartbeat = now;
+                    if let Ok(free) = Resources::from_wire(hb.free.as_ref()) {
+                        agent.reported_free = free;
+                    }
+                }
+            }
+            Message::StatusUpdate(update) => {
+                if let Some(agent) = self.agents.get_mut(agent_id) {
+                    agent.last_heartbeat = now;
+                }
+                let Some(mut status) = update.status else {
+                    return self.send_error(
+                        conn,
+                        ErrorCode::InvalidRequest,
+                        "StatusUpdate without a status".into(),
+                    );
+                };
+                status.agent_id = agent_id.to_string();
+                let update_id = status.update_id.clone();
+                let task_id = status.task_id.clone();
+                self.agent_status(agent_id, status, now);
+                if !update_id.is_empty() {
+                    self.send(conn, Message::StatusAck(StatusAck { task_id, update_id }));
+                }
+            }
+            Message::Ping(ping) => self.send(conn, Message::Pong(Pong { nonce: ping.nonce })),
+            Message::Pong(_) => {}
+            Message::Error(error) => {
+                tracing::warn!(agent = %agent_id, message = %error.message, "agent reported an error")
+            }
+            other => self.close(
+                conn,
+                ErrorCode::UnexpectedMessage,
+                format!("{} is not valid from an agent", other.kind()),
+            ),
+        }
+    }
+
+    /// A status update from an agent: apply it and pass it on to the framework.
+    fn agent_status(&mut self, agent_id: &str, status: TaskStatus, now: Instant) {
+        let task_key = (status.framework_id.clone(), status.task_id.clone());
+        let state = TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified);
+        let Some(task) = self.tasks.get(&task_key) else {
+            tracing::debug!(task = %status.task_id, "status for an unknown task ignored");
+            return;
+        };
+        if task.agent != agent_id || task.state.is_terminal() || state == TaskState::Unspecified
+        {
+            return;
+        }
+        if state.is_terminal() {
+            self.finish_task(
+                &task_key,
+                state,
+                &status.reason,
+                &status.message,
+                status.exit_code,
+                now,
+            );
+        } else if state != task.state {
+            self.set_task_state(&task_key, state, &status.reason, &status.message, now);
+        }
+    }
+
+    pub(crate) fn agent_disconnected(&mut self, agent_id: &str, conn: ConnId, now: Instant) {
+        let Some(agent) = self.agents.get_mut(agent_id) else {
+            return;
+        };
+        if agent.conn != Some(conn) {
+            return;
+        }
+        agent.conn = None;
+        tracing::warn!(agent = %agent_id, "agent disconnected; lost unless it returns within agent_timeout");
+        // Nothing can be launched on it now: its offers are void.
+        self.rescind_offers_on_agent(agent_id, "agent_disconnected");
+        self.request_allocation(now);
+    }
+
+    pub(crate) fn expire_agents(&mut self, now: Instant) {
+        let timeout = self.config.master.agent_timeout;
+        let expired: Vec<String> = self
+            .agents
+            .values()
+            .filter(|a| !a.lost && now.duration_since(a.last_heartbeat) >= timeout)
+            .map(|a| a.id.clone())
+            .collect();
+        for id in expired {
+            self.lose_agent(&id, now);
+        }
+    }
+
+    /// The agent missed its heartbeats: its tasks are LOST, its offers rescinded, its
+    /// resources leave the rings. Its record stays so it can re-register under its id.
+    fn lose_agent(&mut self, agent_id: &str, now: Instant) {
+        tracing::warn!(agent = %agent_id, "agent lost");
+        self.counters.agents_lost += 1;
+        self.rescind_offers_on_agent(agent_id, "agent_lost");
+        let tasks: Vec<TaskKey> = self
+            .agents
+            .get(agent_id)
+            .map(|a| a.tasks.iter().cloned().collect())
+            .unwrap_or_default();
+        for task_key in tasks {
+            self.finish_task(
+                &task_key,
+                TaskState::TaskLost,
+                "agent_lost",
+                "the agent stopped sending heartbeats",
+                None,
+                now,
+            );
+        }
+        if let Some(agent) = self.agents.get_mut(agent_id) {
+            agent.lost = true;
+            let conn = agent.conn.take();
+            if let Some(key) = agent.key.take() {
+                self.cluster.remove_agent(key);
+                self.agent_by_key.remove(&key);
+            }
+            // A half-open connection: make the agent reconnect and re-register.
+            if let Some(conn) = conn {
+                self.close(
+                    conn,
+                    ErrorCode::NotRegistered,
+                    format!("agent {agent_id} was declared lost; re-register"),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! One task per TCP connection: the handshake, the role check, and shuttling frames between
+//! the socket and the actor. A connection that breaks the protocol gets an `Error` and is
+//! closed; it can never disturb another connection or the actor's state.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ringmaster_proto::{answer_hello, Connection, ConnectionError, ErrorCode, Message};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+use super::{ConnId, Event, Outbound};
+use crate::config::Config;
+
+/// How long a client has to send `Hello` and its first message.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    events: mpsc::Sender<Event>,
+    config: Arc<Config>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+                    tokio::spawn(handle(
+                        conn,
+                        stream,
+                        peer,
+                        events.clone(),
+                        config.master.max_frame_bytes,
+                        shutdown.clone(),
+                    ));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+/// Which conversation a connection is in after its first message.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Agent,
+    Framework,
+}
+
+fn role_of(message: &Message) -> Option<Role> {
+    match message {
+        Message::RegisterAgent(_) => Some(Role::Agent),
+        Message::Subscribe(_) => Some(Role::Framework),
+        _ => None,
+    }
+}
+
+/// Messages a peer in `role` may send after its first message.
+fn allowed(role: Role, message: &Message) -> bool {
+    match role {
+        Role::Agent => matches!(
+            message,
+            Message::AgentHeartbeat(_)
+                | Message::StatusUpdate(_)
+                | Message::Ping(_)
+                | Message::Pong(_)
+                | Message::Error(_)
+        ),
+        Role::Framework => matches!(
+            message,
+            Message::Demand(_)
+                | Message::Revive(_)
+                | Message::Suppress(_)
+                | Message::Accept(_)
+                | Message::Decline(_)
+                | Message::StatusAck(_)
+                | Message::Kill(_)
+                | Message::Reconcile(_)
+                | Message::Teardown(_)
+                | Message::Ping(_)
+                | Message::Pong(_)
+                | Message::Error(_)
+        ),
+    }
+}
+
+fn protocol_error(e: &ConnectionError) -> ringmaster_proto::Error {
+    let code = match e {
+        ConnectionError::UnknownMessage => ErrorCode::UnknownMessage,
+        _ => ErrorCode::BadFrame,
+    };
+    ringmaster_proto::Error::new(code, e.to_string())
+}
+
+async fn handle(
+    conn: ConnId,
+    stream: TcpStream,
+    peer: SocketAddr,
+    events: mpsc::Sender<Event>,
+    max_frame_bytes: usize,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut connection = Connection::with_max_frame(stream, max_frame_bytes);
+    let opened = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut connection)).await {
+        Ok(Ok(Some(first))) => first,
+        Ok(Ok(None)) => return,
+        Ok(Err(error)) => {
+            tracing::warn!(%peer, message = %error.message, "handshake refused");
+            let _ = connection.send(Message::Error(error)).await;
+            return;
+        }
+        Err(_) => {
+            let error = ringmaster_proto::Error::new(
+                ErrorCode::NotRegistered,
+                "no Hello and RegisterAgent/Subscribe within 10 s",
+            );
+            let _ = connection.send(Message::Error(error)).await;
+            return;
+        }
+    };
+    let role = role_of(&opened).expect("handshake returns a role message");
+    let (outbound_tx, mut outbound_rx) = mpsc::unbounded_channel();
+    if events
+        .send(Event::Opened {
+            conn,
+            peer,
+            outbound: outbound_tx,
+            first: opened,
+        })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let close_reason = serve(
+        &mut connection,
+        conn,
+        role,
+        &events,
+        &mut outbound_rx,
+        shutdown,
+    )
+    .await;
+    if let Some(error) = close_reason {
+        tracing::warn!(%peer, conn, message = %error.message, "closing connection");
+        let _ = connection.send(Message::Error(error)).await;
+    }
+    let _ = events.send(Event::Closed { conn }).await;
+}
+
+/// Reads `Hello` and the role message. `Ok(None)`: the peer left quietly.
+async fn handshake<S>(
+    connection: &mut Connection<S>,
+) -> Result<Option<Message>, ringmaster_proto::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let hello = match connection.recv().await {
+        Ok(None) => return Ok(None),
+        Ok(Some(Message::Hello(hello))) => hello,
+        Ok(Some(other)) => {
+            return Err(ringmaster_proto::Error::new(
+                ErrorCode::NotRegistered,
+                format!("expected Hello as the first message, got {}", other.kind()),
+            ))
+        }
+        Err(e) => return Err(protocol_error(&e)),
+    };
+    let ack = answer_hello(&hello, concat!("ringmaster ", env!("CARGO_PKG_VERSION")))?;
+    if connection.send(Message::HelloAck(ack)).await.is_err() {
+        return Ok(None);
+    }
+    match connection.recv().await {
+        Ok(None) => Ok(None),
+        Ok(Some(message)) if role_of(&message).is_some() => Ok(Some(message)),
+        Ok(Some(other)) => Err(ringmaster_proto::Error::new(
+            ErrorCode::NotRegistered,
+            format!(
+                "{} before RegisterAgent or Subscribe: register or subscribe first",
+                other.kind()
+            ),
+        )),
+        Err(e) => Err(protocol_error(&e)),
+    }
+}
+
+/// Forwards frames until the peer leaves, breaks the protocol, or the actor closes us.
+/// Returns the error to send before closing, if any.
+async fn serve<S>(
+    connection: &mut Connection<S>,
+    conn: ConnId,
+    role: Role,
+    events: &mpsc::Sender<Event>,
+    outbound: &mut mpsc::UnboundedReceiver<Outbound>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Option<ringmaster_proto::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        tokio::select! {
+            received = connection.recv() => match received {
+                Ok(None) => return None,
+                Ok(Some(message)) => {
+                    if !allowed(role, &message) {
+                        let what = if role_of(&message).is_some() {
+                            "already registered on this connection".to_string()
+                        } else {
+                            format!("not valid from {}", match role { Role::Agent => "an agent", Role::Framework => "a framework" })
+                        };
+                        return Some(ringmaster_proto::Error::new(
+                            ErrorCode::UnexpectedMessage,
+                            format!("{}: {what}", message.kind()),
+                        ));
+                    }
+                    if events.send(Event::Inbound { conn, message }).await.is_err() {
+                        return None;
+                    }
+                }
+                Err(ConnectionError::Io(_)) => return None,
+                Err(e) => return Some(protocol_error(&e)),
+            },
+            out = outbound.recv() => {
+                let Some(first) = out else { return None };
+                // Drain what is queued and flush once: one syscall for a burst of messages.
+                let mut next = Some(first);
+                while let Some(out) = next.take() {
+                    match out {
+                        Outbound::Send(message) => {
+                            if connection.feed(message).await.is_err() {
+                                return None;
+                            }
+                        }
+                        Outbound::Close(error) => {
+                            let _ = connection.flush().await;
+                            return Some(error);
+                        }
+                    }
+                    next = outbound.try_recv().ok();
+                }
+                if connection.flush().await.is_err() {
+                    return None;
+                }
+            }
+            _ = shutdown.changed() => {
+                return Some(ringmaster_proto::Error::new(ErrorCode::ShuttingDown, "master is shutting down"));
+            }
+        }
+    }
+}

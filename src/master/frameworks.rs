@@ -1,0 +1,347 @@
+//! The framework conversation: subscribe and failover, demand, revive and suppress,
+//! kill, reconciliation, teardown, and removal after the failover timeout.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{
+    ErrorCode, KillTask, Message, Pong, Subscribe, Subscribed, TaskState, TaskStatus, Update,
+};
+use tokio::time::{Duration, Instant};
+
+use super::state::{FrameworkRecord, MasterState, Peer, TaskKey};
+use super::ConnId;
+
+/// The longest failover timeout a framework may ask for: one week.
+const MAX_FAILOVER: f64 = 7.0 * 24.0 * 3600.0;
+
+impl MasterState {
+    pub(crate) fn subscribe(&mut self, conn: ConnId, subscribe: Subscribe, now: Instant) {
+        let weight = if subscribe.weight == 0.0 {
+            1.0
+        } else {
+            subscribe.weight
+        };
+        if !weight.is_finite() || weight <= 0.0 {
+            return self.close(
+                conn,
+                ErrorCode::InvalidRequest,
+                format!(
+                    "Subscribe: weight must be a positive number, got {}",
+                    subscribe.weight
+                ),
+            );
+        }
+        let failover = subscribe.failover_timeout_secs;
+        if !failover.is_finite() || !(0.0..=MAX_FAILOVER).contains(&failover) {
+            return self.close(
+                conn,
+                ErrorCode::InvalidRequest,
+                format!("Subscribe: failover_timeout_secs must be within 0..={MAX_FAILOVER}, got {failover}"),
+            );
+        }
+        if subscribe.name.trim().is_empty() {
+            return self.close(
+                conn,
+                ErrorCode::InvalidRequest,
+                "Subscribe: name is empty".into(),
+            );
+        }
+        let id = if subscribe.framework_id.is_empty() {
+            self.ids.framework()
+        } else {
+            subscribe.framework_id.clone()
+        };
+        if self.removed_frameworks.contains(&id) {
+            return self.close(
+                conn,
+                ErrorCode::InvalidRequest,
+                format!("framework {id} was removed (torn down or failover timeout expired); subscribe without an id"),
+            );
+        }
+        let failover_timeout = Duration::from_secs_f64(failover);
+        let resubscribing = match self.frameworks.get_mut(&id) {
+            Some(fw) => {
+                if fw.conn.is_some_and(|c| c != conn) {
+                    return self.close(
+                        conn,
+                        ErrorCode::FrameworkConflict,
+                        format!("framework {id} is connected on another connection"),
+                    );
+                }
+                fw.conn = Some(conn);
+                fw.disconnected_at = None;
+                fw.name = subscribe.name.clone();
+                fw.user = subscribe.user.clone();
+                fw.failover_timeout = failover_timeout;
+                if fw.weight != weight {
+                    fw.weight = weight;
+                    let key = fw.key;
+                    self.drf.set_weight(key, weight);
+                }
+                true
+            }
+            None => {
+                let key = self.next_framework_key;
+                self.next_framework_key += 1;
+                self.drf.add(key, weight);
+                self.framework_by_key.insert(key, id.clone());
+                self.frameworks.insert(
+                    id.clone(),
+                    FrameworkRecord {
+                        id: id.clone(),
+                        key,
+                        name: subscribe.name.clone(),
+                        user: subscribe.user.clone(),
+                        weight,
+                        failover_timeout,
+                        conn: Some(conn),
+                        disconnected_at: None,
+                        demand: Resources::new(),
+                        demand_count: 0,
+                        suppressed: false,
+                        offers: HashSet::new(),
+                        tasks: HashSet::new(),
+                        filters: HashMap::new(),
+                        unacked: BTreeMap::new(),
+                    },
+                );
+                false
+            }
+        };
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.peer = Some(Peer::Framework(id.clone()));
+        }
+        tracing::info!(framework = %id, name = %subscribe.name, user = %subscribe.user, weight,
+            resubscribed = resubscribing, "framework subscribed");
+        self.send(
+            conn,
+            Message::Subscribed(Subscribed {
+                framework_id: id.clone(),
+                heartbeat_interval_ms: self.config.master.heartbeat_interval.as_millis() as u64,
+            }),
+        );
+        if resubscribing {
+            self.resend_all_updates(&id, now);
+        }
+        self.request_allocation(now);
+    }
+
+    pub(crate) fn framework_message(
+        &mut self,
+        conn: ConnId,
+        framework_id: &str,
+        message: Message,
+        now: Instant,
+    ) {
+        match message {
+            Message::Demand(demand) => {
+                let resources = match Resources::from_wire(demand.resources.as_ref()) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        return self.send_error(
+                            conn,
+                            ErrorCode::InvalidRequest,
+                            format!("Demand: bad resources: {e}"),
+                        )
+                    }
+                };
+                if resources.is_empty() && demand.count > 0 {
+                    return self.send_error(
+                        conn,
+                        ErrorCode::InvalidRequest,
+                        "Demand: resources are empty".into(),
+                    );
+                }
+                let fw = self.frameworks.get_mut(framework_id).expect("subscribed");
+                fw.demand = resources;
+                fw.demand_count = demand.count;
+                self.request_allocation(now);
+            }
+            Message::Revive(_) => {
+                let fw = self.frameworks.get_mut(framework_id).expect("subscribed");
+                fw.suppressed = false;
+                fw.filters.clear();
+                let key = fw.key;
+                self.drf.revive(key);
+                self.request_allocation(now);
+            }
+            Message::Suppress(_) => {
+                let fw = self.frameworks.get_mut(framework_id).expect("subscribed");
+                fw.suppressed = true;
+                let key = fw.key;
+                self.drf.suppress(key);
+            }
+            Message::Accept(accept) => self.accept(conn, framework_id, accept, now),
+            Message::Decline(decline) => self.decline(conn, framework_id, decline, now),
+            Message::StatusAck(ack) => self.acknowledge(framework_id, &ack.update_id),
+            Message::Kill(kill) => self.kill_task(framework_id, &kill.task_id, now),
+            Message::Reconcile(reconcile) => self.reconcile(conn, framework_id, reconcile.task_ids),
+            Message::Teardown(_) => {
+                tracing::info!(framework = %framework_id, "framework teardown");
+                self.remove_framework(framework_id, "framework_teardown", now);
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.peer = None;
+                }
+            }
+            Message::Ping(ping) => self.send(conn, Message::Pong(Pong { nonce: ping.nonce })),
+            Message::Pong(_) => {}
+            Message::Error(error) => {
+                tracing::warn!(framework = %framework_id, message = %error.message, "framework reported an error")
+            }
+            other => self.close(
+                conn,
+                ErrorCode::UnexpectedMessage,
+                format!("{} is not valid from a framework", other.kind()),
+            ),
+        }
+    }
+
+    fn kill_task(&mut self, framework_id: &str, task_id: &str, now: Instant) {
+        let task_key: TaskKey = (framework_id.to_string(), task_id.to_string());
+        let Some(task) = self.tasks.get(&task_key) else {
+            let status = TaskStatus {
+                task_id: task_id.to_string(),
+                framework_id: framework_id.to_string(),
+                state: TaskState::TaskLost as i32,
+                reason: "unknown_task".into(),
+                message: "no such task".into(),
+                ..Default::default()
+            };
+            return self.deliver_update(framework_id, status);
+        };
+        if task.state.is_terminal() {
+            let status = self.status_of(&task_key, None);
+            return self.deliver_update(framework_id, status);
+        }
+        let agent_conn = self.agents.get(&task.agent).and_then(|a| a.conn);
+        match agent_conn {
+            Some(conn) => {
+                tracing::info!(framework = %framework_id, task = %task_id, "kill requested");
+                self.send(
+                    conn,
+                    Message::KillTask(KillTask {
+                        task_id: task_id.to_string(),
+                        framework_id: framework_id.to_string(),
+                        reason: "killed_by_framework".into(),
+                    }),
+                );
+            }
+            // The agent is away: the task cannot be reached; it ends as LOST when the
+            // agent is declared lost, or is killed on re-registration if asked again.
+            None => {
+                let _ = now;
+                tracing::warn!(task = %task_id, "kill requested while the task's agent is disconnected");
+            }
+        }
+    }
+
+    fn reconcile(&mut self, conn: ConnId, framework_id: &str, task_ids: Vec<String>) {
+        let ids: Vec<String> = if task_ids.is_empty() {
+            let mut ids: Vec<String> = self.frameworks[framework_id]
+                .tasks
+                .iter()
+                .cloned()
+                .collect();
+            ids.sort();
+            ids
+        } else {
+            task_ids
+        };
+        for task_id in ids {
+            let task_key: TaskKey = (framework_id.to_string(), task_id.clone());
+            let status = if self.tasks.contains_key(&task_key) {
+                self.status_of(&task_key, None)
+            } else {
+                TaskStatus {
+                    task_id,
+                    framework_id: framework_id.to_string(),
+                    state: TaskState::TaskLost as i32,
+                    reason: "reconciliation".into(),
+                    message: "the master does not know this task".into(),
+                    ..Default::default()
+                }
+            };
+            self.send(
+                conn,
+                Message::Update(Update {
+                    status: Some(status),
+                }),
+            );
+        }
+    }
+
+    pub(crate) fn framework_disconnected(&mut self, framework_id: &str, conn: ConnId, now: Instant) {
+        let Some(fw) = self.frameworks.get_mut(framework_id) else {
+            return;
+        };
+        if fw.conn != Some(conn) {
+            return;
+        }
+        fw.conn = None;
+        fw.disconnected_at = Some(now);
+        tracing::warn!(framework = %framework_id, failover_timeout = ?fw.failover_timeout,
+            "framework disconnected; its tasks keep running until the failover timeout");
+        self.rescind_offers_of_framework(framework_id, "framework_disconnected");
+        self.request_allocation(now);
+    }
+
+    pub(crate) fn expire_frameworks(&mut self, now: Instant) {
+        let expired: Vec<String> = self
+            .frameworks
+            .values()
+            .filter(|f| {
+                f.disconnected_at
+                    .is_some_and(|at| now.duration_since(at) >= f.failover_timeout)
+            })
+            .map(|f| f.id.clone())
+            .collect();
+        for id in expired {
+            tracing::warn!(framework = %id, "failover timeout expired; removing the framework");
+            self.remove_framework(&id, "framework_failover_timeout", now);
+        }
+    }
+
+    /// Kills a framework's tasks, recovers its offers and forgets it.
+    pub(crate) fn remove_framework(&mut self, framework_id: &str, reason: &str, now: Instant) {
+        self.rescind_offers_of_framework(framework_id, reason);
+        let Some(fw) = self.frameworks.get(framework_id) else {
+            return;
+        };
+        let tasks: Vec<String> = fw.tasks.iter().cloned().collect();
+        for task_id in tasks {
+            let task_key: TaskKey = (framework_id.to_string(), task_id.clone());
+            let agent_conn = self
+                .tasks
+                .get(&task_key)
+                .and_then(|t| self.agents.get(&t.agent))
+                .and_then(|a| a.conn);
+            if let Some(conn) = agent_conn {
+                self.send(
+                    conn,
+                    Message::KillTask(KillTask {
+                        task_id: task_id.clone(),
+                        framework_id: framework_id.to_string(),
+                        reason: reason.to_string(),
+                    }),
+                );
+            }
+            // The master stops counting the task now; the agent frees the process.
+            self.finish_task(
+                &task_key,
+                TaskState::TaskKilled,
+                reason,
+                "the framework was removed",
+                None,
+                now,
+            );
+        }
+        if let Some(fw) = self.frameworks.remove(framework_id) {
+            self.drf.remove(fw.key);
+            self.framework_by_key.remove(&fw.key);
+        }
+        self.removed_frameworks.insert(framework_id.to_string());
+        self.counters.frameworks_removed += 1;
+        self.request_allocation(now);
+    }
+}

@@ -1,0 +1,41 @@
+//! Identifier minting. Ids carry the master's start time so ids from a restarted master
+//! never collide with ids an earlier incarnation handed out.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Mints agent, framework, offer and update ids.
+pub(crate) struct IdMint {
+    epoch: String,
+    next: u64,
+}
+
+impl IdMint {
+    pub fn new() -> Self {
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        IdMint {
+            epoch: format!("{secs:x}"),
+            next: 0,
+        }
+    }
+
+    fn mint(&mut self, kind: &str) -> String {
+        self.next += 1;
+        format!("{}-{kind}{}", self.epoch, self.next)
+    }
+
+    pub fn agent(&mut self) -> String {
+        self.mint("A")
+    }
+    pub fn framework(&mut self) -> String {
+        self.mint("F")
+    }
+    pub fn offer(&mut self) -> String {
+        self.mint("O")
+    }
+    pub fn update(&mut self) -> String {
+        self.mint("U")
+    }
+}

@@ -1,0 +1,373 @@
+//! The offer cycle: batched allocation runs through the placement library, offers,
+//! accept (with validation) and decline (with refuse filters), rescinds and timeouts.
+
+use std::collections::HashSet;
+
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{
+    Accept, Decline, ErrorCode, Message, Offer, Offers, Placement, Rescind, RunTasks, TaskInfo,
+    TaskState,
+};
+use tokio::time::{Duration, Instant};
+
+use super::state::{MasterState, OfferRecord, TaskKey, TaskRecord};
+use super::ConnId;
+use crate::placement::{allocate, Grant, Request};
+
+impl MasterState {
+    /// One allocation run: every framework with outstanding demand, lowest DRF share first,
+    /// is offered the agent the placer picks for its demand.
+    pub(crate) fn allocate(&mut self, now: Instant) {
+        self.counters.allocation_runs += 1;
+        let mut requests: Vec<Request> = self
+            .frameworks
+            .values()
+            .filter(|f| f.conn.is_some() && !f.suppressed && f.demand_count > 0)
+            .filter_map(|f| {
+                // Outstanding offers already cover part of the demand.
+                let covered: u64 = f
+                    .offers
+                    .iter()
+                    .filter_map(|id| self.offers.get(id))
+                    .map(|o| o.resources.copies_of(&f.demand))
+                    .sum();
+                let count = u64::from(f.demand_count).saturating_sub(covered) as u32;
+                (count > 0).then(|| Request {
+                    framework: f.key,
+                    demand: f.demand.clone(),
+                    count,
+                })
+            })
+            .collect();
+        if requests.is_empty() {
+            return;
+        }
+        requests.sort_by_key(|r| r.framework);
+        let agents = &self.agents;
+        let agent_by_key = &self.agent_by_key;
+        let frameworks = &self.frameworks;
+        let framework_by_key = &self.framework_by_key;
+        let eligible = |fw: usize, agent: usize| -> bool {
+            let Some(agent_id) = agent_by_key.get(&agent) else {
+                return false;
+            };
+            if !agents.get(agent_id).is_some_and(|a| a.conn.is_some()) {
+                return false;
+            }
+            let Some(fw) = framework_by_key.get(&fw).and_then(|id| frameworks.get(id)) else {
+                return false;
+            };
+            !fw.filters.get(agent_id).is_some_and(|until| *until > now)
+        };
+        let allocations = allocate(
+            &mut self.cluster,
+            &mut self.drf,
+            &mut requests,
+            Grant::WholeAgent,
+            &eligible,
+        );
+        let timeout = self.config.master.offer_timeout;
+        let placer = self.cluster.placer().to_string();
+        let mut batches: Vec<(ConnId, Vec<Offer>)> = Vec::new();
+        for allocation in allocations {
+            let framework_id = self.framework_by_key[&allocation.framework].clone();
+            let agent_id = self.agent_by_key[&allocation.agent].clone();
+            let offer_id = self.ids.offer();
+            let agent = &self.agents[&agent_id];
+            let offer = Offer {
+                offer_id: offer_id.clone(),
+                framework_id: framework_id.clone(),
+                agent_id: agent_id.clone(),
+                hostname: agent.hostname.clone(),
+                resources: Some(allocation.resources.to_wire()),
+                attributes: agent
+                    .attributes
+                    .iter()
+                    .map(|(k, v)| ringmaster_proto::Attribute {
+                        key: k.clone(),
+                        value: v.clone(),
+                    })
+                    .collect(),
+                placement: Some(Placement {
+                    placer: placer.clone(),
+                    phase: allocation
+                        .decision
+                        .phase
+                        .map(|p| p.to_string())
+                        .unwrap_or_default(),
+                    bucket: allocation.decision.bucket.unwrap_or(0) as u32,
+                    dimension: allocation.decision.dimension.clone().unwrap_or_default(),
+                }),
+            };
+            tracing::info!(offer = %offer_id, framework = %framework_id, agent = %agent_id,
+                resources = %allocation.resources, phase = %offer.placement.as_ref().map(|p| p.phase.as_str()).unwrap_or(""),
+                "offer");
+            self.counters.offers_made += 1;
+            self.offers.insert(
+                offer_id.clone(),
+                OfferRecord {
+                    id: offer_id.clone(),
+                    framework: framework_id.clone(),
+                    agent: agent_id,
+                    resources: allocation.resources,
+                    expires: now + timeout,
+                },
+            );
+            let fw = self.frameworks.get_mut(&framework_id).expect("allocated");
+            fw.offers.insert(offer_id);
+            let conn = fw.conn.expect("only connected frameworks are allocated to");
+            match batches.iter_mut().find(|(c, _)| *c == conn) {
+                Some((_, offers)) => offers.push(offer),
+                None => batches.push((conn, vec![offer])),
+            }
+        }
+        for (conn, offers) in batches {
+            self.send(conn, Message::Offers(Offers { offers }));
+        }
+    }
+
+    /// Takes an offer out of the books and returns its resources to the pool.
+    fn recover_offer(&mut self, offer_id: &str) -> Option<OfferRecord> {
+        let offer = self.offers.remove(offer_id)?;
+        if let Some(fw) = self.frameworks.get_mut(&offer.framework) {
+            fw.offers.remove(offer_id);
+            let key = fw.key;
+            self.drf.unallocated(key, &offer.resources);
+        }
+        if let Some(key) = self.agents.get(&offer.agent).and_then(|a| a.key) {
+            let _ = self.cluster.give_back(key, &offer.resources);
+        }
+        Some(offer)
+    }
+
+    /// Rescinds one offer: its resources return and the framework is told.
+    fn rescind(&mut self, offer_id: &str, reason: &str) {
+        let Some(offer) = self.recover_offer(offer_id) else {
+            return;
+        };
+        self.counters.offers_rescinded += 1;
+        tracing::info!(offer = %offer_id, framework = %offer.framework, reason, "offer rescinded");
+        if let Some(conn) = self.frameworks.get(&offer.framework).and_then(|f| f.conn) {
+            self.send(
+                conn,
+                Message::Rescind(Rescind {
+                    offer_id: offer_id.to_string(),
+                    reason: reason.to_string(),
+                }),
+            );
+        }
+    }
+
+    pub(crate) fn rescind_offers_on_agent(&mut self, agent_id: &str, reason: &str) {
+        let ids: Vec<String> = self
+            .offers
+            .values()
+            .filter(|o| o.agent == agent_id)
+            .map(|o| o.id.clone())
+            .collect();
+        for id in ids {
+            self.rescind(&id, reason);
+        }
+    }
+
+    pub(crate) fn rescind_offers_of_framework(&mut self, framework_id: &str, reason: &str) {
+        let ids: Vec<String> = self
+            .frameworks
+            .get(framework_id)
+            .map(|f| f.offers.iter().cloned().collect())
+            .unwrap_or_default();
+        for id in ids {
+            self.rescind(&id, reason);
+        }
+    }
+
+    pub(crate) fn expire_offers(&mut self, now: Instant) {
+        let expired: Vec<String> = self
+            .offers
+            .values()
+            .filter(|o| o.expires <= now)
+            .map(|o| o.id.clone())
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        for id in expired {
+            self.rescind(&id, "offer_timeout");
+        }
+        self.request_allocation(now);
+    }
+
+    /// True when some decline filter ran out since the last check (so an agent may be
+    /// offered again). Expired filters are dropped.
+    pub(crate) fn filters_expired(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for fw in self.frameworks.values_mut() {
+            let before = fw.filters.len();
+            fw.filters.retain(|_, until| *until > now);
+            any |= fw.filters.len() != before && fw.demand_count > 0;
+        }
+        any
+    }
+
+    pub(crate) fn decline(&mut self, conn: ConnId, framework_id: &str, decline: Decline, now: Instant) {
+        let refuse = if decline.refuse_seconds.is_finite() && decline.refuse_seconds > 0.0 {
+            Duration::from_secs_f64(decline.refuse_seconds.min(365.0 * 24.0 * 3600.0))
+        } else {
+            self.config.master.default_refuse
+        };
+        for offer_id in decline.offer_ids {
+            match self.offers.get(&offer_id) {
+                Some(o) if o.framework == framework_id => {
+                    let offer = self.recover_offer(&offer_id).expect("present");
+                    self.counters.offers_declined += 1;
+                    tracing::info!(offer = %offer_id, framework = %framework_id, agent = %offer.agent, ?refuse, "offer declined");
+                    if let Some(fw) = self.frameworks.get_mut(framework_id) {
+                        fw.filters.insert(offer.agent, now + refuse);
+                    }
+                }
+                Some(_) => self.send_error(
+                    conn,
+                    ErrorCode::InvalidOffer,
+                    format!("Decline: offer {offer_id} belongs to another framework"),
+                ),
+                None => self.send_error(
+                    conn,
+                    ErrorCode::InvalidOffer,
+                    format!("Decline: unknown or expired offer {offer_id}"),
+                ),
+            }
+        }
+        self.request_allocation(now);
+    }
+
+    pub(crate) fn accept(&mut self, conn: ConnId, framework_id: &str, accept: Accept, now: Instant) {
+        let offer_id = accept.offer_id.clone();
+        match self.offers.get(&offer_id) {
+            None => {
+                return self.send_error(
+                    conn,
+                    ErrorCode::InvalidOffer,
+                    format!("Accept: unknown or expired offer {offer_id}; nothing launched"),
+                )
+            }
+            Some(o) if o.framework != framework_id => {
+                return self.send_error(
+                    conn,
+                    ErrorCode::InvalidOffer,
+                    format!("Accept: offer {offer_id} belongs to another framework; nothing launched"),
+                )
+            }
+            Some(_) => {}
+        }
+        // The offer is used up either way: whatever is not launched goes back to the pool.
+        let offer = self.recover_offer(&offer_id).expect("present");
+        let tasks = match self.validate_tasks(framework_id, &offer.resources, accept.tasks) {
+            Ok(tasks) => tasks,
+            Err(problem) => {
+                self.request_allocation(now);
+                return self.send_error(
+                    conn,
+                    ErrorCode::InvalidTask,
+                    format!("Accept of offer {offer_id}: {problem}; nothing launched"),
+                );
+            }
+        };
+        self.counters.offers_accepted += 1;
+        let agent_id = offer.agent.clone();
+        let Some(agent_conn) = self.agents.get(&agent_id).and_then(|a| a.conn) else {
+            // The agent vanished between offer and accept (its offers are rescinded then,
+            // so this is a race with the rescind in flight).
+            self.request_allocation(now);
+            return self.send_error(
+                conn,
+                ErrorCode::InvalidOffer,
+                format!("Accept: agent {agent_id} of offer {offer_id} is gone; nothing launched"),
+            );
+        };
+        let mut launch = Vec::with_capacity(tasks.len());
+        for (mut info, resources) in tasks {
+            let task_key: TaskKey = (framework_id.to_string(), info.task_id.clone());
+            info.framework_id = framework_id.to_string();
+            info.agent_id = agent_id.clone();
+            self.tasks.insert(
+                task_key.clone(),
+                TaskRecord {
+                    agent: agent_id.clone(),
+                    name: info.name.clone(),
+                    resources: resources.clone(),
+                    state: TaskState::TaskStaging,
+                    reason: String::new(),
+                    message: String::new(),
+                    holds_resources: false,
+                },
+            );
+            self.hold_task_resources(&task_key, &agent_id, &resources);
+            if let Some(agent) = self.agents.get_mut(&agent_id) {
+                agent.tasks.insert(task_key.clone());
+            }
+            if let Some(fw) = self.frameworks.get_mut(framework_id) {
+                fw.tasks.insert(info.task_id.clone());
+            }
+            self.counters.tasks_launched += 1;
+            tracing::info!(framework = %framework_id, task = %info.task_id, agent = %agent_id,
+                resources = %resources, "launch");
+            self.set_task_state(&task_key, TaskState::TaskStaging, "", "", now);
+            launch.push(info);
+        }
+        if !launch.is_empty() {
+            self.send(agent_conn, Message::RunTasks(RunTasks { tasks: launch }));
+        }
+        self.request_allocation(now);
+    }
+
+    /// Checks every task of an Accept; any problem refuses the whole Accept.
+    fn validate_tasks(
+        &self,
+        framework_id: &str,
+        offered: &Resources,
+        tasks: Vec<TaskInfo>,
+    ) -> Result<Vec<(TaskInfo, Resources)>, String> {
+        let mut seen = HashSet::new();
+        let mut sum = Resources::new();
+        let mut out = Vec::with_capacity(tasks.len());
+        for info in tasks {
+            let id = info.task_id.clone();
+            if id.is_empty() {
+                return Err("a task has an empty task_id".into());
+            }
+            if id.len() > 256 || id.contains('/') || id.chars().any(char::is_control) || id == "." || id == ".." {
+                return Err(format!("task id {id:?} is not allowed (at most 256 characters, no `/` or control characters)"));
+            }
+            if !seen.insert(id.clone()) {
+                return Err(format!("task id {id} appears twice"));
+            }
+            if self
+                .tasks
+                .get(&(framework_id.to_string(), id.clone()))
+                .is_some_and(|t| !t.state.is_terminal())
+            {
+                return Err(format!("task id {id} is already in use by this framework"));
+            }
+            if info.command.trim().is_empty() {
+                return Err(format!("task {id} has an empty command"));
+            }
+            let resources = Resources::from_wire(info.resources.as_ref())
+                .map_err(|e| format!("task {id} has bad resources: {e}"))?;
+            if resources.is_empty() {
+                return Err(format!("task {id} asks for no resources"));
+            }
+            sum = sum
+                .checked_add(&resources)
+                .map_err(|e| format!("task resources overflow: {e}"))?;
+            out.push((info, resources));
+        }
+        if !offered.contains(&sum) {
+            let short: Vec<&str> = offered.shortfalls(&sum).collect();
+            return Err(format!(
+                "tasks need {sum} but the offer has {offered} (short of {})",
+                short.join(", ")
+            ));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,449 @@
+//! The master's state and its actor loop.
+//!
+//! `MasterState` is owned by exactly one task. Connection tasks send it [`Event`]s; it answers
+//! through each connection's outbound channel. Timers (agent, offer and failover timeouts,
+//! status-update retries, batched allocation) run inside the same loop, so the state is
+//! only ever changed in one place, one event at a time.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{Error as ProtoError, ErrorCode, Message, TaskState, TaskStatus};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Duration, Instant};
+
+use super::ids::IdMint;
+use super::{ConnId, Event, Outbound};
+use crate::config::Config;
+use crate::placement::{AgentKey, Cluster, DrfSorter, FrameworkKey};
+
+/// A task is named by its framework and its framework-chosen id.
+pub(crate) type TaskKey = (String, String);
+
+pub(crate) struct AgentRecord {
+    pub id: String,
+    pub hostname: String,
+    pub attributes: Vec<(String, String)>,
+    pub total: Resources,
+    /// Free resources as the agent last reported them (informational).
+    pub reported_free: Resources,
+    /// Present while the agent is admitted (not lost).
+    pub key: Option<AgentKey>,
+    pub conn: Option<ConnId>,
+    pub last_heartbeat: Instant,
+    pub tasks: HashSet<TaskKey>,
+    pub lost: bool,
+}
+
+pub(crate) struct FrameworkRecord {
+    pub id: String,
+    pub key: FrameworkKey,
+    pub name: String,
+    pub user: String,
+    pub weight: f64,
+    pub failover_timeout: Duration,
+    pub conn: Option<ConnId>,
+    pub disconnected_at: Option<Instant>,
+    pub demand: Resources,
+    pub demand_count: u32,
+    pub suppressed: bool,
+    pub offers: HashSet<String>,
+    pub tasks: HashSet<String>,
+    /// Agents declined by this framework, not offered to it again before the instant.
+    pub filters: HashMap<String, Instant>,
+    /// Status updates sent and not yet acknowledged, by update id, in send order.
+    pub unacked: BTreeMap<u64, PendingUpdate>,
+}
+
+pub(crate) struct PendingUpdate {
+    pub status: TaskStatus,
+    pub last_sent: Instant,
+}
+
+pub(crate) struct OfferRecord {
+    pub id: String,
+    pub framework: String,
+    pub agent: String,
+    pub resources: Resources,
+    pub expires: Instant,
+}
+
+pub(crate) struct TaskRecord {
+    pub agent: String,
+    pub name: String,
+    pub resources: Resources,
+    pub state: TaskState,
+    pub reason: String,
+    pub message: String,
+    /// Whether the task's resources are currently counted as used on its agent.
+    pub holds_resources: bool,
+}
+
+/// Who is on the other end of a connection.
+#[derive(Clone, Debug)]
+pub(crate) enum Peer {
+    Agent(String),
+    Framework(String),
+}
+
+pub(crate) struct ConnRecord {
+    pub outbound: mpsc::UnboundedSender<Outbound>,
+    pub peer: Option<Peer>,
+}
+
+pub struct MasterState {
+    pub(crate) config: Arc<Config>,
+    pub(crate) ids: IdMint,
+    pub(crate) cluster: Cluster,
+    pub(crate) drf: DrfSorter,
+    pub(crate) agents: HashMap<String, AgentRecord>,
+    pub(crate) agent_by_key: HashMap<AgentKey, String>,
+    pub(crate) frameworks: HashMap<String, FrameworkRecord>,
+    pub(crate) framework_by_key: HashMap<FrameworkKey, String>,
+    pub(crate) next_framework_key: FrameworkKey,
+    /// Frameworks removed after their failover timeout or teardown; they may not come back.
+    pub(crate) removed_frameworks: HashSet<String>,
+    pub(crate) offers: HashMap<String, OfferRecord>,
+    pub(crate) tasks: HashMap<TaskKey, TaskRecord>,
+    pub(crate) conns: HashMap<ConnId, ConnRecord>,
+    pub(crate) next_update: u64,
+    /// When set, an allocation run is due at this instant (events are batched).
+    pub(crate) allocation_due: Option<Instant>,
+    pub(crate) counters: Counters,
+}
+
+/// Monotonic counters, reported in snapshots.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counters {
+    pub offers_made: u64,
+    pub offers_accepted: u64,
+    pub offers_declined: u64,
+    pub offers_rescinded: u64,
+    pub tasks_launched: u64,
+    pub allocation_runs: u64,
+    pub agents_lost: u64,
+    pub frameworks_removed: u64,
+    pub errors_sent: u64,
+}
+
+impl MasterState {
+    pub fn new(config: Arc<Config>) -> Self {
+        let cluster = Cluster::new(config.rings.clone(), config.placer);
+        MasterState {
+            config,
+            ids: IdMint::new(),
+            cluster,
+            drf: DrfSorter::default(),
+            agents: HashMap::new(),
+            agent_by_key: HashMap::new(),
+            frameworks: HashMap::new(),
+            framework_by_key: HashMap::new(),
+            next_framework_key: 0,
+            removed_frameworks: HashSet::new(),
+            offers: HashMap::new(),
+            tasks: HashMap::new(),
+            conns: HashMap::new(),
+            next_update: 0,
+            allocation_due: None,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The actor loop: events, timers and batched allocation, until shutdown.
+    pub async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let tick_every = self.tick_interval();
+        let mut ticker = tokio::time::interval(tick_every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let due = self.allocation_due;
+            tokio::select! {
+                event = events.recv() => {
+                    let Some(event) = event else { break };
+                    self.handle(event, Instant::now());
+                    // Handle what is already queued before timers: bursts stay cheap.
+                    while let Ok(event) = events.try_recv() {
+                        self.handle(event, Instant::now());
+                    }
+                }
+                _ = ticker.tick() => self.tick(Instant::now()),
+                _ = sleep_until_opt(due) => {
+                    self.allocation_due = None;
+                    self.allocate(Instant::now());
+                }
+                _ = shutdown.changed() => break,
+            }
+        }
+        tracing::info!("master actor stopped");
+    }
+
+    fn tick_interval(&self) -> Duration {
+        let m = &self.config.master;
+        let shortest = [
+            m.agent_timeout,
+            m.offer_timeout,
+            m.status_retry_interval,
+            m.heartbeat_interval,
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(Duration::from_secs(1));
+        (shortest / 4).clamp(Duration::from_millis(10), Duration::from_millis(500))
+    }
+
+    pub(crate) fn handle(&mut self, event: Event, now: Instant) {
+        match event {
+            Event::Opened {
+                conn,
+                peer,
+                outbound,
+                first,
+            } => {
+                self.conns.insert(
+                    conn,
+                    ConnRecord {
+                        outbound,
+                        peer: None,
+                    },
+                );
+                match first {
+                    Message::RegisterAgent(register) => {
+                        self.register_agent(conn, peer, register, now)
+                    }
+                    Message::Subscribe(subscribe) => self.subscribe(conn, subscribe, now),
+                    other => self.close(
+                        conn,
+                        ErrorCode::NotRegistered,
+                        format!("{} before RegisterAgent or Subscribe", other.kind()),
+                    ),
+                }
+            }
+            Event::Inbound { conn, message } => {
+                let Some(peer) = self.conns.get(&conn).and_then(|c| c.peer.clone()) else {
+                    // Refused at registration; the connection is closing.
+                    return;
+                };
+                match peer {
+                    Peer::Agent(id) => self.agent_message(conn, &id, message, now),
+                    Peer::Framework(id) => self.framework_message(conn, &id, message, now),
+                }
+            }
+            Event::Closed { conn } => {
+                if let Some(record) = self.conns.remove(&conn) {
+                    match record.peer {
+                        Some(Peer::Agent(id)) => self.agent_disconnected(&id, conn, now),
+                        Some(Peer::Framework(id)) => self.framework_disconnected(&id, conn, now),
+                        None => {}
+                    }
+                }
+            }
+            Event::Snapshot(reply) => {
+                let _ = reply.send(self.snapshot(now));
+            }
+        }
+    }
+
+    /// Timers: lost agents, expired offers, failed-over frameworks, update retries, filters.
+    pub(crate) fn tick(&mut self, now: Instant) {
+        self.expire_agents(now);
+        self.expire_offers(now);
+        self.expire_frameworks(now);
+        self.retry_updates(now);
+        if self.filters_expired(now) {
+            self.request_allocation(now);
+        }
+    }
+
+    /// Schedules an allocation run within `allocation_interval` (batching bursts of events).
+    pub(crate) fn request_allocation(&mut self, now: Instant) {
+        if self.allocation_due.is_none() {
+            self.allocation_due = Some(now + self.config.master.allocation_interval);
+        }
+    }
+
+    pub(crate) fn send(&mut self, conn: ConnId, message: Message) {
+        if let Some(c) = self.conns.get(&conn) {
+            let _ = c.outbound.send(Outbound::Send(message));
+        }
+    }
+
+    /// Sends an error that does not end the conversation.
+    pub(crate) fn send_error(&mut self, conn: ConnId, code: ErrorCode, message: String) {
+        tracing::info!(conn, code = ?code, %message, "error sent");
+        self.counters.errors_sent += 1;
+        self.send(conn, Message::Error(ProtoError::new(code, message)));
+    }
+
+    /// Sends an error and closes the connection.
+    pub(crate) fn close(&mut self, conn: ConnId, code: ErrorCode, message: String) {
+        tracing::warn!(conn, code = ?code, %message, "closing connection");
+        self.counters.errors_sent += 1;
+        if let Some(c) = self.conns.get_mut(&conn) {
+            let _ = c
+                .outbound
+                .send(Outbound::Close(ProtoError::new(code, message)));
+            // Whatever it sends from now on is ignored.
+            c.peer = None;
+        }
+    }
+
+    pub(crate) fn fresh_update_id(&mut self) -> (u64, String) {
+        self.next_update += 1;
+        (self.next_update, self.ids.update())
+    }
+}
+
+async fn sleep_until_opt(due: Option<Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A consistent, serializable copy of the master's state.
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    pub agents: Vec<AgentView>,
+    pub frameworks: Vec<FrameworkView>,
+    pub tasks: Vec<TaskView>,
+    pub offers: Vec<OfferView>,
+    pub counters: Counters,
+    pub total: String,
+    pub free: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentView {
+    pub id: String,
+    pub hostname: String,
+    pub attributes: Vec<(String, String)>,
+    pub total: String,
+    pub free: String,
+    pub reported_free: String,
+    pub connected: bool,
+    pub lost: bool,
+    pub tasks: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FrameworkView {
+    pub id: String,
+    pub name: String,
+    pub user: String,
+    pub weight: f64,
+    pub connected: bool,
+    pub share: f64,
+    pub allocated: String,
+    pub demand: String,
+    pub demand_count: u32,
+    pub suppressed: bool,
+    pub offers: usize,
+    pub tasks: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskView {
+    pub id: String,
+    pub framework: String,
+    pub agent: String,
+    pub name: String,
+    pub resources: String,
+    pub state: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OfferView {
+    pub id: String,
+    pub framework: String,
+    pub agent: String,
+    pub resources: String,
+}
+
+impl MasterState {
+    pub(crate) fn snapshot(&self, _now: Instant) -> Snapshot {
+        let total = self.cluster.total().clone();
+        let mut agents: Vec<AgentView> = self
+            .agents
+            .values()
+            .map(|a| AgentView {
+                id: a.id.clone(),
+                hostname: a.hostname.clone(),
+                attributes: a.attributes.clone(),
+                total: a.total.to_string(),
+                free: a
+                    .key
+                    .and_then(|k| self.cluster.agent(k))
+                    .map(|e| e.free.to_string())
+                    .unwrap_or_default(),
+                reported_free: a.reported_free.to_string(),
+                connected: a.conn.is_some(),
+                lost: a.lost,
+                tasks: a.tasks.len(),
+            })
+            .collect();
+        agents.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut frameworks: Vec<FrameworkView> = self
+            .frameworks
+            .values()
+            .map(|f| FrameworkView {
+                id: f.id.clone(),
+                name: f.name.clone(),
+                user: f.user.clone(),
+                weight: f.weight,
+                connected: f.conn.is_some(),
+                share: self.drf.share(f.key, &total),
+                allocated: self
+                    .drf
+                    .allocation(f.key)
+                    .map(|r| r.to_string())
+                    .unwrap_or_default(),
+                demand: f.demand.to_string(),
+                demand_count: f.demand_count,
+                suppressed: f.suppressed,
+                offers: f.offers.len(),
+                tasks: f.tasks.len(),
+            })
+            .collect();
+        frameworks.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut tasks: Vec<TaskView> = self
+            .tasks
+            .iter()
+            .map(|((fw, id), t)| TaskView {
+                id: id.clone(),
+                framework: fw.clone(),
+                agent: t.agent.clone(),
+                name: t.name.clone(),
+                resources: t.resources.to_string(),
+                state: t.state.short_name().to_string(),
+                reason: t.reason.clone(),
+            })
+            .collect();
+        tasks.sort_by(|a, b| (&a.framework, &a.id).cmp(&(&b.framework, &b.id)));
+        let mut offers: Vec<OfferView> = self
+            .offers
+            .values()
+            .map(|o| OfferView {
+                id: o.id.clone(),
+                framework: o.framework.clone(),
+                agent: o.agent.clone(),
+                resources: o.resources.to_string(),
+            })
+            .collect();
+        offers.sort_by(|a, b| a.id.cmp(&b.id));
+        Snapshot {
+            agents,
+            frameworks,
+            tasks,
+            offers,
+            counters: self.counters.clone(),
+            total: total.to_string(),
+            free: self.cluster.free().to_string(),
+        }
+    }
+}

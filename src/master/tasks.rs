@@ -1,0 +1,217 @@
+//! Task bookkeeping: state changes, resource accounting, and reliable delivery of status
+//! updates to frameworks (resent until acknowledged, across reconnects).
+
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
+use tokio::time::Instant;
+
+use super::state::{MasterState, PendingUpdate, TaskKey};
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl MasterState {
+    /// Counts a task's resources as used on its agent and allocated to its framework.
+    pub(crate) fn hold_task_resources(
+        &mut self,
+        task_key: &TaskKey,
+        agent_id: &str,
+        resources: &Resources,
+    ) {
+        let Some(key) = self.agents.get(agent_id).and_then(|a| a.key) else {
+            return;
+        };
+        if let Err(e) = self.cluster.take(key, resources) {
+            tracing::error!(agent = %agent_id, task = %task_key.1, error = %e,
+                "task resources exceed the agent's free resources; accounting clamps");
+            let free = self
+                .cluster
+                .agent(key)
+                .map(|a| a.free.clone())
+                .unwrap_or_default();
+            let _ = self.cluster.take(key, &free);
+        }
+        if let Some(fw) = self.frameworks.get(&task_key.0) {
+            self.drf.allocated(fw.key, resources);
+        }
+        if let Some(task) = self.tasks.get_mut(task_key) {
+            task.holds_resources = true;
+        }
+    }
+
+    /// Returns a task's resources to its agent and takes them off its framework's share.
+    pub(crate) fn release_task_resources(&mut self, task_key: &TaskKey) {
+        let Some(task) = self.tasks.get_mut(task_key) else {
+            return;
+        };
+        if !task.holds_resources {
+            return;
+        }
+        task.holds_resources = false;
+        let resources = task.resources.clone();
+        let agent_id = task.agent.clone();
+        if let Some(key) = self.agents.get(&agent_id).and_then(|a| a.key) {
+            let _ = self.cluster.give_back(key, &resources);
+        }
+        if let Some(fw) = self.frameworks.get(&task_key.0) {
+            self.drf.unallocated(fw.key, &resources);
+        }
+    }
+
+    /// A non-terminal state change; the framework is told.
+    pub(crate) fn set_task_state(
+        &mut self,
+        task_key: &TaskKey,
+        state: TaskState,
+        reason: &str,
+        message: &str,
+        _now: Instant,
+    ) {
+        let Some(task) = self.tasks.get_mut(task_key) else {
+            return;
+        };
+        task.state = state;
+        task.reason = reason.to_string();
+        task.message = message.to_string();
+        tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %task.agent,
+            state = state.short_name(), reason, "task state");
+        let status = self.status_of(task_key, None);
+        self.deliver_update(&task_key.0, status);
+    }
+
+    /// A terminal state: resources go back to the pool and the framework is told.
+    pub(crate) fn finish_task(
+        &mut self,
+        task_key: &TaskKey,
+        state: TaskState,
+        reason: &str,
+        message: &str,
+        exit_code: Option<i32>,
+        now: Instant,
+    ) {
+        let Some(task) = self.tasks.get(task_key) else {
+            return;
+        };
+        if task.state.is_terminal() {
+            return;
+        }
+        let agent_id = task.agent.clone();
+        self.release_task_resources(task_key);
+        if let Some(agent) = self.agents.get_mut(&agent_id) {
+            agent.tasks.remove(task_key);
+        }
+        if let Some(fw) = self.frameworks.get_mut(&task_key.0) {
+            fw.tasks.remove(&task_key.1);
+        }
+        let task = self.tasks.get_mut(task_key).expect("checked above");
+        task.state = state;
+        task.reason = reason.to_string();
+        task.message = message.to_string();
+        tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %agent_id,
+            state = state.short_name(), reason, "task ended");
+        let status = self.status_of(task_key, exit_code);
+        self.deliver_update(&task_key.0, status);
+        self.request_allocation(now);
+    }
+
+    /// The current status of a task, without an update id.
+    pub(crate) fn status_of(&self, task_key: &TaskKey, exit_code: Option<i32>) -> TaskStatus {
+        let task = &self.tasks[task_key];
+        TaskStatus {
+            task_id: task_key.1.clone(),
+            framework_id: task_key.0.clone(),
+            agent_id: task.agent.clone(),
+            state: task.state as i32,
+            reason: task.reason.clone(),
+            message: task.message.clone(),
+            exit_code,
+            update_id: String::new(),
+            timestamp_ms: unix_ms(),
+        }
+    }
+
+    /// Sends a status update to a framework and keeps it until acknowledged. A framework
+    /// that is disconnected gets it when it re-subscribes.
+    pub(crate) fn deliver_update(&mut self, framework_id: &str, mut status: TaskStatus) {
+        if !self.frameworks.contains_key(framework_id) {
+            return;
+        }
+        let (seq, update_id) = self.fresh_update_id();
+        status.update_id = update_id;
+        let now = Instant::now();
+        let fw = self.frameworks.get_mut(framework_id).expect("checked above");
+        fw.unacked.insert(
+            seq,
+            PendingUpdate {
+                status: status.clone(),
+                last_sent: now,
+            },
+        );
+        if let Some(conn) = fw.conn {
+            self.send(
+                conn,
+                Message::Update(Update {
+                    status: Some(status),
+                }),
+            );
+        }
+    }
+
+    /// The framework acknowledged an update.
+    pub(crate) fn acknowledge(&mut self, framework_id: &str, update_id: &str) {
+        if let Some(fw) = self.frameworks.get_mut(framework_id) {
+            fw.unacked.retain(|_, p| p.status.update_id != update_id);
+        }
+    }
+
+    /// Resends every update not acknowledged within `status_retry_interval`.
+    pub(crate) fn retry_updates(&mut self, now: Instant) {
+        let retry = self.config.master.status_retry_interval;
+        let mut resend = Vec::new();
+        for fw in self.frameworks.values_mut() {
+            let Some(conn) = fw.conn else { continue };
+            for pending in fw.unacked.values_mut() {
+                if now.duration_since(pending.last_sent) >= retry {
+                    pending.last_sent = now;
+                    resend.push((conn, pending.status.clone()));
+                }
+            }
+        }
+        for (conn, status) in resend {
+            self.send(
+                conn,
+                Message::Update(Update {
+                    status: Some(status),
+                }),
+            );
+        }
+    }
+
+    /// Resends every unacknowledged update of a framework, in order (after a re-subscribe).
+    pub(crate) fn resend_all_updates(&mut self, framework_id: &str, now: Instant) {
+        let Some(fw) = self.frameworks.get_mut(framework_id) else {
+            return;
+        };
+        let Some(conn) = fw.conn else { return };
+        let statuses: Vec<TaskStatus> = fw
+            .unacked
+            .values_mut()
+            .map(|p| {
+                p.last_sent = now;
+                p.status.clone()
+            })
+            .collect();
+        for status in statuses {
+            self.send(
+                conn,
+                Message::Update(Update {
+                    status: Some(status),
+                }),
+            );
+        }
+    }
+}
