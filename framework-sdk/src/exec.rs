@@ -1,0 +1,1 @@
+//! `ringmaster-exec`: run one shell command as N tasks.
