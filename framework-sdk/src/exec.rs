@@ -473,8 +473,7 @@ mod tests {
                 &[
                     "--resources",
                     "cpus:1",
-                    "--failover-timeout",
-                    "-1",
+                    "--failover-timeout=-1",
                     "--",
                     "true",
                 ],
