@@ -38,7 +38,7 @@ pub struct ExecArgs {
     /// The master's address, host:port.
     #[arg(long)]
     pub master: String,
-    /// Framework name; tasks are named <name>-0, <name>-1, ...
+    /// Framework name; tasks are named NAME-0, NAME-1, ...
     #[arg(long)]
     pub name: String,
     /// Resources of one task, e.g. 'cpus:1;mem:128'.

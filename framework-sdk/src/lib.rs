@@ -40,6 +40,8 @@
 //! The `exec` module is the logic of `ringmaster-exec`, a command-line framework that runs one
 //! command as N tasks (the analogue of `mesos-execute`).
 
+#![warn(missing_docs)]
+
 mod acks;
 mod backoff;
 mod config;
@@ -54,11 +56,11 @@ pub use ringmaster_proto::{
     v1::{Error as ProtoError, ErrorCode, Offer, TaskInfo, TaskState, TaskStatus},
 };
 
-pub use config::FrameworkConfig;
+pub use config::{FrameworkConfig, DEFAULT_FAILOVER_TIMEOUT, DEFAULT_RECONNECT_MAX_BACKOFF};
 pub use driver::Driver;
 pub use error::{DriverStopped, SdkError};
 pub use scheduler::Scheduler;
-pub use session::run;
+pub use session::{run, LAUNCH_DROPPED};
 
 /// Builds a [`TaskInfo`] that runs `command` with `sh -c` on the given resources.
 ///

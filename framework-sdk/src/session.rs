@@ -34,8 +34,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// With heartbeats on, the connection is declared dead after this many silent intervals.
 const MISSED_HEARTBEATS: u32 = 3;
-/// The reason on the `TASK_LOST` reported for tasks of an accept that could not be sent.
-pub(crate) const LAUNCH_DROPPED: &str = "launch_dropped";
+/// The reason on the `TASK_LOST` the SDK reports itself for the tasks of an accept it could not
+/// send (disconnected, or the offer is no longer outstanding).
+pub const LAUNCH_DROPPED: &str = "launch_dropped";
 
 /// Runs a framework until [`Driver::stop`] (→ `Ok(scheduler)`) or an error retrying cannot fix.
 ///
