@@ -254,6 +254,17 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
         }
     }
 
+    /// Asks for the state of every launched task not yet terminal.
+    fn reconcile_open(&self, driver: &Driver) {
+        let open: Vec<String> = (0..self.launched as usize)
+            .filter(|&i| !self.states[i].is_some_and(TaskState::is_terminal))
+            .map(|i| format!("{}-{i}", self.name))
+            .collect();
+        if !open.is_empty() {
+            let _ = driver.reconcile(&open);
+        }
+    }
+
     fn stop_when_done(&mut self, driver: &Driver) {
         if !self.stopping && self.all_terminal() {
             self.stopping = true;
@@ -285,13 +296,7 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
     }
 
     async fn reregistered(&mut self, driver: &Driver, _framework_id: &str) {
-        let open: Vec<String> = (0..self.launched as usize)
-            .filter(|&i| !self.states[i].is_some_and(TaskState::is_terminal))
-            .map(|i| format!("{}-{i}", self.name))
-            .collect();
-        if !open.is_empty() {
-            let _ = driver.reconcile(&open);
-        }
+        self.reconcile_open(driver);
     }
 
     async fn offers(&mut self, driver: &Driver, offers: Vec<Offer>) {
@@ -333,8 +338,13 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
         self.stop_when_done(driver);
     }
 
-    async fn error(&mut self, _driver: &Driver, code: ErrorCode, message: &str) {
+    async fn error(&mut self, driver: &Driver, code: ErrorCode, message: &str) {
         warn!(code = code.as_str_name(), %message, "the master reported an error");
+        if matches!(code, ErrorCode::InvalidOffer | ErrorCode::InvalidTask) {
+            // An accept was refused: learn which of our tasks the master does not know
+            // (answered LOST) instead of waiting for them forever.
+            self.reconcile_open(driver);
+        }
     }
 }
 

@@ -245,3 +245,34 @@ async fn exec_refuses_bad_usage_with_exit_two() {
     args.resources = "cpus:lots".into();
     assert_eq!(run_exec(args, SharedOutput::default()).await, 2);
 }
+
+#[tokio::test]
+async fn exec_reconciles_when_an_accept_is_refused() {
+    let master = FakeMaster::bind().await;
+    let output = SharedOutput::default();
+    let running = tokio::spawn(run_exec(exec_args(&master.addr, "1"), output.clone()));
+
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 1).await;
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-1", "a-1", "cpus:1;mem:128")],
+    }))
+    .await;
+    expect_accept(&mut side, "o-1").await;
+    expect_demand(&mut side, 0).await;
+    assert!(matches!(side.recv().await, Message::Suppress(_)));
+    side.send(Message::Error(ringmaster_sdk::ProtoError::new(
+        ringmaster_sdk::ErrorCode::InvalidOffer,
+        "offer o-1 expired",
+    )))
+    .await;
+    assert!(matches!(side.recv().await, Message::Reconcile(r) if r.task_ids == ["job-0"]));
+    side.send(update("job-0", "", TaskState::TaskLost, "unknown_task", ""))
+        .await;
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    assert_eq!(timeout(PATIENCE, running).await.unwrap().unwrap(), 1);
+    assert_eq!(
+        output.text(),
+        "TASK job-0 LOST agent= reason=unknown_task\n"
+    );
+}
