@@ -102,10 +102,12 @@ impl Session {
     async fn run_loop<S: Scheduler>(&mut self, scheduler: &mut S) -> Result<(), SdkError> {
         let mut backoff = Backoff::new(self.config.reconnect_max_backoff);
         let mut unreachable_since = Instant::now();
+        let mut failed_attempts = 0u32;
         loop {
             let reason = match self.attempt().await {
                 Ok((connection, subscribed)) => {
                     backoff.reset();
+                    failed_attempts = 0;
                     match self.serve(connection, subscribed, scheduler).await? {
                         Ended::Stopped => return Ok(()),
                         Ended::Lost(reason) => {
@@ -119,7 +121,12 @@ impl Session {
                 }
                 Err(AttemptError::Fatal(error)) => return Err(error),
                 Err(AttemptError::Transient(reason)) => {
-                    info!(master = %self.config.master, %reason, "could not subscribe; will retry");
+                    failed_attempts += 1;
+                    if failed_attempts == 1 {
+                        warn!(master = %self.config.master, %reason, "could not subscribe; retrying with backoff");
+                    } else {
+                        info!(master = %self.config.master, %reason, failed_attempts, "could not subscribe; will retry");
+                    }
                     reason
                 }
             };
