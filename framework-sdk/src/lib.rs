@@ -1,1 +1,93 @@
-//! Framework SDK.
+//! Ringmaster framework SDK: write a scheduler, get offers, launch tasks.
+//!
+//! A framework implements [`Scheduler`] (callbacks for registration, offers, status updates and
+//! errors) and hands it to [`run`]. The SDK owns the connection to the master: the handshake,
+//! the subscription, acknowledging status updates after the callback returns, answering pings,
+//! and reconnecting with exponential backoff when the connection drops, re-subscribing with the
+//! same framework id and restating the demand. Callbacks act on the cluster through a cheap
+//! [`Driver`] handle whose methods queue a message and return at once.
+//!
+//! ```no_run
+//! use ringmaster_sdk::{run, task, Driver, FrameworkConfig, Offer, Resources, Scheduler, TaskStatus};
+//!
+//! struct Hello;
+//!
+//! #[async_trait::async_trait]
+//! impl Scheduler for Hello {
+//!     async fn registered(&mut self, driver: &Driver, _framework_id: &str) {
+//!         let _ = driver.request(&Resources::scalar("cpus", 1.0), 1);
+//!     }
+//!     async fn offers(&mut self, driver: &Driver, offers: Vec<Offer>) {
+//!         let unit = Resources::scalar("cpus", 1.0);
+//!         for offer in offers {
+//!             let _ = driver.accept(&offer.offer_id, vec![task("hello-0", "echo hello", &unit)]);
+//!         }
+//!     }
+//!     async fn status_update(&mut self, driver: &Driver, status: TaskStatus) {
+//!         if status.state().is_terminal() {
+//!             let _ = driver.stop();
+//!         }
+//!     }
+//! }
+//!
+//! # async fn example() -> Result<(), ringmaster_sdk::SdkError> {
+//! let config = FrameworkConfig::new("127.0.0.1:5050", "hello");
+//! run(config, Hello).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The `exec` module is the logic of `ringmaster-exec`, a command-line framework that runs one
+//! command as N tasks (the analogue of `mesos-execute`).
+
+#![warn(missing_docs)]
+
+mod acks;
+mod backoff;
+mod config;
+mod driver;
+mod error;
+pub mod exec;
+mod scheduler;
+mod session;
+
+pub use ringmaster_proto::{
+    resources::Resources,
+    v1::{Error as ProtoError, ErrorCode, Offer, TaskInfo, TaskState, TaskStatus},
+};
+
+pub use config::{FrameworkConfig, DEFAULT_FAILOVER_TIMEOUT, DEFAULT_RECONNECT_MAX_BACKOFF};
+pub use driver::Driver;
+pub use error::{DriverStopped, SdkError};
+pub use scheduler::Scheduler;
+pub use session::{run, LAUNCH_DROPPED};
+
+/// Builds a [`TaskInfo`] that runs `command` with `sh -c` on the given resources.
+///
+/// The task's name is its id; the master fills in the framework and agent ids. Set
+/// [`TaskInfo::env`] on the result for extra environment variables.
+pub fn task(id: &str, command: &str, resources: &Resources) -> TaskInfo {
+    TaskInfo {
+        task_id: id.to_string(),
+        name: id.to_string(),
+        command: command.to_string(),
+        resources: Some(resources.to_wire()),
+        ..TaskInfo::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_carries_id_command_and_resources() {
+        let unit = Resources::parse("cpus:0.5;mem:128").unwrap();
+        let info = task("t-1", "echo hi", &unit);
+        assert_eq!(info.task_id, "t-1");
+        assert_eq!(info.name, "t-1");
+        assert_eq!(info.command, "echo hi");
+        assert_eq!(Resources::from_wire(info.resources.as_ref()).unwrap(), unit);
+        assert!(info.framework_id.is_empty() && info.agent_id.is_empty());
+    }
+}

@@ -1,0 +1,507 @@
+//! `ringmaster-exec`: run one shell command as N tasks, the analogue of `mesos-execute`.
+//!
+//! The binary is a thin shim in the root package; the logic lives here so it is tested with the
+//! SDK. The scheduler states its demand (`--resources` × instances not yet launched), fills each
+//! offer with as many tasks as fit, declines offers it cannot use, suppresses once everything is
+//! launched, prints one line per task state change, and stops when every task is terminal.
+//! Exit codes: 0 when every task FINISHED, 1 otherwise (or when the master cannot be reached),
+//! 2 for usage errors.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tracing::warn;
+
+use crate::{
+    task, Driver, ErrorCode, FrameworkConfig, Offer, Resources, Scheduler, TaskState, TaskStatus,
+};
+
+/// Exit code when every task finished.
+pub const EXIT_SUCCESS: i32 = 0;
+/// Exit code when a task did not finish, or the framework could not run.
+pub const EXIT_FAILURE: i32 = 1;
+/// Exit code for a bad command line.
+pub const EXIT_USAGE: i32 = 2;
+
+/// Command line of `ringmaster-exec`.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "ringmaster-exec",
+    version,
+    about = "Run a shell command as N tasks on a Ringmaster cluster and wait for them",
+    after_help = "Prints `TASK <task-id> <STATE> agent=<agent-id> [reason=<reason>]` per state change.\n\
+                  Exit code: 0 if every task FINISHED, 1 otherwise, 2 for usage errors."
+)]
+pub struct ExecArgs {
+    /// The master's address, host:port.
+    #[arg(long)]
+    pub master: String,
+    /// Framework name; tasks are named NAME-0, NAME-1, ...
+    #[arg(long)]
+    pub name: String,
+    /// Resources of one task, e.g. 'cpus:1;mem:128'.
+    #[arg(long)]
+    pub resources: String,
+    /// How many copies of the command to run.
+    #[arg(long, default_value_t = 1)]
+    pub instances: u32,
+    /// The user to run as (default: $USER, else root).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// DRF weight of the framework, > 0.
+    #[arg(long, default_value_t = 1.0)]
+    pub weight: f64,
+    /// Seconds the master keeps the tasks if this process disconnects.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub failover_timeout: f64,
+    /// Give up (exit 1) when the master cannot be reached for this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub connect_timeout: f64,
+    /// The command, run with `sh -c` (words joined with spaces).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// A command line that parsed but cannot be run; the message names the bad part.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// A validated `ringmaster-exec` run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecPlan {
+    /// How the framework subscribes.
+    pub config: FrameworkConfig,
+    /// Resources of one task.
+    pub unit: Resources,
+    /// Number of tasks, ≥ 1.
+    pub instances: u32,
+    /// The `sh -c` command line.
+    pub command: String,
+}
+
+impl ExecArgs {
+    /// Validates the arguments clap cannot check.
+    pub fn plan(&self) -> Result<ExecPlan, UsageError> {
+        let usage = |text: String| Err(UsageError(text));
+        if self.name.trim().is_empty() {
+            return usage("--name must not be empty".into());
+        }
+        let unit = match Resources::parse(&self.resources) {
+            Ok(unit) if unit.is_empty() => {
+                return usage(
+                    "--resources must name at least one resource, e.g. 'cpus:1;mem:128'".into(),
+                )
+            }
+            Ok(unit) => unit,
+            Err(e) => return usage(format!("--resources: {e}")),
+        };
+        if self.instances == 0 {
+            return usage("--instances must be at least 1".into());
+        }
+        if !(self.weight.is_finite() && self.weight > 0.0) {
+            return usage(format!(
+                "--weight must be a number > 0, got {}",
+                self.weight
+            ));
+        }
+        let Ok(failover_timeout) = Duration::try_from_secs_f64(self.failover_timeout) else {
+            return usage(format!(
+                "--failover-timeout must be a number of seconds ≥ 0, got {}",
+                self.failover_timeout
+            ));
+        };
+        let connect_timeout = match Duration::try_from_secs_f64(self.connect_timeout) {
+            Ok(t) if !t.is_zero() => t,
+            _ => {
+                return usage(format!(
+                    "--connect-timeout must be a number of seconds > 0, got {}",
+                    self.connect_timeout
+                ))
+            }
+        };
+        let command = self.command.join(" ");
+        if command.trim().is_empty() {
+            return usage("the command after `--` is empty".into());
+        }
+        let mut config = FrameworkConfig::new(self.master.clone(), self.name.clone());
+        if let Some(user) = &self.user {
+            if user.trim().is_empty() {
+                return usage("--user must not be empty".into());
+            }
+            config.user = user.clone();
+        }
+        config.weight = self.weight;
+        config.failover_timeout = failover_timeout;
+        config.give_up_after = Some(connect_timeout);
+        if let Err(e) = config.validate() {
+            return usage(e.to_string());
+        }
+        Ok(ExecPlan {
+            config,
+            unit,
+            instances: self.instances,
+            command,
+        })
+    }
+}
+
+/// How many tasks of size `unit` to launch on an offer of `offered`, at most `remaining`.
+pub fn tasks_fitting(offered: &Resources, unit: &Resources, remaining: u32) -> u32 {
+    offered.copies_of(unit).min(u64::from(remaining)) as u32
+}
+
+/// The process exit code for the tasks' final states (`None`: never reported): 0 iff every task
+/// FINISHED.
+pub fn exit_code<'a>(states: impl IntoIterator<Item = &'a Option<TaskState>>) -> i32 {
+    let all_finished = states
+        .into_iter()
+        .all(|state| *state == Some(TaskState::TaskFinished));
+    if all_finished {
+        EXIT_SUCCESS
+    } else {
+        EXIT_FAILURE
+    }
+}
+
+/// The line printed for a state change: `TASK <id> <STATE> agent=<agent>[ reason=<reason>]`.
+pub fn status_line(status: &TaskStatus) -> String {
+    let mut line = format!(
+        "TASK {} {} agent={}",
+        status.task_id,
+        status.state().short_name(),
+        status.agent_id
+    );
+    if !status.reason.is_empty() {
+        line.push_str(" reason=");
+        line.push_str(&status.reason);
+    }
+    line
+}
+
+/// The scheduler behind `ringmaster-exec`; `out` receives the state lines.
+pub struct ExecScheduler<W> {
+    name: String,
+    unit: Resources,
+    command: String,
+    /// The last state of each task by index; `None` until launched and reported.
+    states: Vec<Option<TaskState>>,
+    index_of: HashMap<String, usize>,
+    launched: u32,
+    stopping: bool,
+    out: W,
+}
+
+impl<W: Write + Send + 'static> ExecScheduler<W> {
+    /// A scheduler for `plan` writing its lines to `out`.
+    pub fn new(plan: &ExecPlan, out: W) -> Self {
+        let name = plan.config.name.clone();
+        let index_of = (0..plan.instances as usize)
+            .map(|i| (format!("{name}-{i}"), i))
+            .collect();
+        ExecScheduler {
+            name,
+            unit: plan.unit.clone(),
+            command: plan.command.clone(),
+            states: vec![None; plan.instances as usize],
+            index_of,
+            launched: 0,
+            stopping: false,
+            out,
+        }
+    }
+
+    /// The exit code for the states seen so far.
+    pub fn exit_code(&self) -> i32 {
+        exit_code(&self.states)
+    }
+
+    /// The last state of every task, by index.
+    pub fn states(&self) -> &[Option<TaskState>] {
+        &self.states
+    }
+
+    fn remaining(&self) -> u32 {
+        self.states.len() as u32 - self.launched
+    }
+
+    fn all_terminal(&self) -> bool {
+        self.launched as usize == self.states.len()
+            && self
+                .states
+                .iter()
+                .all(|s| s.is_some_and(TaskState::is_terminal))
+    }
+
+    /// Records a state; prints a line when it changed. Terminal states are final.
+    fn record(&mut self, status: &TaskStatus) {
+        let Some(&index) = self.index_of.get(&status.task_id) else {
+            warn!(task_id = %status.task_id, "status of a task this run did not launch ignored");
+            return;
+        };
+        let state = status.state();
+        let previous = self.states[index];
+        if previous == Some(state) || previous.is_some_and(TaskState::is_terminal) {
+            return;
+        }
+        self.states[index] = Some(state);
+        if let Err(e) =
+            writeln!(self.out, "{}", status_line(status)).and_then(|()| self.out.flush())
+        {
+            warn!(error = %e, "could not print a task state");
+        }
+    }
+
+    /// Asks for the state of every launched task not yet terminal.
+    fn reconcile_open(&self, driver: &Driver) {
+        let open: Vec<String> = (0..self.launched as usize)
+            .filter(|&i| !self.states[i].is_some_and(TaskState::is_terminal))
+            .map(|i| format!("{}-{i}", self.name))
+            .collect();
+        if !open.is_empty() {
+            let _ = driver.reconcile(&open);
+        }
+    }
+
+    fn stop_when_done(&mut self, driver: &Driver) {
+        if !self.stopping && self.all_terminal() {
+            self.stopping = true;
+            let _ = driver.stop();
+        }
+    }
+}
+
+#[async_trait]
+impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
+    async fn registered(&mut self, driver: &Driver, _framework_id: &str) {
+        if self.launched > 0 {
+            // A new framework id after a reconnect: the old framework expired with its tasks.
+            let framework_id = driver.framework_id().unwrap_or_default();
+            for index in 0..self.launched as usize {
+                let status = TaskStatus {
+                    task_id: format!("{}-{index}", self.name),
+                    framework_id: framework_id.clone(),
+                    state: TaskState::TaskLost as i32,
+                    reason: "framework_expired".into(),
+                    ..TaskStatus::default()
+                };
+                self.record(&status);
+            }
+            self.stop_when_done(driver);
+            return;
+        }
+        let _ = driver.request(&self.unit, self.remaining());
+    }
+
+    async fn reregistered(&mut self, driver: &Driver, _framework_id: &str) {
+        self.reconcile_open(driver);
+    }
+
+    async fn offers(&mut self, driver: &Driver, offers: Vec<Offer>) {
+        let before = self.launched;
+        let mut declined = Vec::new();
+        for offer in offers {
+            let offered = match Resources::from_wire(offer.resources.as_ref()) {
+                Ok(offered) => offered,
+                Err(e) => {
+                    warn!(offer_id = %offer.offer_id, error = %e, "offer with unreadable resources declined");
+                    declined.push(offer.offer_id);
+                    continue;
+                }
+            };
+            let count = tasks_fitting(&offered, &self.unit, self.remaining());
+            if count == 0 {
+                declined.push(offer.offer_id);
+                continue;
+            }
+            let tasks = (self.launched..self.launched + count)
+                .map(|i| task(&format!("{}-{i}", self.name), &self.command, &self.unit))
+                .collect();
+            self.launched += count;
+            let _ = driver.accept(&offer.offer_id, tasks);
+        }
+        if !declined.is_empty() {
+            let _ = driver.decline(&declined, Duration::ZERO);
+        }
+        if self.launched != before {
+            let _ = driver.request(&self.unit, self.remaining());
+            if self.remaining() == 0 {
+                let _ = driver.suppress();
+            }
+        }
+    }
+
+    async fn status_update(&mut self, driver: &Driver, status: TaskStatus) {
+        self.record(&status);
+        self.stop_when_done(driver);
+    }
+
+    async fn error(&mut self, driver: &Driver, code: ErrorCode, message: &str) {
+        warn!(code = code.as_str_name(), %message, "the master reported an error");
+        if matches!(code, ErrorCode::InvalidOffer | ErrorCode::InvalidTask) {
+            // An accept was refused: learn which of our tasks the master does not know
+            // (answered LOST) instead of waiting for them forever.
+            self.reconcile_open(driver);
+        }
+    }
+}
+
+/// Runs `ringmaster-exec` with parsed arguments, printing state lines to `out`; returns the
+/// process exit code. Usage and connection errors are reported on stderr.
+pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 {
+    let plan = match args.plan() {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("ringmaster-exec: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let scheduler = ExecScheduler::new(&plan, out);
+    match crate::run(plan.config, scheduler).await {
+        Ok(scheduler) => scheduler.exit_code(),
+        Err(e) => {
+            eprintln!("ringmaster-exec: {e}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> Result<ExecArgs, clap::Error> {
+        let mut argv = vec![
+            "ringmaster-exec",
+            "--master",
+            "127.0.0.1:1",
+            "--name",
+            "job",
+        ];
+        argv.extend_from_slice(extra);
+        ExecArgs::try_parse_from(argv)
+    }
+
+    #[test]
+    fn fitting_is_bounded_by_every_dimension_and_the_remaining_count() {
+        let unit = Resources::parse("cpus:1;mem:128").unwrap();
+        let table = [
+            ("cpus:4;mem:1024", 10, 4),
+            ("cpus:4;mem:300", 10, 2),
+            ("cpus:4;mem:1024", 3, 3),
+            ("cpus:0.5;mem:1024", 10, 0),
+            ("mem:1024", 10, 0),
+            ("cpus:2;mem:256;gpus:1", 10, 2),
+            ("cpus:8;mem:1024", 0, 0),
+        ];
+        for (offered, remaining, want) in table {
+            let offered = Resources::parse(offered).unwrap();
+            assert_eq!(
+                tasks_fitting(&offered, &unit, remaining),
+                want,
+                "{offered} / {remaining}"
+            );
+        }
+    }
+
+    #[test]
+    fn exit_code_is_zero_only_when_every_task_finished() {
+        use TaskState::*;
+        assert_eq!(exit_code(&[Some(TaskFinished), Some(TaskFinished)]), 0);
+        assert_eq!(exit_code(&[Some(TaskFinished), Some(TaskFailed)]), 1);
+        assert_eq!(exit_code(&[Some(TaskKilled)]), 1);
+        assert_eq!(exit_code(&[Some(TaskLost)]), 1);
+        assert_eq!(exit_code(&[Some(TaskFinished), None]), 1);
+        assert_eq!(exit_code(&[Some(TaskRunning)]), 1);
+    }
+
+    #[test]
+    fn status_line_has_state_agent_and_optional_reason() {
+        let mut status = TaskStatus {
+            task_id: "job-0".into(),
+            agent_id: "a1".into(),
+            state: TaskState::TaskRunning as i32,
+            ..TaskStatus::default()
+        };
+        assert_eq!(status_line(&status), "TASK job-0 RUNNING agent=a1");
+        status.state = TaskState::TaskKilled as i32;
+        status.reason = "preempted".into();
+        assert_eq!(
+            status_line(&status),
+            "TASK job-0 KILLED agent=a1 reason=preempted"
+        );
+    }
+
+    #[test]
+    fn plan_joins_the_command_and_applies_options() {
+        let plan = args(&[
+            "--resources",
+            "cpus:1;mem:128",
+            "--instances",
+            "3",
+            "--user",
+            "ann",
+            "--weight",
+            "2",
+            "--failover-timeout",
+            "5",
+            "--",
+            "echo",
+            "hi",
+            "there",
+        ])
+        .unwrap()
+        .plan()
+        .unwrap();
+        assert_eq!(plan.command, "echo hi there");
+        assert_eq!(plan.instances, 3);
+        assert_eq!(plan.unit, Resources::parse("mem:128;cpus:1").unwrap());
+        assert_eq!(plan.config.user, "ann");
+        assert_eq!(plan.config.weight, 2.0);
+        assert_eq!(plan.config.failover_timeout, Duration::from_secs(5));
+        assert_eq!(plan.config.name, "job");
+    }
+
+    #[test]
+    fn usage_errors_name_the_bad_part() {
+        let table: [(&[&str], &str); 6] = [
+            (&["--resources", "cpus:x", "--", "true"], "--resources"),
+            (&["--resources", "", "--", "true"], "--resources"),
+            (
+                &["--resources", "cpus:1", "--instances", "0", "--", "true"],
+                "--instances",
+            ),
+            (&["--resources", "cpus:1", "--", ""], "command"),
+            (
+                &["--resources", "cpus:1", "--weight", "0", "--", "true"],
+                "--weight",
+            ),
+            (
+                &[
+                    "--resources",
+                    "cpus:1",
+                    "--failover-timeout=-1",
+                    "--",
+                    "true",
+                ],
+                "--failover-timeout",
+            ),
+        ];
+        for (extra, word) in table {
+            let err = args(extra).unwrap().plan().unwrap_err();
+            assert!(
+                err.0.contains(word),
+                "{extra:?}: `{}` should mention {word}",
+                err.0
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_command_is_a_clap_error() {
+        assert!(args(&["--resources", "cpus:1"]).is_err());
+    }
+}

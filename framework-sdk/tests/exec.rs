@@ -1,0 +1,278 @@
+//! `ringmaster-exec` end to end against the fake master: demand, offers filled or declined,
+//! suppression, one line per state change, teardown and the exit code.
+
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use ringmaster_proto::{Message, Offers, Update};
+use ringmaster_sdk::exec::{run_exec, ExecArgs};
+use ringmaster_sdk::{Offer, Resources, TaskInfo, TaskState, TaskStatus};
+use support::*;
+use tokio::time::timeout;
+
+/// Collects what exec prints.
+#[derive(Clone, Default)]
+struct SharedOutput(Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedOutput {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl SharedOutput {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+fn offer(id: &str, agent: &str, resources: &str) -> Offer {
+    Offer {
+        offer_id: id.into(),
+        agent_id: agent.into(),
+        resources: Some(Resources::parse(resources).unwrap().to_wire()),
+        ..Offer::default()
+    }
+}
+
+fn update(task: &str, agent: &str, state: TaskState, reason: &str, update_id: &str) -> Message {
+    Message::Update(Update {
+        status: Some(TaskStatus {
+            task_id: task.into(),
+            agent_id: agent.into(),
+            state: state as i32,
+            reason: reason.into(),
+            update_id: update_id.into(),
+            ..TaskStatus::default()
+        }),
+    })
+}
+
+async fn expect_demand(side: &mut MasterSide, count: u32) {
+    match side.recv().await {
+        Message::Demand(demand) => {
+            assert_eq!(demand.count, count);
+            assert_eq!(
+                Resources::from_wire(demand.resources.as_ref()).unwrap(),
+                Resources::parse("cpus:1;mem:128").unwrap()
+            );
+        }
+        other => panic!("expected Demand {count}, got {other:?}"),
+    }
+}
+
+async fn expect_accept(side: &mut MasterSide, offer_id: &str) -> Vec<TaskInfo> {
+    match side.recv().await {
+        Message::Accept(accept) => {
+            assert_eq!(accept.offer_id, offer_id);
+            accept.tasks
+        }
+        other => panic!("expected Accept of {offer_id}, got {other:?}"),
+    }
+}
+
+async fn expect_ack(side: &mut MasterSide, update_id: &str) {
+    assert!(
+        matches!(side.recv().await, Message::StatusAck(ack) if ack.update_id == update_id),
+        "expected the ack of {update_id}"
+    );
+}
+
+fn exec_args(master: &str, instances: &str) -> ExecArgs {
+    ExecArgs::try_parse_from([
+        "ringmaster-exec",
+        "--master",
+        master,
+        "--name",
+        "job",
+        "--resources",
+        "cpus:1;mem:128",
+        "--instances",
+        instances,
+        "--",
+        "echo",
+        "hello",
+    ])
+    .unwrap()
+}
+
+#[tokio::test]
+async fn exec_fills_offers_prints_states_and_exits_zero() {
+    let master = FakeMaster::bind().await;
+    let output = SharedOutput::default();
+    let running = tokio::spawn(run_exec(exec_args(&master.addr, "3"), output.clone()));
+
+    let (mut side, subscribe) = master.accept_subscribed("fw-1").await;
+    assert_eq!(subscribe.name, "job");
+    expect_demand(&mut side, 3).await;
+
+    // Too small, room for two, then room for one more than needed.
+    side.send(Message::Offers(Offers {
+        offers: vec![
+            offer("o-small", "a-1", "cpus:0.5;mem:1024"),
+            offer("o-two", "a-2", "cpus:2.5;mem:300"),
+        ],
+    }))
+    .await;
+    let tasks = expect_accept(&mut side, "o-two").await;
+    let ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+    assert_eq!(ids, ["job-0", "job-1"]);
+    assert!(tasks.iter().all(|t| t.command == "echo hello"));
+    assert!(matches!(side.recv().await, Message::Decline(d) if d.offer_ids == ["o-small"]));
+    expect_demand(&mut side, 1).await;
+
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-big", "a-3", "cpus:8;mem:8192")],
+    }))
+    .await;
+    let tasks = expect_accept(&mut side, "o-big").await;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].task_id, "job-2");
+    expect_demand(&mut side, 0).await;
+    assert!(matches!(side.recv().await, Message::Suppress(_)));
+
+    let script = [
+        ("job-0", "a-2", TaskState::TaskRunning, "u1"),
+        ("job-1", "a-2", TaskState::TaskRunning, "u2"),
+        ("job-0", "a-2", TaskState::TaskRunning, "u3"), // no change: no line
+        ("job-2", "a-3", TaskState::TaskRunning, "u4"),
+        ("job-0", "a-2", TaskState::TaskFinished, "u5"),
+        ("job-1", "a-2", TaskState::TaskFinished, "u6"),
+        ("job-2", "a-3", TaskState::TaskFinished, "u7"),
+    ];
+    for (task, agent, state, update_id) in script {
+        side.send(update(task, agent, state, "", update_id)).await;
+        expect_ack(&mut side, update_id).await;
+    }
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    let code = timeout(PATIENCE, running).await.unwrap().unwrap();
+    assert_eq!(code, 0);
+    assert_eq!(
+        output.text(),
+        "TASK job-0 RUNNING agent=a-2\n\
+         TASK job-1 RUNNING agent=a-2\n\
+         TASK job-2 RUNNING agent=a-3\n\
+         TASK job-0 FINISHED agent=a-2\n\
+         TASK job-1 FINISHED agent=a-2\n\
+         TASK job-2 FINISHED agent=a-3\n"
+    );
+}
+
+#[tokio::test]
+async fn exec_exits_one_when_a_task_fails() {
+    let master = FakeMaster::bind().await;
+    let output = SharedOutput::default();
+    let running = tokio::spawn(run_exec(exec_args(&master.addr, "1"), output.clone()));
+
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 1).await;
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-1", "a-1", "cpus:1;mem:128")],
+    }))
+    .await;
+    expect_accept(&mut side, "o-1").await;
+    expect_demand(&mut side, 0).await;
+    assert!(matches!(side.recv().await, Message::Suppress(_)));
+    side.send(update(
+        "job-0",
+        "a-1",
+        TaskState::TaskFailed,
+        "exit_status",
+        "u1",
+    ))
+    .await;
+    expect_ack(&mut side, "u1").await;
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    assert_eq!(timeout(PATIENCE, running).await.unwrap().unwrap(), 1);
+    assert_eq!(
+        output.text(),
+        "TASK job-0 FAILED agent=a-1 reason=exit_status\n"
+    );
+}
+
+#[tokio::test]
+async fn exec_reconciles_its_open_tasks_after_a_reconnect() {
+    let master = FakeMaster::bind().await;
+    let output = SharedOutput::default();
+    let running = tokio::spawn(run_exec(exec_args(&master.addr, "1"), output.clone()));
+
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 1).await;
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-1", "a-1", "cpus:1;mem:128")],
+    }))
+    .await;
+    expect_accept(&mut side, "o-1").await;
+    expect_demand(&mut side, 0).await;
+    assert!(matches!(side.recv().await, Message::Suppress(_)));
+    drop(side);
+
+    let (mut side, subscribe) = master.accept_subscribed("fw-1").await;
+    assert_eq!(subscribe.framework_id, "fw-1");
+    expect_demand(&mut side, 0).await;
+    assert!(matches!(side.recv().await, Message::Suppress(_)));
+    assert!(matches!(side.recv().await, Message::Reconcile(r) if r.task_ids == ["job-0"]));
+    side.send(update("job-0", "a-1", TaskState::TaskFinished, "", ""))
+        .await;
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    assert_eq!(timeout(PATIENCE, running).await.unwrap().unwrap(), 0);
+    assert_eq!(output.text(), "TASK job-0 FINISHED agent=a-1\n");
+}
+
+#[tokio::test]
+async fn exec_reports_an_unreachable_master_with_exit_one() {
+    let master = FakeMaster::bind().await;
+    let addr = master.addr.clone();
+    drop(master);
+    let mut args = exec_args(&addr, "1");
+    args.connect_timeout = 0.3;
+    let code = timeout(PATIENCE, run_exec(args, SharedOutput::default()))
+        .await
+        .unwrap();
+    assert_eq!(code, 1);
+}
+
+#[tokio::test]
+async fn exec_refuses_bad_usage_with_exit_two() {
+    let mut args = exec_args("127.0.0.1:1", "1");
+    args.resources = "cpus:lots".into();
+    assert_eq!(run_exec(args, SharedOutput::default()).await, 2);
+}
+
+#[tokio::test]
+async fn exec_reconciles_when_an_accept_is_refused() {
+    let master = FakeMaster::bind().await;
+    let output = SharedOutput::default();
+    let running = tokio::spawn(run_exec(exec_args(&master.addr, "1"), output.clone()));
+
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 1).await;
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-1", "a-1", "cpus:1;mem:128")],
+    }))
+    .await;
+    expect_accept(&mut side, "o-1").await;
+    expect_demand(&mut side, 0).await;
+    assert!(matches!(side.recv().await, Message::Suppress(_)));
+    side.send(Message::Error(ringmaster_sdk::ProtoError::new(
+        ringmaster_sdk::ErrorCode::InvalidOffer,
+        "offer o-1 expired",
+    )))
+    .await;
+    assert!(matches!(side.recv().await, Message::Reconcile(r) if r.task_ids == ["job-0"]));
+    side.send(update("job-0", "", TaskState::TaskLost, "unknown_task", ""))
+        .await;
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    assert_eq!(timeout(PATIENCE, running).await.unwrap().unwrap(), 1);
+    assert_eq!(
+        output.text(),
+        "TASK job-0 LOST agent= reason=unknown_task\n"
+    );
+}

@@ -1,0 +1,31 @@
+//! `ringmaster-exec`: run a shell command as N tasks on a Ringmaster cluster.
+//!
+//! A thin shim: the logic is `ringmaster_sdk::exec`, tested with the SDK.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use ringmaster_sdk::exec::{run_exec, ExecArgs, EXIT_FAILURE};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let args = ExecArgs::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("ringmaster-exec: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE as u8);
+        }
+    };
+    let code = runtime.block_on(run_exec(args, std::io::stdout()));
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
