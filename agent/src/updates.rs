@@ -39,7 +39,8 @@ impl StatusQueue {
     }
 
     /// Queues a status under a fresh update id `<agent_id>-<incarnation>-<counter>` and the
-    /// current time (when `timestamp_ms` is unset), returning the queued copy.
+    /// current time (when `timestamp_ms` is unset), returning the queued copy. The caller sends
+    /// it at once, so its first resend is due one retry interval from now.
     pub fn issue(&mut self, mut status: TaskStatus) -> TaskStatus {
         self.counter += 1;
         status.update_id = format!("{}-{}-{}", status.agent_id, self.incarnation, self.counter);
@@ -48,7 +49,7 @@ impl StatusQueue {
         }
         self.pending.push_back(Pending {
             status: status.clone(),
-            last_sent: None,
+            last_sent: Some(Instant::now()),
         });
         status
     }
@@ -166,21 +167,18 @@ mod tests {
         queue.issue(status("t2"));
         let start = Instant::now();
         let ids = |v: Vec<TaskStatus>| v.into_iter().map(|s| s.task_id).collect::<Vec<_>>();
-        assert_eq!(ids(queue.take_due(start, STATUS_RETRY)), ["t1", "t2"]);
-        assert!(queue
-            .take_due(start + Duration::from_secs(1), STATUS_RETRY)
-            .is_empty());
+        assert!(queue.take_due(start, STATUS_RETRY).is_empty(), "just sent");
+        let later = start + STATUS_RETRY;
+        assert_eq!(ids(queue.take_due(later, STATUS_RETRY)), ["t1", "t2"]);
+        let soon = later + Duration::from_secs(1);
+        assert!(queue.take_due(soon, STATUS_RETRY).is_empty());
         queue.issue(status("t3"));
-        assert_eq!(
-            ids(queue.take_due(start + Duration::from_secs(1), STATUS_RETRY)),
-            ["t3"]
-        );
-        assert_eq!(
-            ids(queue.take_due(start + STATUS_RETRY, STATUS_RETRY)),
-            ["t1", "t2"]
-        );
+        let t3_due = Instant::now() + STATUS_RETRY;
+        assert_eq!(ids(queue.take_due(t3_due, STATUS_RETRY)), ["t3"]);
+        let all_due = later + STATUS_RETRY;
+        assert_eq!(ids(queue.take_due(all_due, STATUS_RETRY)), ["t1", "t2"]);
         queue.mark_unsent();
-        assert_eq!(queue.take_all().len(), 3);
+        assert_eq!(ids(queue.take_all()), ["t1", "t2", "t3"]);
         assert_eq!(ids(queue.take_for_task("fw", "t2")), ["t2"]);
     }
 }
