@@ -100,7 +100,7 @@ pub async fn run_sessions<F: Future<Output = ()>>(
             }
         }
         backoff = (backoff * 2).min(state.config().reconnect_max_backoff.max(INITIAL_BACKOFF));
-        tracing::info!(master = %state.config().master, "reconnecting to the master");
+        tracing::debug!(master = %state.config().master, "reconnecting to the master");
     }
 }
 

@@ -380,7 +380,9 @@ impl AgentState {
             self.issue(status, &mut out);
             return out;
         };
-        let record = self.tasks.get_mut(&key).expect("key found above");
+        let Some(record) = self.tasks.get_mut(&key) else {
+            return out;
+        };
         match &record.process {
             Some(process) if record.kill_reason.is_none() => {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,

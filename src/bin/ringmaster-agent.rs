@@ -1,6 +1,7 @@
 //! `ringmaster-agent`: the agent daemon binary. All behaviour lives in the `ringmaster-agent`
 //! library so that `ringmaster local` can run the very same code in-process.
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use clap::Parser as _;
@@ -13,6 +14,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
