@@ -1,1 +1,136 @@
-//! Agent daemon.
+//! The Ringmaster agent daemon: registers a machine with the master and runs its tasks as
+//! real processes.
+//!
+//! The same library runs as the `ringmaster-agent` binary (one agent per process) and inside
+//! `ringmaster local` (several agents in one process, each with its own work dir).
+//!
+//! # Agent-side protocol (version 1)
+//!
+//! 1. **Connect and handshake.** TCP to `--master`; send `Hello{protocol_version: 1, client:
+//!    "ringmaster-agent <version>"}`; expect `HelloAck`. An `Error` with `VERSION_MISMATCH` ends
+//!    the agent with an error (no retry). Any other answer, a timeout (10 s) or a closed
+//!    connection is retried with backoff.
+//! 2. **Register.** Send `RegisterAgent{agent_id, hostname, total, attributes, tasks}`. The id is
+//!    `--id`, else the one saved in `<work_dir>/agent_id`, else empty (the master assigns one).
+//!    `tasks` holds the status of every non-terminal task still running (reconciliation), with
+//!    empty `update_id`. Expect `AgentRegistered{agent_id, heartbeat_interval_ms}` (0 means
+//!    5 s); the id is saved to `<work_dir>/agent_id` and used from then on.
+//! 3. **After registering**, send every unacknowledged `StatusUpdate` (oldest first), then an
+//!    `AgentHeartbeat{agent_id, free, tasks}` (`free` = total − resources of non-terminal tasks,
+//!    `tasks` = their statuses, empty `update_id`). Heartbeats follow every heartbeat interval
+//!    and right after every change (a `RunTasks` batch handled, a task ended).
+//! 4. **Serving.** `Ping` → `Pong` with the same nonce. `RunTasks` → per task:
+//!    already known → its pending updates are resent (or its current status under a fresh
+//!    update id); unusable (bad resources, empty id or command) → `FAILED` `launch_failed`;
+//!    not fitting in free → `FAILED` `insufficient_resources`; else `sh -c COMMAND` in its own
+//!    process group in `<work_dir>/sandboxes/<framework_id>/<task_id>` (ids escaped) with
+//!    `stdout`/`stderr` files and `RINGMASTER_{TASK_ID,FRAMEWORK_ID,AGENT_ID,RESOURCES,SANDBOX}`
+//!    plus the task's env → `RUNNING`; a spawn failure → `FAILED` `launch_failed`. When the
+//!    process ends (and its whole group is gone): exit 0 → `FINISHED` (`exit_code` 0); non-zero
+//!    → `FAILED` `exit_status` with `exit_code`; a signal the agent did not send → `FAILED`
+//!    `signal` (message names it). `KillTask` → SIGTERM to the group, SIGKILL after the grace
+//!    (3 s), then `KILLED` with the kill's reason (`killed` when empty); an unknown task →
+//!    `LOST` `unknown_task`. `StatusAck{update_id}` removes that update from the queue.
+//! 5. **Reliable updates.** Every `StatusUpdate` has a unique `update_id`
+//!    (`<agent_id>-<incarnation ms>-<counter>`) and `timestamp_ms`; it is resent every 2 s
+//!    until acknowledged. A terminal task is forgotten once no update of it awaits an ack.
+//! 6. **Disconnects.** Tasks keep running; exits are recorded. Reconnect after 100 ms, doubling
+//!    up to `reconnect_max_backoff` (5 s), reset after a successful registration.
+//! 7. **Shutdown.** Every task is killed (reason `agent_shutdown`); once their groups are gone
+//!    (bounded by grace + 2 s) the pending updates and a heartbeat are sent best-effort.
+
+mod config;
+mod detect;
+pub mod process;
+pub mod sandbox;
+mod session;
+pub mod state;
+pub mod updates;
+
+use std::future::Future;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+
+pub use config::{
+    parse_attributes, AgentArgs, AgentConfig, DEFAULT_KILL_GRACE, DEFAULT_RECONNECT_MAX_BACKOFF,
+    DEFAULT_WORK_DIR,
+};
+pub use detect::{detect_hostname, detect_resources};
+
+/// The file in the work dir that keeps the agent id between runs.
+pub const AGENT_ID_FILE: &str = "agent_id";
+
+/// Runs one agent until `shutdown` completes (then kills its tasks and returns `Ok`). Returns
+/// an error only for what retrying cannot fix: an unusable work dir or a protocol version the
+/// master does not speak.
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.work_dir)
+        .with_context(|| format!("cannot create work dir {}", config.work_dir.display()))?;
+    let agent_id = match &config.id {
+        Some(id) => id.clone(),
+        None => saved_agent_id(&config)?,
+    };
+    tracing::info!(master = %config.master, hostname = %config.hostname,
+        resources = %config.resources, work_dir = %config.work_dir.display(),
+        agent_id = %agent_id, "agent starting");
+    let (state, exits) = state::AgentState::new(config, agent_id);
+    let shutdown = std::pin::pin!(shutdown);
+    session::run_sessions(state, exits, shutdown).await
+}
+
+/// The id saved by an earlier registration, or empty.
+fn saved_agent_id(config: &AgentConfig) -> anyhow::Result<String> {
+    let path = config.work_dir.join(AGENT_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let id = text.trim().to_string();
+            if id.is_empty() {
+                return Ok(id);
+            }
+            config::check_agent_id(&id)
+                .with_context(|| format!("{} holds an unusable agent id", path.display()))?;
+            Ok(id)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// The binary's body: validates the flags, runs until Ctrl-C or SIGTERM, and maps the result
+/// to an exit code (2 for bad flags, 1 for a fatal error).
+pub async fn main_with_args(args: AgentArgs) -> ExitCode {
+    let config = match AgentConfig::from_args(args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("ringmaster-agent: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(config, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("agent stopped: {e:#}");
+            eprintln!("ringmaster-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM ({e}); stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shutdown requested");
+}

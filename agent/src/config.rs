@@ -1,0 +1,281 @@
+//! Command-line flags and the validated configuration the agent runs with.
+//!
+//! Everything a user can type is checked here, once, with errors that name the flag and the
+//! offending part, so the rest of the agent only ever sees valid values.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use ringmaster_proto::resources::Resources;
+
+use crate::detect::{detect_hostname, detect_resources};
+
+/// Grace between SIGTERM and SIGKILL when a task is killed.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
+/// Longest wait between two attempts to reach the master.
+pub const DEFAULT_RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Where sandboxes and the saved agent id live unless `--work-dir` says otherwise
+/// (relative to the directory the agent is started in).
+pub const DEFAULT_WORK_DIR: &str = "./ringmaster-agent-work";
+
+/// The agent's command-line flags.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "ringmaster-agent",
+    version,
+    about = "Ringmaster agent: registers this machine with the master and runs its tasks"
+)]
+pub struct AgentArgs {
+    /// Address of the master, `HOST:PORT`.
+    #[arg(long, value_name = "ADDR")]
+    pub master: String,
+    /// Agent id to register with. Default: the id saved in `<work-dir>/agent_id` by an earlier
+    /// run, else one assigned by the master.
+    #[arg(long, value_name = "NAME")]
+    pub id: Option<String>,
+    /// Resources to offer, Mesos text (`cpus:4;mem:8192;disk:10240`, mem and disk in MiB).
+    /// Each dimension given replaces the detected amount (`disk:0` drops disk); dimensions not
+    /// given are detected (cpus, mem, free disk of the work dir).
+    #[arg(long, value_name = "SPEC")]
+    pub resources: Option<String>,
+    /// Attributes of this agent, `key:value;key:value` (e.g. `partition:gpu;rack:r1`).
+    #[arg(long, value_name = "SPEC")]
+    pub attributes: Option<String>,
+    /// Directory for task sandboxes and the saved agent id; created if missing.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
+    pub work_dir: PathBuf,
+    /// Hostname to report. Default: this machine's hostname.
+    #[arg(long, value_name = "H")]
+    pub hostname: Option<String>,
+}
+
+/// The validated configuration of one agent.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Master address, `HOST:PORT`.
+    pub master: String,
+    /// Id to register with (`None`: the saved id, else master-assigned).
+    pub id: Option<String>,
+    pub hostname: String,
+    /// Total resources offered to the cluster.
+    pub resources: Resources,
+    pub attributes: Vec<(String, String)>,
+    pub work_dir: PathBuf,
+    /// Grace between SIGTERM and SIGKILL of a task's process group.
+    pub kill_grace: Duration,
+    /// Cap of the exponential reconnect backoff (which starts at 100 ms).
+    pub reconnect_max_backoff: Duration,
+}
+
+impl AgentConfig {
+    /// Validates the flags, detecting whatever they leave out.
+    pub fn from_args(args: AgentArgs) -> anyhow::Result<Self> {
+        check_master_address(&args.master)?;
+        if let Some(id) = &args.id {
+            check_agent_id(id).with_context(|| format!("--id `{id}`"))?;
+        }
+        let mut resources = detect_resources(&args.work_dir);
+        if let Some(spec) = &args.resources {
+            let given = Resources::parse(spec).with_context(|| format!("--resources `{spec}`"))?;
+            for (name, milli) in given.iter() {
+                resources.set_milli(name, milli);
+            }
+            // A dimension given as 0 is absent from `given`; honour it as "none of this".
+            for name in zero_dimensions(spec) {
+                resources.set_milli(&name, 0);
+            }
+        }
+        let attributes = match &args.attributes {
+            Some(spec) => {
+                parse_attributes(spec).with_context(|| format!("--attributes `{spec}`"))?
+            }
+            None => Vec::new(),
+        };
+        let hostname = match args.hostname {
+            Some(h) if h.trim().is_empty() => bail!("--hostname must not be empty"),
+            Some(h) => h,
+            None => detect_hostname(),
+        };
+        Ok(AgentConfig {
+            master: args.master,
+            id: args.id,
+            hostname,
+            resources,
+            attributes,
+            work_dir: args.work_dir,
+            kill_grace: DEFAULT_KILL_GRACE,
+            reconnect_max_backoff: DEFAULT_RECONNECT_MAX_BACKOFF,
+        })
+    }
+}
+
+fn check_master_address(master: &str) -> anyhow::Result<()> {
+    let Some((host, port)) = master.rsplit_once(':') else {
+        bail!("--master `{master}`: expected HOST:PORT");
+    };
+    if host.is_empty() {
+        bail!("--master `{master}`: the host is empty (expected HOST:PORT)");
+    }
+    if port.parse::<u16>().is_err() {
+        bail!("--master `{master}`: `{port}` is not a port number (expected HOST:PORT)");
+    }
+    Ok(())
+}
+
+/// Agent ids travel in file names and update ids, so they stay plain.
+pub(crate) fn check_agent_id(id: &str) -> anyhow::Result<()> {
+    if id.is_empty() {
+        bail!("the agent id is empty");
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        bail!("character {c:?} is not allowed in an agent id (letters, digits, `-`, `_`, `.`)");
+    }
+    Ok(())
+}
+
+/// Names whose amount is written as zero (`disk:0`, `gpus:0.0`) in a spec that parsed.
+fn zero_dimensions(spec: &str) -> Vec<String> {
+    spec.split(';')
+        .filter_map(|part| part.split_once(':'))
+        .filter(|(_, amount)| {
+            let amount = amount.trim();
+            !amount.is_empty() && amount.chars().all(|c| c == '0' || c == '.')
+        })
+        .map(|(name, _)| name.trim().to_string())
+        .collect()
+}
+
+/// Parses `key:value;key:value`. Keys are letters, digits, `_`, `-`, `.`; values are any
+/// non-empty text without `;`. An empty spec is no attributes.
+pub fn parse_attributes(spec: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    if spec.trim().is_empty() {
+        return Ok(out);
+    }
+    for raw in spec.split(';') {
+        let part = raw.trim();
+        let Some((key, value)) = part.split_once(':') else {
+            bail!("`{part}` is not `key:value`");
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if key.is_empty() {
+            bail!("`{part}`: the key is empty");
+        }
+        if let Some(c) = key
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+        {
+            bail!("`{part}`: character {c:?} is not allowed in a key (letters, digits, `_`, `-`, `.`)");
+        }
+        if value.is_empty() {
+            bail!("`{part}`: the value is empty");
+        }
+        if out.iter().any(|(k, _)| k == key) {
+            bail!("`{key}` appears more than once");
+        }
+        out.push((key.to_string(), value.to_string()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> AgentArgs {
+        let mut argv = vec!["ringmaster-agent", "--master", "127.0.0.1:5050"];
+        argv.extend_from_slice(extra);
+        AgentArgs::try_parse_from(argv).unwrap()
+    }
+
+    fn error_of(extra: &[&str]) -> String {
+        format!("{:#}", AgentConfig::from_args(args(extra)).unwrap_err())
+    }
+
+    #[test]
+    fn explicit_resources_replace_detected_dimensions() {
+        let config =
+            AgentConfig::from_args(args(&["--resources", "cpus:2.5;mem:100;gpus:1;disk:0"]))
+                .unwrap();
+        assert_eq!(config.resources.milli("cpus"), 2500);
+        assert_eq!(config.resources.milli("mem"), 100_000);
+        assert_eq!(config.resources.milli("gpus"), 1000);
+        assert_eq!(config.resources.milli("disk"), 0);
+        assert_eq!(config.kill_grace, DEFAULT_KILL_GRACE);
+        assert!(!config.hostname.is_empty());
+    }
+
+    #[test]
+    fn missing_resources_are_detected() {
+        let config = AgentConfig::from_args(args(&[])).unwrap();
+        assert!(config.resources.milli("cpus") >= 1000);
+        assert!(config.resources.milli("mem") > 0);
+        assert_eq!(config.work_dir, PathBuf::from(DEFAULT_WORK_DIR));
+    }
+
+    #[test]
+    fn bad_resources_name_the_flag_and_the_part() {
+        let err = error_of(&["--resources", "cpus:4;mem:lots"]);
+        assert!(err.contains("--resources `cpus:4;mem:lots`"), "{err}");
+        assert!(err.contains("amount `lots`"), "{err}");
+        let err = error_of(&["--resources", "cpus"]);
+        assert!(err.contains("`cpus` is not `name:amount`"), "{err}");
+    }
+
+    #[test]
+    fn attributes_parse_and_bad_ones_are_named() {
+        let config =
+            AgentConfig::from_args(args(&["--attributes", "partition:gpu; rack:r1:a"])).unwrap();
+        assert_eq!(
+            config.attributes,
+            vec![
+                ("partition".to_string(), "gpu".to_string()),
+                ("rack".to_string(), "r1:a".to_string())
+            ]
+        );
+        let cases = [
+            ("partition", "`partition` is not `key:value`"),
+            (":gpu", "the key is empty"),
+            ("rack:", "the value is empty"),
+            ("a:1;a:2", "`a` appears more than once"),
+            ("ra ck:1", "not allowed in a key"),
+            ("a:1;;b:2", "`` is not `key:value`"),
+        ];
+        for (spec, expected) in cases {
+            let err = error_of(&["--attributes", spec]);
+            assert!(err.contains("--attributes"), "{err}");
+            assert!(err.contains(expected), "{spec}: {err}");
+        }
+    }
+
+    #[test]
+    fn bad_master_and_id_are_refused() {
+        let err = format!(
+            "{:#}",
+            AgentConfig::from_args(
+                AgentArgs::try_parse_from(["x", "--master", "localhost"]).unwrap()
+            )
+            .unwrap_err()
+        );
+        assert!(err.contains("expected HOST:PORT"), "{err}");
+        let err = format!(
+            "{:#}",
+            AgentConfig::from_args(
+                AgentArgs::try_parse_from(["x", "--master", "h:99999"]).unwrap()
+            )
+            .unwrap_err()
+        );
+        assert!(err.contains("`99999` is not a port number"), "{err}");
+        let err = error_of(&["--id", "../etc"]);
+        assert!(err.contains("--id `../etc`"), "{err}");
+        assert!(
+            AgentArgs::try_parse_from(["x"]).is_err(),
+            "--master is required"
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! What this machine has: cpus, memory, disk and hostname, for flags the user leaves out.
+//!
+//! Detection never fails: a dimension that cannot be measured is left out (and logged), so an
+//! agent on an unusual system still starts and the user can state the amount explicitly.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::Path;
+
+use ringmaster_proto::resources::{Resources, MILLI};
+
+const MIB: u64 = 1024 * 1024;
+
+/// Detects `cpus` (available parallelism), `mem` (MemTotal of /proc/meminfo, MiB) and `disk`
+/// (space available to unprivileged users on the work dir's filesystem, MiB; the nearest
+/// existing ancestor is measured when the work dir does not exist yet).
+pub fn detect_resources(work_dir: &Path) -> Resources {
+    let mut resources = Resources::new();
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get() as u64)
+        .unwrap_or(1);
+    resources.set_milli("cpus", cpus * MILLI);
+    match memory_mib() {
+        Some(mem) => resources.set_milli("mem", mem.saturating_mul(MILLI)),
+        None => tracing::warn!("cannot read MemTotal from /proc/meminfo; no mem detected"),
+    }
+    match disk_free_mib(work_dir) {
+        Some(disk) => resources.set_milli("disk", disk.saturating_mul(MILLI)),
+        None => tracing::warn!(
+            "cannot measure free disk under {}; no disk detected",
+            work_dir.display()
+        ),
+    }
+    resources
+}
+
+/// This machine's hostname, or `localhost` when it cannot be read.
+pub fn detect_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for `buf.len()` bytes; gethostname writes at most that many.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        let name = String::from_utf8_lossy(&buf[..end]).trim().to_string();
+        if !name.is_empty() {
+            return name;
+        }
+    }
+    "localhost".to_string()
+}
+
+fn memory_mib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total_kib(&text).map(|kib| kib / 1024)
+}
+
+/// The `MemTotal:   16318756 kB` line, in KiB.
+fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut words = line["MemTotal:".len()..].split_whitespace();
+    let amount: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") | None => Some(amount),
+        Some(_) => None,
+    }
+}
+
+fn disk_free_mib(work_dir: &Path) -> Option<u64> {
+    let existing = work_dir.ancestors().find(|p| {
+        let p = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        p.exists()
+    })?;
+    let existing = if existing.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        existing
+    };
+    let path = CString::new(existing.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; zeroed is a valid value to be overwritten.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `stats` is a valid out-pointer.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stats) };
+    if rc != 0 {
+        return None;
+    }
+    let bytes = (stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64);
+    Some(bytes / MIB)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_cpus_memory_and_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let resources = detect_resources(dir.path());
+        assert!(resources.milli("cpus") >= MILLI, "{resources}");
+        assert!(resources.milli("mem") > 0, "{resources}");
+        assert!(resources.milli("disk") > 0, "{resources}");
+    }
+
+    #[test]
+    fn missing_work_dir_measures_its_existing_ancestor() {
+        let dir = tempfile::tempdir().unwrap();
+        let resources = detect_resources(&dir.path().join("not/yet/there"));
+        assert!(resources.milli("disk") > 0, "{resources}");
+        let relative = detect_resources(Path::new("no-such-relative-dir/x"));
+        assert!(relative.milli("disk") > 0, "{relative}");
+    }
+
+    #[test]
+    fn reads_mem_total() {
+        let text = "MemTotal:       16318756 kB\nMemFree:         1000 kB\n";
+        assert_eq!(parse_mem_total_kib(text), Some(16_318_756));
+        assert_eq!(parse_mem_total_kib("MemFree: 1 kB"), None);
+        assert_eq!(parse_mem_total_kib("MemTotal: lots kB"), None);
+    }
+
+    #[test]
+    fn hostname_is_not_empty() {
+        assert!(!detect_hostname().is_empty());
+    }
+}

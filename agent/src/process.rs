@@ -1,0 +1,418 @@
+//! Running one task as a real process: sandbox, spawn, watch, kill.
+//!
+//! Each task is `sh -c COMMAND` in its own process group, so a kill reaches everything the
+//! command started (pipelines, background jobs), not just the shell. A watcher (one tokio task
+//! per process) owns the child; it reports the exit on a channel only once the whole group is
+//! gone, so "task ended" also means "its processes are gone". Nothing here knows about the
+//! master, which keeps this part testable on its own.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// How often a killed group is checked for survivors during the grace period.
+const GROUP_POLL: Duration = Duration::from_millis(20);
+
+/// Everything needed to start one task.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub command: String,
+    /// Working directory; created if missing. `stdout` and `stderr` files are written in it.
+    pub sandbox: PathBuf,
+    /// Environment added to the agent's own.
+    pub env: Vec<(String, String)>,
+    /// SIGTERM-to-SIGKILL grace when the task is killed.
+    pub kill_grace: Duration,
+}
+
+/// How a task's main process ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitOutcome {
+    /// Exited with this status.
+    Code(i32),
+    /// Terminated by this signal.
+    Signal(i32),
+    /// Waiting for the process failed; it is not known how it ended.
+    WaitFailed(String),
+}
+
+impl ExitOutcome {
+    fn from_status(status: ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt as _;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ExitOutcome::Code(code),
+            (None, Some(signal)) => ExitOutcome::Signal(signal),
+            (None, None) => ExitOutcome::WaitFailed(format!("unrecognised exit status {status}")),
+        }
+    }
+}
+
+/// A handle on a running task's process group.
+#[derive(Debug)]
+pub struct ProcessHandle {
+    pid: u32,
+    kill: mpsc::UnboundedSender<()>,
+}
+
+impl ProcessHandle {
+    /// The main process id, which is also the process group id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Asks the watcher to end the whole group: SIGTERM now, SIGKILL after the grace period.
+    /// Harmless when the process already ended or was already asked.
+    pub fn kill(&self) {
+        let _ = self.kill.send(());
+    }
+}
+
+/// Why a task could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("cannot create sandbox {path}: {source}")]
+    Sandbox { path: PathBuf, source: io::Error },
+    #[error("cannot create {path}: {source}")]
+    OutputFile { path: PathBuf, source: io::Error },
+    #[error("invalid environment variable name {name:?}")]
+    BadEnv { name: String },
+    #[error("cannot spawn `sh -c`: {0}")]
+    Spawn(io::Error),
+}
+
+/// Starts `sh -c COMMAND` in its own process group inside the sandbox. When the group is gone,
+/// `(tag, outcome)` is sent on `exits`. Must be called within a tokio runtime.
+pub fn launch<T: Send + 'static>(
+    spec: &LaunchSpec,
+    tag: T,
+    exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
+) -> Result<ProcessHandle, LaunchError> {
+    for (name, _) in &spec.env {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(LaunchError::BadEnv { name: name.clone() });
+        }
+    }
+    std::fs::create_dir_all(&spec.sandbox).map_err(|source| LaunchError::Sandbox {
+        path: spec.sandbox.clone(),
+        source,
+    })?;
+    let stdout = create_output(&spec.sandbox, "stdout")?;
+    let stderr = create_output(&spec.sandbox, "stderr")?;
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(&spec.command)
+        .current_dir(&spec.sandbox)
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .process_group(0)
+        .kill_on_drop(false);
+    let child = command.spawn().map_err(LaunchError::Spawn)?;
+    let pid = child.id().ok_or_else(|| {
+        LaunchError::Spawn(io::Error::other("child exited before its pid was read"))
+    })?;
+    let (kill_tx, kill_rx) = mpsc::unbounded_channel();
+    tokio::spawn(watch(child, pid, spec.kill_grace, kill_rx, tag, exits));
+    Ok(ProcessHandle { pid, kill: kill_tx })
+}
+
+fn create_output(sandbox: &Path, name: &str) -> Result<File, LaunchError> {
+    let path = sandbox.join(name);
+    File::create(&path).map_err(|source| LaunchError::OutputFile { path, source })
+}
+
+async fn watch<T>(
+    mut child: Child,
+    pgid: u32,
+    grace: Duration,
+    mut kill_rx: mpsc::UnboundedReceiver<()>,
+    tag: T,
+    exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
+) {
+    let mut kill_deadline: Option<Instant> = None;
+    let mut sigkilled = false;
+    let outcome = loop {
+        tokio::select! {
+            status = child.wait() => {
+                break match status {
+                    Ok(status) => ExitOutcome::from_status(status),
+                    Err(e) => ExitOutcome::WaitFailed(e.to_string()),
+                };
+            }
+            Some(()) = kill_rx.recv(), if kill_deadline.is_none() => {
+                signal_group(pgid, libc::SIGTERM);
+                kill_deadline = Some(Instant::now() + grace);
+            }
+            _ = sleep_until_opt(kill_deadline), if !sigkilled => {
+                signal_group(pgid, libc::SIGKILL);
+                sigkilled = true;
+            }
+        }
+    };
+    match kill_deadline {
+        // Killed: the rest of the group got SIGTERM too; give it the rest of the grace.
+        Some(deadline) if !sigkilled => drain_group(pgid, deadline).await,
+        Some(_) => drain_group(pgid, Instant::now()).await,
+        // Ended on its own: whatever it left behind in its group goes with it.
+        None => {
+            if group_has_live_members(pgid) {
+                signal_group(pgid, libc::SIGKILL);
+                drain_group(pgid, Instant::now() + grace).await;
+            }
+        }
+    }
+    let _ = exits.send((tag, outcome));
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits until no live process is left in the group, SIGKILLing it at `deadline`.
+async fn drain_group(pgid: u32, deadline: Instant) {
+    let mut killed = false;
+    while group_has_live_members(pgid) {
+        if Instant::now() >= deadline {
+            if killed {
+                tracing::warn!(pgid, "process group survives SIGKILL; giving up on it");
+                return;
+            }
+            signal_group(pgid, libc::SIGKILL);
+            killed = true;
+        }
+        tokio::time::sleep(GROUP_POLL).await;
+    }
+}
+
+/// Sends a signal to a whole process group; a group that is already gone is fine.
+pub fn signal_group(pgid: u32, signal: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    if pgid <= 1 {
+        return; // never signal "every process" or init
+    }
+    // SAFETY: killpg has no memory-safety preconditions.
+    let rc = unsafe { libc::killpg(pgid, signal) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            tracing::warn!(pgid, signal, "killpg failed: {err}");
+        }
+    }
+}
+
+/// True when some process of the group is alive (zombies do not count: in a container the
+/// orphaned children of a task may never be reaped by pid 1).
+pub fn group_has_live_members(pgid: u32) -> bool {
+    match std::fs::read_dir("/proc") {
+        Ok(entries) => entries.flatten().any(|entry| {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+                return false;
+            };
+            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Ok(stat) => matches!(parse_stat(&stat), Some((state, group)) if group == pgid && state != 'Z' && state != 'X'),
+                Err(_) => false,
+            }
+        }),
+        Err(_) => {
+            let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+                return false;
+            };
+            // SAFETY: signal 0 only checks for existence.
+            unsafe { libc::killpg(pgid, 0) == 0 }
+        }
+    }
+}
+
+/// True when the process exists and is not a zombie.
+pub fn process_is_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => matches!(parse_stat(&stat), Some((state, _)) if state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+/// (state, process group) from `/proc/PID/stat`: `pid (comm) S ppid pgrp ...`; comm may
+/// contain spaces and parentheses, so fields are counted after the last `)`.
+fn parse_stat(stat: &str) -> Option<(char, u32)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+/// `SIGTERM`, `SIGSEGV`, ... for messages; `signal N` for the rest.
+pub fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::timeout;
+
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn spec(dir: &Path, command: &str) -> LaunchSpec {
+        LaunchSpec {
+            command: command.to_string(),
+            sandbox: dir.join("box"),
+            env: vec![("GREETING".into(), "hello there".into())],
+            kill_grace: Duration::from_millis(500),
+        }
+    }
+
+    async fn run_to_end(spec: &LaunchSpec) -> ExitOutcome {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        launch(spec, 7u32, tx).unwrap();
+        let (tag, outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(tag, 7);
+        outcome
+    }
+
+    #[tokio::test]
+    async fn runs_in_the_sandbox_with_env_and_output_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(dir.path(), "echo \"$GREETING\" from $(pwd); echo oops >&2");
+        assert_eq!(run_to_end(&spec).await, ExitOutcome::Code(0));
+        let stdout = std::fs::read_to_string(spec.sandbox.join("stdout")).unwrap();
+        let sandbox = spec.sandbox.canonicalize().unwrap();
+        assert_eq!(stdout, format!("hello there from {}\n", sandbox.display()));
+        let stderr = std::fs::read_to_string(spec.sandbox.join("stderr")).unwrap();
+        assert_eq!(stderr, "oops\n");
+    }
+
+    #[tokio::test]
+    async fn reports_exit_codes_and_signals() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            run_to_end(&spec(dir.path(), "exit 3")).await,
+            ExitOutcome::Code(3)
+        );
+        assert_eq!(
+            run_to_end(&spec(dir.path(), "kill -SEGV $$")).await,
+            ExitOutcome::Signal(libc::SIGSEGV)
+        );
+        assert_eq!(signal_name(libc::SIGSEGV), "SIGSEGV");
+        assert_eq!(signal_name(200), "signal 200");
+    }
+
+    #[tokio::test]
+    async fn kill_ends_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(dir.path(), "sleep 100 & echo $! > bg.pid; sleep 100");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let handle = launch(&spec, (), tx).unwrap();
+        let pid_file = spec.sandbox.join("bg.pid");
+        let background: u32 = timeout(WAIT, async {
+            loop {
+                if let Some(pid) = std::fs::read_to_string(&pid_file)
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+                {
+                    break pid;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert!(process_is_alive(background));
+        assert!(group_has_live_members(handle.pid()));
+        handle.kill();
+        let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(outcome, ExitOutcome::Signal(libc::SIGTERM));
+        assert!(!process_is_alive(background), "background child survived");
+        assert!(!group_has_live_members(handle.pid()));
+    }
+
+    #[tokio::test]
+    async fn sigterm_ignorers_get_sigkill_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(
+            dir.path(),
+            "trap '' TERM; echo ready > ready; while :; do sleep 0.05; done",
+        );
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let handle = launch(&spec, (), tx).unwrap();
+        let ready = spec.sandbox.join("ready");
+        timeout(WAIT, async {
+            while !ready.exists() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap();
+        let started = std::time::Instant::now();
+        handle.kill();
+        let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(outcome, ExitOutcome::Signal(libc::SIGKILL));
+        assert!(started.elapsed() >= spec.kill_grace);
+        assert!(!group_has_live_members(handle.pid()));
+    }
+
+    #[tokio::test]
+    async fn leftovers_of_a_finished_task_are_cleaned_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(dir.path(), "sleep 100 & echo $! > bg.pid; exit 0");
+        assert_eq!(run_to_end(&spec).await, ExitOutcome::Code(0));
+        let pid: u32 = std::fs::read_to_string(spec.sandbox.join("bg.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(!process_is_alive(pid));
+    }
+
+    #[tokio::test]
+    async fn bad_env_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(dir.path(), "true");
+        spec.env.push(("A=B".into(), "x".into()));
+        let (tx, _rx) = mpsc::unbounded_channel::<((), ExitOutcome)>();
+        let err = launch(&spec, (), tx).unwrap_err();
+        assert!(err.to_string().contains("\"A=B\""), "{err}");
+    }
+
+    #[test]
+    fn parses_proc_stat_with_odd_names() {
+        let stat = "1234 (we (ir) d) S 1 1200 1200 0 -1 4194560";
+        assert_eq!(parse_stat(stat), Some(('S', 1200)));
+    }
+}

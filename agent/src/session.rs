@@ -1,0 +1,324 @@
+//! The connection loop: reach the master, register, serve, and start over when the link drops.
+//!
+//! Tasks keep running while the master is unreachable; their exits are recorded and their
+//! updates wait in the status queue until the next registration. Only a protocol version
+//! mismatch ends the loop with an error, because retrying cannot fix it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _};
+use ringmaster_proto::{
+    Connection, ConnectionError, ErrorCode, Hello, Message, Pong, PROTOCOL_VERSION,
+};
+use tokio::net::TcpStream;
+use tokio::time::{timeout, Instant};
+
+use crate::state::{AgentState, ExitReceiver};
+use crate::updates::STATUS_RETRY;
+
+/// First wait before reconnecting; it doubles up to the configured cap.
+pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest wait for the TCP connection, the `HelloAck` and the `AgentRegistered`.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Heartbeat interval when the master's `AgentRegistered` leaves it at 0.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+/// Extra time, beyond the kill grace, that shutdown waits for killed groups to be gone.
+const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
+/// How often due status updates are looked for.
+const RETRY_CHECK: Duration = Duration::from_millis(250);
+
+type MasterConnection = Connection<TcpStream>;
+
+/// Why a connection attempt or a served connection ended.
+enum Ended {
+    /// The shutdown future completed (with the connection, if one was open).
+    Shutdown(Option<MasterConnection>),
+    /// Worth another try after the backoff.
+    Retry(anyhow::Error),
+    /// Trying again cannot help.
+    Fatal(anyhow::Error),
+}
+
+/// Runs the agent until `shutdown` completes; see the crate docs for the protocol.
+pub async fn run_sessions<F: Future<Output = ()>>(
+    mut state: AgentState,
+    mut exits: ExitReceiver,
+    mut shutdown: Pin<&mut F>,
+) -> anyhow::Result<()> {
+    let mut backoff = INITIAL_BACKOFF;
+    let mut attempt: u64 = 0;
+    loop {
+        attempt += 1;
+        let ended = tokio::select! {
+            _ = shutdown.as_mut() => Ended::Shutdown(None),
+            r = establish(&state) => match r {
+                Ok((conn, assigned_id, heartbeat)) => {
+                    let previous = state.agent_id().to_string();
+                    if !previous.is_empty() && previous != assigned_id {
+                        tracing::warn!(requested = %previous, assigned = %assigned_id,
+                            "master assigned a different agent id");
+                    }
+                    state.set_agent_id(assigned_id.clone());
+                    save_agent_id(&state);
+                    tracing::info!(agent_id = %assigned_id, master = %state.config().master,
+                        heartbeat_ms = heartbeat.as_millis() as u64,
+                        running = state.running_processes(), unacknowledged = state.unacknowledged(),
+                        "registered with the master");
+                    backoff = INITIAL_BACKOFF;
+                    attempt = 0;
+                    serve(conn, &mut state, &mut exits, heartbeat, &mut shutdown).await
+                }
+                Err(ended) => ended,
+            },
+        };
+        match ended {
+            Ended::Shutdown(conn) => return shut_down(state, exits, conn).await,
+            Ended::Fatal(error) => {
+                tracing::error!("giving up: {error:#}");
+                state.kill_all_for_shutdown();
+                let _ = drain_exits(&mut state, &mut exits).await;
+                return Err(error);
+            }
+            Ended::Retry(error) => {
+                state.connection_lost();
+                tracing::warn!(attempt, retry_in_ms = backoff.as_millis() as u64,
+                    master = %state.config().master, "master unreachable: {error:#}");
+            }
+        }
+        // Wait out the backoff while still recording task exits.
+        let wake = Instant::now() + backoff;
+        loop {
+            tokio::select! {
+                _ = shutdown.as_mut() => return shut_down(state, exits, None).await,
+                _ = tokio::time::sleep_until(wake) => break,
+                Some((key, outcome)) = exits.recv() => {
+                    // Nobody to tell now; the updates wait in the queue.
+                    let _ = state.process_exited(key, outcome);
+                }
+            }
+        }
+        backoff = (backoff * 2).min(state.config().reconnect_max_backoff.max(INITIAL_BACKOFF));
+        tracing::debug!(master = %state.config().master, "reconnecting to the master");
+    }
+}
+
+/// Connects, says Hello and registers. Returns the connection, the agent id and the heartbeat
+/// interval the master chose.
+async fn establish(state: &AgentState) -> Result<(MasterConnection, String, Duration), Ended> {
+    let master = &state.config().master;
+    let stream = timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(master))
+        .await
+        .map_err(|_| Ended::Retry(anyhow!("connecting to {master} timed out")))?
+        .map_err(|e| Ended::Retry(anyhow!("cannot connect to {master}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    let mut conn = Connection::new(stream);
+    let retry = |e: ConnectionError| Ended::Retry(anyhow!("{e}"));
+    conn.send(Message::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client: format!("ringmaster-agent {}", env!("CARGO_PKG_VERSION")),
+    }))
+    .await
+    .map_err(retry)?;
+    match recv_handshake(&mut conn, "HelloAck").await? {
+        Message::HelloAck(ack) => {
+            tracing::debug!(master = %ack.master, version = ack.protocol_version, "handshake done");
+        }
+        other => return Err(unexpected(other, "HelloAck")),
+    }
+    conn.send(Message::RegisterAgent(state.register_message()))
+        .await
+        .map_err(retry)?;
+    match recv_handshake(&mut conn, "AgentRegistered").await? {
+        Message::AgentRegistered(registered) => {
+            if let Err(e) = crate::config::check_agent_id(&registered.agent_id) {
+                return Err(Ended::Retry(anyhow!(
+                    "master assigned an unusable agent id {:?}: {e}",
+                    registered.agent_id
+                )));
+            }
+            let heartbeat = match registered.heartbeat_interval_ms {
+                0 => DEFAULT_HEARTBEAT,
+                ms => Duration::from_millis(ms.max(10)),
+            };
+            Ok((conn, registered.agent_id, heartbeat))
+        }
+        other => Err(unexpected(other, "AgentRegistered")),
+    }
+}
+
+/// Waits for the master's next handshake answer, answering pings on the way.
+async fn recv_handshake(conn: &mut MasterConnection, expected: &str) -> Result<Message, Ended> {
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    loop {
+        let received = tokio::time::timeout_at(deadline, conn.recv())
+            .await
+            .map_err(|_| Ended::Retry(anyhow!("no {expected} from the master in time")))?;
+        match received {
+            Ok(Some(Message::Ping(ping))) => {
+                let _ = conn.send(Message::Pong(Pong { nonce: ping.nonce })).await;
+            }
+            Ok(Some(message)) => return Ok(message),
+            Ok(None) => {
+                return Err(Ended::Retry(anyhow!(
+                    "master closed the connection before {expected}"
+                )))
+            }
+            Err(e) => return Err(Ended::Retry(anyhow!("waiting for {expected}: {e}"))),
+        }
+    }
+}
+
+fn unexpected(message: Message, expected: &str) -> Ended {
+    match message {
+        Message::Error(error) if error.code == ErrorCode::VersionMismatch as i32 => {
+            Ended::Fatal(anyhow!(
+                "the master does not speak protocol version {PROTOCOL_VERSION} \
+                 (it supports {:?}): {}",
+                error.supported_versions,
+                error.message
+            ))
+        }
+        Message::Error(error) => Ended::Retry(anyhow!(
+            "master refused us with {}: {}",
+            error_code_name(error.code),
+            error.message
+        )),
+        other => Ended::Retry(anyhow!(
+            "expected {expected} from the master, got {}",
+            other.kind()
+        )),
+    }
+}
+
+fn error_code_name(code: i32) -> String {
+    ErrorCode::try_from(code)
+        .map(|c| c.as_str_name().to_string())
+        .unwrap_or_else(|_| format!("error code {code}"))
+}
+
+/// Serves one registered connection until it fails or shutdown is asked.
+async fn serve<F: Future<Output = ()>>(
+    mut conn: MasterConnection,
+    state: &mut AgentState,
+    exits: &mut ExitReceiver,
+    heartbeat_every: Duration,
+    shutdown: &mut Pin<&mut F>,
+) -> Ended {
+    let mut outbox = state.all_pending_updates();
+    outbox.push(state.heartbeat());
+    if let Err(e) = send_all(&mut conn, outbox).await {
+        return Ended::Retry(e);
+    }
+    let mut heartbeat = tokio::time::interval_at(Instant::now() + heartbeat_every, heartbeat_every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retry = tokio::time::interval(RETRY_CHECK);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let outbox = tokio::select! {
+            _ = shutdown.as_mut() => return Ended::Shutdown(Some(conn)),
+            received = conn.recv() => match received {
+                Ok(Some(message)) => handle_master_message(state, message),
+                Ok(None) => return Ended::Retry(anyhow!("the master closed the connection")),
+                Err(ConnectionError::UnknownMessage) => {
+                    tracing::warn!("ignoring a message of a kind this agent does not know");
+                    Vec::new()
+                }
+                Err(e) => return Ended::Retry(anyhow!("connection to the master failed: {e}")),
+            },
+            Some((key, outcome)) = exits.recv() => state.process_exited(key, outcome),
+            _ = heartbeat.tick() => vec![state.heartbeat()],
+            _ = retry.tick() => state.due_updates(STATUS_RETRY),
+        };
+        if let Err(e) = send_all(&mut conn, outbox).await {
+            return Ended::Retry(e);
+        }
+    }
+}
+
+/// What one message from the master asks of the agent, as messages to send back.
+fn handle_master_message(state: &mut AgentState, message: Message) -> Vec<Message> {
+    match message {
+        Message::Ping(ping) => vec![Message::Pong(Pong { nonce: ping.nonce })],
+        Message::Pong(_) => Vec::new(),
+        Message::RunTasks(run) => state.run_tasks(run),
+        Message::KillTask(kill) => state.kill_task(kill),
+        Message::StatusAck(ack) => {
+            state.acknowledged(&ack.update_id);
+            Vec::new()
+        }
+        Message::Error(error) => {
+            tracing::warn!(code = %error_code_name(error.code), "master reported an error: {}",
+                error.message);
+            Vec::new()
+        }
+        other => {
+            tracing::warn!(
+                kind = other.kind(),
+                "unexpected message from the master; ignored"
+            );
+            Vec::new()
+        }
+    }
+}
+
+async fn send_all(conn: &mut MasterConnection, messages: Vec<Message>) -> anyhow::Result<()> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    for message in messages {
+        conn.feed(message)
+            .await
+            .context("sending to the master failed")?;
+    }
+    conn.flush().await.context("sending to the master failed")
+}
+
+/// Kills every task, reports the KILLED updates if a connection is open, and returns.
+async fn shut_down(
+    mut state: AgentState,
+    mut exits: ExitReceiver,
+    conn: Option<MasterConnection>,
+) -> anyhow::Result<()> {
+    let killing = state.kill_all_for_shutdown();
+    tracing::info!(tasks = killing, "shutting down");
+    let outbox = drain_exits(&mut state, &mut exits).await;
+    if let Some(mut conn) = conn {
+        let mut messages = state.all_pending_updates();
+        if !outbox.is_empty() {
+            messages.push(state.heartbeat());
+        }
+        if let Err(e) = send_all(&mut conn, messages).await {
+            tracing::warn!("could not report the final updates: {e:#}");
+        }
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until every killed task's group is gone, recording the exits.
+async fn drain_exits(state: &mut AgentState, exits: &mut ExitReceiver) -> Vec<Message> {
+    let deadline = Instant::now() + state.config().kill_grace + SHUTDOWN_SLACK;
+    let mut out = Vec::new();
+    while state.running_processes() > 0 {
+        match tokio::time::timeout_at(deadline, exits.recv()).await {
+            Ok(Some((key, outcome))) => out.extend(state.process_exited(key, outcome)),
+            Ok(None) => break,
+            Err(_) => {
+                tracing::warn!(
+                    tasks = state.running_processes(),
+                    "tasks still running after the kill grace; leaving them"
+                );
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn save_agent_id(state: &AgentState) {
+    let path = state.config().work_dir.join(crate::AGENT_ID_FILE);
+    if let Err(e) = std::fs::write(&path, format!("{}\n", state.agent_id())) {
+        tracing::warn!(path = %path.display(), "cannot save the agent id: {e}");
+    }
+}

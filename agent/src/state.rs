@@ -1,0 +1,520 @@
+//! The agent's tasks and what each master request or process exit does to them.
+//!
+//! This is the agent's memory that outlives connections: which tasks run, what they hold, the
+//! status updates not yet acknowledged. Every method answers with the messages to send, so the
+//! session only moves bytes and this module can be reasoned about without a socket.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ringmaster_proto::resources::{format_milli, Resources};
+use ringmaster_proto::{
+    AgentHeartbeat, Attribute, KillTask, Message, RegisterAgent, RunTasks, StatusUpdate, TaskInfo,
+    TaskState, TaskStatus,
+};
+use tokio::sync::mpsc;
+
+use crate::config::AgentConfig;
+use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
+use crate::sandbox::sandbox_dir;
+use crate::updates::{unix_ms, StatusQueue};
+
+/// Status reasons the agent sends (machine-readable, see docs/protocol.md).
+pub mod reason {
+    /// The task's resources do not fit in the agent's free resources.
+    pub const INSUFFICIENT_RESOURCES: &str = "insufficient_resources";
+    /// The task could not be started (bad fields, sandbox or spawn failure); see the message.
+    pub const LAUNCH_FAILED: &str = "launch_failed";
+    /// The command exited with a non-zero status (`exit_code` is set).
+    pub const EXIT_STATUS: &str = "exit_status";
+    /// The command was ended by a signal the agent did not send; the message names it.
+    pub const SIGNAL: &str = "signal";
+    /// The agent lost track of the process (waiting for it failed).
+    pub const WAIT_FAILED: &str = "wait_failed";
+    /// KillTask without a reason.
+    pub const KILLED: &str = "killed";
+    /// The agent itself is shutting down.
+    pub const AGENT_SHUTDOWN: &str = "agent_shutdown";
+    /// KillTask for a task this agent does not know.
+    pub const UNKNOWN_TASK: &str = "unknown_task";
+}
+
+/// A task is identified by its framework and its id within the framework.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskKey {
+    pub framework_id: String,
+    pub task_id: String,
+}
+
+/// What the agent knows about one task.
+#[derive(Debug)]
+struct TaskRecord {
+    resources: Resources,
+    /// The latest status (as last issued).
+    status: TaskStatus,
+    /// Set once a kill was requested: the reason to report.
+    kill_reason: Option<String>,
+    process: Option<ProcessHandle>,
+}
+
+impl TaskRecord {
+    fn is_active(&self) -> bool {
+        !state_of(&self.status).is_terminal()
+    }
+}
+
+fn state_of(status: &TaskStatus) -> TaskState {
+    TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified)
+}
+
+/// Process exits, tagged with their task.
+pub type ExitReceiver = mpsc::UnboundedReceiver<(TaskKey, ExitOutcome)>;
+
+/// The agent's tasks, resources and unacknowledged updates.
+#[derive(Debug)]
+pub struct AgentState {
+    config: AgentConfig,
+    agent_id: String,
+    tasks: BTreeMap<TaskKey, TaskRecord>,
+    updates: StatusQueue,
+    exits_tx: mpsc::UnboundedSender<(TaskKey, ExitOutcome)>,
+}
+
+impl AgentState {
+    /// A state with no tasks; exits of launched processes arrive on the returned receiver and
+    /// must be fed back through [`AgentState::process_exited`].
+    pub fn new(config: AgentConfig, agent_id: String) -> (Self, ExitReceiver) {
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        let state = AgentState {
+            config,
+            agent_id,
+            tasks: BTreeMap::new(),
+            updates: StatusQueue::new(unix_ms()),
+            exits_tx,
+        };
+        (state, exits_rx)
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// The current agent id (empty until the master assigned one).
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    pub fn set_agent_id(&mut self, id: String) {
+        self.agent_id = id;
+    }
+
+    /// Total minus what non-terminal tasks hold.
+    pub fn free(&self) -> Resources {
+        self.tasks
+            .values()
+            .filter(|t| t.is_active())
+            .fold(self.config.resources.clone(), |free, t| {
+                free.saturating_sub(&t.resources)
+            })
+    }
+
+    /// Number of tasks whose process still runs.
+    pub fn running_processes(&self) -> usize {
+        self.tasks.values().filter(|t| t.process.is_some()).count()
+    }
+
+    /// Number of status updates waiting for an ack.
+    pub fn unacknowledged(&self) -> usize {
+        self.updates.len()
+    }
+
+    /// Statuses of non-terminal tasks, without update ids (they need no ack).
+    fn active_statuses(&self) -> Vec<TaskStatus> {
+        self.tasks
+            .values()
+            .filter(|t| t.is_active())
+            .map(|t| TaskStatus {
+                update_id: String::new(),
+                ..t.status.clone()
+            })
+            .collect()
+    }
+
+    /// The registration message: who we are, what we have, what still runs.
+    pub fn register_message(&self) -> RegisterAgent {
+        RegisterAgent {
+            agent_id: self.agent_id.clone(),
+            hostname: self.config.hostname.clone(),
+            total: Some(self.config.resources.to_wire()),
+            attributes: self
+                .config
+                .attributes
+                .iter()
+                .map(|(key, value)| Attribute {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            tasks: self.active_statuses(),
+        }
+    }
+
+    pub fn heartbeat(&self) -> Message {
+        Message::AgentHeartbeat(AgentHeartbeat {
+            agent_id: self.agent_id.clone(),
+            free: Some(self.free().to_wire()),
+            tasks: self.active_statuses(),
+        })
+    }
+
+    /// Every unacknowledged update, oldest first (sent right after registering).
+    pub fn all_pending_updates(&mut self) -> Vec<Message> {
+        self.updates.take_all().into_iter().map(update).collect()
+    }
+
+    /// Unacknowledged updates due for a resend.
+    pub fn due_updates(&mut self, retry: Duration) -> Vec<Message> {
+        self.updates
+            .take_due(tokio::time::Instant::now(), retry)
+            .into_iter()
+            .map(update)
+            .collect()
+    }
+
+    /// After a disconnect: everything unacknowledged goes out again on the next connection.
+    pub fn connection_lost(&mut self) {
+        self.updates.mark_unsent();
+    }
+
+    /// Launches each task (or reports why not), then one heartbeat.
+    pub fn run_tasks(&mut self, run: RunTasks) -> Vec<Message> {
+        let mut out = Vec::new();
+        for info in run.tasks {
+            self.run_task(info, &mut out);
+        }
+        out.push(self.heartbeat());
+        out
+    }
+
+    fn run_task(&mut self, info: TaskInfo, out: &mut Vec<Message>) {
+        let key = TaskKey {
+            framework_id: info.framework_id.clone(),
+            task_id: info.task_id.clone(),
+        };
+        if self.tasks.contains_key(&key) {
+            tracing::info!(task = %key.task_id, framework = %key.framework_id,
+                "task already known; resending its status");
+            self.resend_status(&key, out);
+            return;
+        }
+        let blank = TaskStatus {
+            task_id: key.task_id.clone(),
+            framework_id: key.framework_id.clone(),
+            agent_id: self.agent_id.clone(),
+            ..Default::default()
+        };
+        let resources = match Resources::from_wire(info.resources.as_ref()) {
+            Ok(r) => r,
+            Err(e) => {
+                let message = format!("invalid resources: {e}");
+                return self.refuse(
+                    key,
+                    Resources::new(),
+                    blank,
+                    reason::LAUNCH_FAILED,
+                    message,
+                    out,
+                );
+            }
+        };
+        if key.task_id.is_empty() {
+            let message = "the task id is empty".to_string();
+            return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
+        }
+        if info.command.trim().is_empty() {
+            let message = "the command is empty".to_string();
+            return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
+        }
+        let free = self.free();
+        if !free.contains(&resources) {
+            let short: Vec<String> = free
+                .shortfalls(&resources)
+                .map(|name| {
+                    format!(
+                        "{name}: need {}, free {}",
+                        format_milli(resources.milli(name)),
+                        format_milli(free.milli(name))
+                    )
+                })
+                .collect();
+            let message = format!("not enough free resources ({})", short.join(", "));
+            return self.refuse(
+                key,
+                resources,
+                blank,
+                reason::INSUFFICIENT_RESOURCES,
+                message,
+                out,
+            );
+        }
+        let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
+        let mut env = vec![
+            ("RINGMASTER_TASK_ID".to_string(), key.task_id.clone()),
+            (
+                "RINGMASTER_FRAMEWORK_ID".to_string(),
+                key.framework_id.clone(),
+            ),
+            ("RINGMASTER_AGENT_ID".to_string(), self.agent_id.clone()),
+            ("RINGMASTER_RESOURCES".to_string(), resources.to_string()),
+            (
+                "RINGMASTER_SANDBOX".to_string(),
+                sandbox.to_string_lossy().into_owned(),
+            ),
+        ];
+        env.extend(info.env.iter().map(|a| (a.key.clone(), a.value.clone())));
+        let spec = LaunchSpec {
+            command: info.command.clone(),
+            sandbox: sandbox.clone(),
+            env,
+            kill_grace: self.config.kill_grace,
+        };
+        match process::launch(&spec, key.clone(), self.exits_tx.clone()) {
+            Ok(handle) => {
+                tracing::info!(task = %key.task_id, framework = %key.framework_id,
+                    pid = handle.pid(), resources = %resources, sandbox = %sandbox.display(),
+                    "launched task");
+                let status = TaskStatus {
+                    state: TaskState::TaskRunning as i32,
+                    message: format!("pid {}", handle.pid()),
+                    ..blank
+                };
+                let status = self.issue(status, out);
+                self.tasks.insert(
+                    key,
+                    TaskRecord {
+                        resources,
+                        status,
+                        kill_reason: None,
+                        process: Some(handle),
+                    },
+                );
+            }
+            Err(e) => {
+                let message = e.to_string();
+                self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
+            }
+        }
+    }
+
+    /// Records a task that never ran as FAILED, so a repeated RunTasks gets the same answer.
+    fn refuse(
+        &mut self,
+        key: TaskKey,
+        resources: Resources,
+        blank: TaskStatus,
+        why: &str,
+        message: String,
+        out: &mut Vec<Message>,
+    ) {
+        tracing::warn!(task = %key.task_id, framework = %key.framework_id, reason = why,
+            "task not launched: {message}");
+        let status = TaskStatus {
+            state: TaskState::TaskFailed as i32,
+            reason: why.to_string(),
+            message,
+            ..blank
+        };
+        let status = self.issue(status, out);
+        self.tasks.insert(
+            key,
+            TaskRecord {
+                resources,
+                status,
+                kill_reason: None,
+                process: None,
+            },
+        );
+    }
+
+    /// Re-sends what is pending for a task, or, when everything was acked, its current status
+    /// under a fresh update id.
+    fn resend_status(&mut self, key: &TaskKey, out: &mut Vec<Message>) {
+        let pending = self.updates.take_for_task(&key.framework_id, &key.task_id);
+        if !pending.is_empty() {
+            out.extend(pending.into_iter().map(update));
+            return;
+        }
+        if let Some(record) = self.tasks.get(key) {
+            let status = TaskStatus {
+                timestamp_ms: 0,
+                ..record.status.clone()
+            };
+            let issued = self.issue(status, out);
+            if let Some(record) = self.tasks.get_mut(key) {
+                record.status = issued;
+            }
+        }
+    }
+
+    /// Starts killing a task's process group; KILLED is reported when the group is gone.
+    pub fn kill_task(&mut self, kill: KillTask) -> Vec<Message> {
+        let mut out = Vec::new();
+        let reason = if kill.reason.is_empty() {
+            reason::KILLED.to_string()
+        } else {
+            kill.reason
+        };
+        let key = self.find_task(&kill.framework_id, &kill.task_id);
+        let Some(key) = key else {
+            tracing::warn!(task = %kill.task_id, framework = %kill.framework_id,
+                "kill for an unknown task; reporting it LOST");
+            let status = TaskStatus {
+                task_id: kill.task_id.clone(),
+                framework_id: kill.framework_id.clone(),
+                agent_id: self.agent_id.clone(),
+                state: TaskState::TaskLost as i32,
+                reason: reason::UNKNOWN_TASK.to_string(),
+                message: format!("no task `{}` on this agent", kill.task_id),
+                ..Default::default()
+            };
+            self.issue(status, &mut out);
+            return out;
+        };
+        let Some(record) = self.tasks.get_mut(&key) else {
+            return out;
+        };
+        match &record.process {
+            Some(process) if record.kill_reason.is_none() => {
+                tracing::info!(task = %key.task_id, framework = %key.framework_id,
+                    pid = process.pid(), reason = %reason, "killing task");
+                record.kill_reason = Some(reason);
+                process.kill();
+            }
+            Some(_) => tracing::info!(task = %key.task_id, "task is already being killed"),
+            None => self.resend_status(&key, &mut out),
+        }
+        out
+    }
+
+    /// The task a KillTask names; an empty framework id matches any framework.
+    fn find_task(&self, framework_id: &str, task_id: &str) -> Option<TaskKey> {
+        let exact = TaskKey {
+            framework_id: framework_id.to_string(),
+            task_id: task_id.to_string(),
+        };
+        if self.tasks.contains_key(&exact) {
+            return Some(exact);
+        }
+        if framework_id.is_empty() {
+            return self.tasks.keys().find(|k| k.task_id == task_id).cloned();
+        }
+        None
+    }
+
+    /// A task's process group is gone: report its terminal state, then one heartbeat.
+    pub fn process_exited(&mut self, key: TaskKey, outcome: ExitOutcome) -> Vec<Message> {
+        let mut out = Vec::new();
+        let Some(record) = self.tasks.get_mut(&key) else {
+            tracing::warn!(task = %key.task_id, "exit of a task no longer tracked");
+            return out;
+        };
+        record.process = None;
+        let mut status = TaskStatus {
+            reason: String::new(),
+            message: String::new(),
+            exit_code: None,
+            update_id: String::new(),
+            timestamp_ms: 0,
+            ..record.status.clone()
+        };
+        let how = match &outcome {
+            ExitOutcome::Code(code) => {
+                status.exit_code = Some(*code);
+                format!("exited with status {code}")
+            }
+            ExitOutcome::Signal(signal) => {
+                format!("killed by {} ({signal})", process::signal_name(*signal))
+            }
+            ExitOutcome::WaitFailed(e) => format!("waiting for the process failed: {e}"),
+        };
+        let state = match (&record.kill_reason, &outcome) {
+            (Some(why), _) => {
+                status.reason = why.clone();
+                TaskState::TaskKilled
+            }
+            (None, ExitOutcome::Code(0)) => TaskState::TaskFinished,
+            (None, ExitOutcome::Code(_)) => {
+                status.reason = reason::EXIT_STATUS.to_string();
+                TaskState::TaskFailed
+            }
+            (None, ExitOutcome::Signal(_)) => {
+                status.reason = reason::SIGNAL.to_string();
+                TaskState::TaskFailed
+            }
+            (None, ExitOutcome::WaitFailed(_)) => {
+                status.reason = reason::WAIT_FAILED.to_string();
+                TaskState::TaskFailed
+            }
+        };
+        status.state = state as i32;
+        status.message = how;
+        tracing::info!(task = %key.task_id, framework = %key.framework_id,
+            state = state.short_name(), reason = %status.reason, "task {}", status.message);
+        let status = self.issue(status, &mut out);
+        if let Some(record) = self.tasks.get_mut(&key) {
+            record.status = status;
+        }
+        out.push(self.heartbeat());
+        out
+    }
+
+    /// The master received an update: forget it, and forget a terminal task with nothing
+    /// left to deliver.
+    pub fn acknowledged(&mut self, update_id: &str) {
+        let Some(status) = self.updates.ack(update_id) else {
+            tracing::debug!(update_id, "ack for an update not pending (already acked?)");
+            return;
+        };
+        let key = TaskKey {
+            framework_id: status.framework_id,
+            task_id: status.task_id,
+        };
+        let done = self.tasks.get(&key).is_some_and(|t| !t.is_active())
+            && !self
+                .updates
+                .has_pending_for(&key.framework_id, &key.task_id);
+        if done {
+            tracing::debug!(task = %key.task_id, "terminal update acknowledged; task forgotten");
+            self.tasks.remove(&key);
+        }
+    }
+
+    /// Starts killing every running task for shutdown; returns how many were asked to die.
+    pub fn kill_all_for_shutdown(&mut self) -> usize {
+        let mut count = 0;
+        for (key, record) in &mut self.tasks {
+            if let Some(process) = &record.process {
+                if record.kill_reason.is_none() {
+                    record.kill_reason = Some(reason::AGENT_SHUTDOWN.to_string());
+                }
+                tracing::info!(task = %key.task_id, pid = process.pid(), "killing task for shutdown");
+                process.kill();
+                count += 1;
+            }
+        }
+        count
+    }
+
+    fn issue(&mut self, mut status: TaskStatus, out: &mut Vec<Message>) -> TaskStatus {
+        status.agent_id = self.agent_id.clone();
+        let issued = self.updates.issue(status);
+        out.push(update(issued.clone()));
+        issued
+    }
+}
+
+fn update(status: TaskStatus) -> Message {
+    Message::StatusUpdate(StatusUpdate {
+        status: Some(status),
+    })
+}
