@@ -91,7 +91,10 @@ impl LocalCluster {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                anyhow::bail!("only {} of {n} local agents registered within 20 s", snapshot.agents.len());
+                anyhow::bail!(
+                    "only {} of {n} local agents registered within 20 s",
+                    snapshot.agents.len()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -161,6 +164,7 @@ async fn demo(cluster: &LocalCluster) -> anyhow::Result<()> {
             failover_timeout: Duration::from_secs(10),
             framework_id: None,
             reconnect_max_backoff: Duration::from_secs(2),
+            give_up_after: Some(Duration::from_secs(30)),
         };
         let scheduler = DemoScheduler {
             resources: Resources::parse(plan.resources)?,
@@ -194,7 +198,10 @@ async fn demo(cluster: &LocalCluster) -> anyhow::Result<()> {
     .await
     .context("the demo frameworks did not finish within 120 s")?;
     println!();
-    println!("{:<10} {:>6} {:>9} {:>7} {:>12}", "FRAMEWORK", "TASKS", "FINISHED", "FAILED", "PEAK SHARE");
+    println!(
+        "{:<10} {:>6} {:>9} {:>7} {:>12}",
+        "FRAMEWORK", "TASKS", "FINISHED", "FAILED", "PEAK SHARE"
+    );
     let mut ok = true;
     for result in finished {
         let scheduler = result.context("demo framework panicked")??;

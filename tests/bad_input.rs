@@ -21,8 +21,11 @@ async fn bystanders(master: &ringmaster::master::Master) -> Bystanders {
     fw.demand("cpus:1;mem:128", 1).await;
     let offer = fw.expect_offers().await.remove(0);
     fw.demand("cpus:1;mem:128", 0).await;
-    fw.accept(&offer.offer_id, vec![task("keep", "cpus:1;mem:128", "sleep 100")])
-        .await;
+    fw.accept(
+        &offer.offer_id,
+        vec![task("keep", "cpus:1;mem:128", "sleep 100")],
+    )
+    .await;
     let task = agent.expect_run().await.remove(0);
     agent.report(&task, TaskState::TaskRunning, "k1").await;
     fw.expect_state("keep", TaskState::TaskRunning).await;
@@ -83,7 +86,9 @@ async fn every_bad_input_closes_only_its_own_connection() {
     carry_on(&master, &mut b, 1).await;
 
     // A frame over the limit.
-    let e = raw(&master, &(10_000_000u32).to_be_bytes()).await.expect("error sent");
+    let e = raw(&master, &(10_000_000u32).to_be_bytes())
+        .await
+        .expect("error sent");
     assert_eq!(e.code, ErrorCode::BadFrame as i32);
     assert!(e.message.contains("65536"), "{}", e.message);
     carry_on(&master, &mut b, 2).await;
@@ -102,7 +107,9 @@ async fn every_bad_input_closes_only_its_own_connection() {
     carry_on(&master, &mut b, 3).await;
 
     // An unknown message (an envelope field this build does not know).
-    let e = raw(&master, &frame(&[0x98, 0x06, 0x01])).await.expect("error sent");
+    let e = raw(&master, &frame(&[0x98, 0x06, 0x01]))
+        .await
+        .expect("error sent");
     assert_eq!(e.code, ErrorCode::UnknownMessage as i32);
     carry_on(&master, &mut b, 4).await;
 
@@ -133,8 +140,10 @@ async fn every_bad_input_closes_only_its_own_connection() {
 
     // An agent message on a framework connection.
     let mut f = Client::framework(master.addr(), "confused").await;
-    f.send(Message::AgentHeartbeat(ringmaster_proto::AgentHeartbeat::default()))
-        .await;
+    f.send(Message::AgentHeartbeat(
+        ringmaster_proto::AgentHeartbeat::default(),
+    ))
+    .await;
     let e = f.expect_closed().await.expect("error sent");
     assert_eq!(e.code, ErrorCode::UnexpectedMessage as i32);
     carry_on(&master, &mut b, 7).await;
@@ -158,7 +167,11 @@ async fn every_bad_input_closes_only_its_own_connection() {
     c.send(Message::RegisterAgent(ringmaster_proto::RegisterAgent {
         agent_id: "steady".into(),
         hostname: "evil".into(),
-        total: Some(ringmaster_proto::resources::Resources::parse("cpus:1").unwrap().to_wire()),
+        total: Some(
+            ringmaster_proto::resources::Resources::parse("cpus:1")
+                .unwrap()
+                .to_wire(),
+        ),
         ..Default::default()
     }))
     .await;
@@ -173,8 +186,14 @@ async fn every_bad_input_closes_only_its_own_connection() {
         hostname: "dup".into(),
         total: Some(ringmaster_proto::Resources {
             scalars: vec![
-                ringmaster_proto::Scalar { name: "cpus".into(), milli: 1 },
-                ringmaster_proto::Scalar { name: "cpus".into(), milli: 2 },
+                ringmaster_proto::Scalar {
+                    name: "cpus".into(),
+                    milli: 1,
+                },
+                ringmaster_proto::Scalar {
+                    name: "cpus".into(),
+                    milli: 2,
+                },
             ],
         }),
         ..Default::default()

@@ -10,10 +10,15 @@ async fn run_one(fw: &mut Client, agent: &mut Client, id: &str) -> ringmaster_pr
     fw.demand("cpus:1;mem:128", 1).await;
     let offer = fw.expect_offers().await.remove(0);
     fw.demand("cpus:1;mem:128", 0).await;
-    fw.accept(&offer.offer_id, vec![task(id, "cpus:1;mem:128", "sleep 100")])
-        .await;
+    fw.accept(
+        &offer.offer_id,
+        vec![task(id, "cpus:1;mem:128", "sleep 100")],
+    )
+    .await;
     let run = agent.expect_run().await.remove(0);
-    agent.report(&run, TaskState::TaskRunning, &format!("{id}-running")).await;
+    agent
+        .report(&run, TaskState::TaskRunning, &format!("{id}-running"))
+        .await;
     fw.expect_state(id, TaskState::TaskRunning).await;
     run
 }
@@ -50,9 +55,13 @@ async fn a_lost_agent_that_returns_is_reconciled_not_duplicated() {
     fw.expect_state("t1", TaskState::TaskLost).await;
     drop(agent);
     // It comes back under its id, still running t1.
-    let mut back =
-        Client::agent_with_tasks(master.addr(), "flaky", "cpus:2;mem:1024", vec![running(&t1)])
-            .await;
+    let mut back = Client::agent_with_tasks(
+        master.addr(),
+        "flaky",
+        "cpus:2;mem:1024",
+        vec![running(&t1)],
+    )
+    .await;
     assert_eq!(back.id, "flaky");
     let again = fw.expect_state("t1", TaskState::TaskRunning).await;
     assert_eq!(again.reason, "agent_reregistered");
@@ -125,7 +134,10 @@ async fn framework_failover_within_the_timeout_keeps_tasks_and_redelivers_update
     let t1 = run_one(&mut fw, &mut agent, "t1").await;
     let id = fw.id.clone();
     drop(fw);
-    wait_for_state(&master, "framework disconnected", |s| !s.frameworks[0].connected).await;
+    wait_for_state(&master, "framework disconnected", |s| {
+        !s.frameworks[0].connected
+    })
+    .await;
     // While it is away the task finishes; the update waits for it.
     agent.report(&t1, TaskState::TaskFinished, "t1-done").await;
     let mut fw = Client::framework_with(master.addr(), "phoenix", &id, 1.0, 30.0).await;
@@ -175,7 +187,8 @@ async fn teardown_kills_tasks_and_removes_the_framework() {
     let mut agent = Client::agent(master.addr(), "a", "cpus:2;mem:1024").await;
     let mut fw = Client::framework(master.addr(), "done").await;
     run_one(&mut fw, &mut agent, "t1").await;
-    fw.send(Message::Teardown(ringmaster_proto::Teardown {})).await;
+    fw.send(Message::Teardown(ringmaster_proto::Teardown {}))
+        .await;
     let kill = agent
         .expect("KillTask", |m| match m {
             Message::KillTask(k) => Some(k.clone()),

@@ -16,8 +16,11 @@ async fn full_cycle_offer_accept_running_finished() {
     assert_eq!(offers.len(), 1);
     assert_eq!(offers[0].agent_id, agent.id);
     assert_eq!(offered(&offers[0]).to_string(), "cpus:4;mem:8192");
-    fw.accept(&offers[0].offer_id, vec![task("t1", "cpus:1;mem:512", "true")])
-        .await;
+    fw.accept(
+        &offers[0].offer_id,
+        vec![task("t1", "cpus:1;mem:512", "true")],
+    )
+    .await;
     let run = agent.expect_run().await;
     assert_eq!(run.len(), 1);
     assert_eq!(run[0].framework_id, fw.id);
@@ -151,11 +154,18 @@ async fn unanswered_offers_time_out_and_are_rescinded() {
     assert_eq!(rescinded.offer_id, offer.offer_id);
     assert_eq!(rescinded.reason, "offer_timeout");
     // Accepting the stale offer now is refused and launches nothing.
-    fw.accept(&offer.offer_id, vec![task("late", "cpus:1;mem:128", "true")])
-        .await;
+    fw.accept(
+        &offer.offer_id,
+        vec![task("late", "cpus:1;mem:128", "true")],
+    )
+    .await;
     let error = fw.expect_error().await;
     assert_eq!(error.code, ErrorCode::InvalidOffer as i32);
-    assert!(error.message.contains("unknown or expired"), "{}", error.message);
+    assert!(
+        error.message.contains("unknown or expired"),
+        "{}",
+        error.message
+    );
     // The agent is offered again.
     let again = fw.expect_offers().await;
     assert_eq!(again[0].agent_id, "a");
@@ -174,7 +184,10 @@ async fn invalid_accepts_launch_nothing() {
     let cases: Vec<(Vec<ringmaster_proto::TaskInfo>, &str)> = vec![
         (vec![task("big", "cpus:3;mem:128", "true")], "short of cpus"),
         (
-            vec![task("d", "cpus:0.5;mem:128", "true"), task("d", "cpus:0.5;mem:128", "true")],
+            vec![
+                task("d", "cpus:0.5;mem:128", "true"),
+                task("d", "cpus:0.5;mem:128", "true"),
+            ],
             "appears twice",
         ),
         (vec![task("e", "cpus:1;mem:128", "  ")], "empty command"),
@@ -186,18 +199,34 @@ async fn invalid_accepts_launch_nothing() {
         let offer = fw.expect_offers().await.remove(0);
         fw.accept(&offer.offer_id, tasks).await;
         let error = fw.expect_error().await;
-        assert_eq!(error.code, ErrorCode::InvalidTask as i32, "{}", error.message);
-        assert!(error.message.contains(expected), "{expected}: {}", error.message);
+        assert_eq!(
+            error.code,
+            ErrorCode::InvalidTask as i32,
+            "{}",
+            error.message
+        );
+        assert!(
+            error.message.contains(expected),
+            "{expected}: {}",
+            error.message
+        );
         assert!(error.message.contains("nothing launched"));
     }
     // Another framework may not use this framework's offer.
     let offer = fw.expect_offers().await.remove(0);
     other
-        .accept(&offer.offer_id, vec![task("steal", "cpus:1;mem:128", "true")])
+        .accept(
+            &offer.offer_id,
+            vec![task("steal", "cpus:1;mem:128", "true")],
+        )
         .await;
     let error = other.expect_error().await;
     assert_eq!(error.code, ErrorCode::InvalidOffer as i32);
-    assert!(error.message.contains("another framework"), "{}", error.message);
+    assert!(
+        error.message.contains("another framework"),
+        "{}",
+        error.message
+    );
     // Unknown offer.
     fw.accept("no-such-offer", vec![task("z", "cpus:1;mem:128", "true")])
         .await;
@@ -217,7 +246,10 @@ async fn leftover_of_an_accepted_offer_returns_at_once() {
     let offer = first.expect_offers().await.remove(0);
     first.demand("cpus:1;mem:1024", 0).await;
     first
-        .accept(&offer.offer_id, vec![task("t", "cpus:1;mem:1024", "sleep 100")])
+        .accept(
+            &offer.offer_id,
+            vec![task("t", "cpus:1;mem:1024", "sleep 100")],
+        )
         .await;
     agent.expect_run().await;
     // The rest of the agent is offered to a second framework.
@@ -234,8 +266,11 @@ async fn kill_reaches_the_agent_and_the_framework_hears_killed() {
     let mut fw = Client::framework(master.addr(), "killer").await;
     fw.demand("cpus:1;mem:128", 1).await;
     let offer = fw.expect_offers().await.remove(0);
-    fw.accept(&offer.offer_id, vec![task("victim", "cpus:1;mem:128", "sleep 100")])
-        .await;
+    fw.accept(
+        &offer.offer_id,
+        vec![task("victim", "cpus:1;mem:128", "sleep 100")],
+    )
+    .await;
     let run = agent.expect_run().await;
     agent.report(&run[0], TaskState::TaskRunning, "u1").await;
     fw.expect_state("victim", TaskState::TaskRunning).await;
@@ -270,8 +305,11 @@ async fn explicit_and_implicit_reconciliation() {
     let mut fw = Client::framework(master.addr(), "reconciler").await;
     fw.demand("cpus:1;mem:128", 1).await;
     let offer = fw.expect_offers().await.remove(0);
-    fw.accept(&offer.offer_id, vec![task("t1", "cpus:1;mem:128", "sleep 100")])
-        .await;
+    fw.accept(
+        &offer.offer_id,
+        vec![task("t1", "cpus:1;mem:128", "sleep 100")],
+    )
+    .await;
     let run = agent.expect_run().await;
     agent.report(&run[0], TaskState::TaskRunning, "u1").await;
     fw.expect_state("t1", TaskState::TaskRunning).await;
@@ -284,7 +322,10 @@ async fn explicit_and_implicit_reconciliation() {
         task_ids: vec!["t1".into(), "nope".into()],
     }))
     .await;
-    assert_eq!(fw.expect_update("t1").await.state, TaskState::TaskRunning as i32);
+    assert_eq!(
+        fw.expect_update("t1").await.state,
+        TaskState::TaskRunning as i32
+    );
     let unknown = fw.expect_update("nope").await;
     assert_eq!(unknown.state, TaskState::TaskLost as i32);
     assert_eq!(unknown.reason, "reconciliation");
@@ -304,13 +345,19 @@ async fn status_updates_are_resent_until_acknowledged() {
     // Do not acknowledge: the same update comes again.
     let first = fw
         .expect("FINISHED", |m| match m {
-            Message::Update(u) => u.status.clone().filter(|s| s.state == TaskState::TaskFinished as i32),
+            Message::Update(u) => u
+                .status
+                .clone()
+                .filter(|s| s.state == TaskState::TaskFinished as i32),
             _ => None,
         })
         .await;
     let again = fw
         .expect("FINISHED again", |m| match m {
-            Message::Update(u) => u.status.clone().filter(|s| s.state == TaskState::TaskFinished as i32),
+            Message::Update(u) => u
+                .status
+                .clone()
+                .filter(|s| s.state == TaskState::TaskFinished as i32),
             _ => None,
         })
         .await;

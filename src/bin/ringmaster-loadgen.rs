@@ -23,7 +23,10 @@ use ringmaster_proto::{
 use tokio::net::TcpStream;
 
 #[derive(Parser)]
-#[command(name = "ringmaster-loadgen", about = "Load generator for a Ringmaster master")]
+#[command(
+    name = "ringmaster-loadgen",
+    about = "Load generator for a Ringmaster master"
+)]
 struct Args {
     /// The master's protocol address.
     #[arg(long, default_value = "127.0.0.1:5050")]
@@ -192,12 +195,19 @@ async fn sim_framework(
                 conn.flush().await?;
             }
             Message::Update(update) => {
-                let Some(status) = update.status else { continue };
+                let Some(status) = update.status else {
+                    continue;
+                };
                 if status.state == TaskState::TaskFinished as i32 {
                     result.finished += 1;
                     result.last_finish = Some(Instant::now());
                 } else if TaskState::try_from(status.state).is_ok_and(|s| s.is_terminal()) {
-                    bail!("task {} ended {:?}: {}", status.task_id, status.state, status.message);
+                    bail!(
+                        "task {} ended {:?}: {}",
+                        status.task_id,
+                        status.state,
+                        status.message
+                    );
                 }
                 if !status.update_id.is_empty() {
                     conn.feed(Message::StatusAck(StatusAck {
@@ -213,7 +223,8 @@ async fn sim_framework(
             _ => {}
         }
     }
-    conn.send(Message::Teardown(ringmaster_proto::Teardown {})).await?;
+    conn.send(Message::Teardown(ringmaster_proto::Teardown {}))
+        .await?;
     Ok(result)
 }
 

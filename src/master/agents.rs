@@ -75,18 +75,21 @@ impl MasterState {
         }
         let key = self.cluster.add_agent(total.clone());
         self.agent_by_key.insert(key, id.clone());
-        let record = self.agents.entry(id.clone()).or_insert_with(|| AgentRecord {
-            id: id.clone(),
-            hostname: String::new(),
-            attributes: Vec::new(),
-            total: Resources::new(),
-            reported_free: Resources::new(),
-            key: None,
-            conn: None,
-            last_heartbeat: now,
-            tasks: HashSet::new(),
-            lost: false,
-        });
+        let record = self
+            .agents
+            .entry(id.clone())
+            .or_insert_with(|| AgentRecord {
+                id: id.clone(),
+                hostname: String::new(),
+                attributes: Vec::new(),
+                total: Resources::new(),
+                reported_free: Resources::new(),
+                key: None,
+                conn: None,
+                last_heartbeat: now,
+                tasks: HashSet::new(),
+                lost: false,
+            });
         record.hostname = register.hostname.clone();
         record.attributes = attributes;
         record.total = total.clone();
@@ -249,8 +252,7 @@ impl MasterState {
             tracing::debug!(task = %status.task_id, "status for an unknown task ignored");
             return;
         };
-        if task.agent != agent_id || task.state.is_terminal() || state == TaskState::Unspecified
-        {
+        if task.agent != agent_id || task.state.is_terminal() || state == TaskState::Unspecified {
             return;
         }
         if state.is_terminal() {

@@ -271,7 +271,12 @@ impl MasterState {
         }
     }
 
-    pub(crate) fn framework_disconnected(&mut self, framework_id: &str, conn: ConnId, now: Instant) {
+    pub(crate) fn framework_disconnected(
+        &mut self,
+        framework_id: &str,
+        conn: ConnId,
+        now: Instant,
+    ) {
         let Some(fw) = self.frameworks.get_mut(framework_id) else {
             return;
         };

@@ -209,7 +209,13 @@ impl MasterState {
         any
     }
 
-    pub(crate) fn decline(&mut self, conn: ConnId, framework_id: &str, decline: Decline, now: Instant) {
+    pub(crate) fn decline(
+        &mut self,
+        conn: ConnId,
+        framework_id: &str,
+        decline: Decline,
+        now: Instant,
+    ) {
         let refuse = if decline.refuse_seconds.is_finite() && decline.refuse_seconds > 0.0 {
             Duration::from_secs_f64(decline.refuse_seconds.min(365.0 * 24.0 * 3600.0))
         } else {
@@ -240,7 +246,13 @@ impl MasterState {
         self.request_allocation(now);
     }
 
-    pub(crate) fn accept(&mut self, conn: ConnId, framework_id: &str, accept: Accept, now: Instant) {
+    pub(crate) fn accept(
+        &mut self,
+        conn: ConnId,
+        framework_id: &str,
+        accept: Accept,
+        now: Instant,
+    ) {
         let offer_id = accept.offer_id.clone();
         match self.offers.get(&offer_id) {
             None => {
@@ -254,7 +266,9 @@ impl MasterState {
                 return self.send_error(
                     conn,
                     ErrorCode::InvalidOffer,
-                    format!("Accept: offer {offer_id} belongs to another framework; nothing launched"),
+                    format!(
+                        "Accept: offer {offer_id} belongs to another framework; nothing launched"
+                    ),
                 )
             }
             Some(_) => {}
@@ -335,7 +349,12 @@ impl MasterState {
             if id.is_empty() {
                 return Err("a task has an empty task_id".into());
             }
-            if id.len() > 256 || id.contains('/') || id.chars().any(char::is_control) || id == "." || id == ".." {
+            if id.len() > 256
+                || id.contains('/')
+                || id.chars().any(char::is_control)
+                || id == "."
+                || id == ".."
+            {
                 return Err(format!("task id {id:?} is not allowed (at most 256 characters, no `/` or control characters)"));
             }
             if !seen.insert(id.clone()) {

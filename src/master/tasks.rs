@@ -143,7 +143,10 @@ impl MasterState {
         let (seq, update_id) = self.fresh_update_id();
         status.update_id = update_id;
         let now = Instant::now();
-        let fw = self.frameworks.get_mut(framework_id).expect("checked above");
+        let fw = self
+            .frameworks
+            .get_mut(framework_id)
+            .expect("checked above");
         fw.unacked.insert(
             seq,
             PendingUpdate {

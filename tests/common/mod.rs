@@ -8,8 +8,8 @@ use ringmaster::config::Config;
 use ringmaster::master::Master;
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{
-    Accept, AgentHeartbeat, Connection, Decline, Demand, Hello, Message, RegisterAgent,
-    StatusAck, StatusUpdate, Subscribe, TaskInfo, TaskState, TaskStatus, PROTOCOL_VERSION,
+    Accept, AgentHeartbeat, Connection, Decline, Demand, Hello, Message, RegisterAgent, StatusAck,
+    StatusUpdate, Subscribe, TaskInfo, TaskState, TaskStatus, PROTOCOL_VERSION,
 };
 use tokio::net::TcpStream;
 
@@ -45,7 +45,9 @@ pub fn test_config(overrides: &str) -> Config {
 }
 
 pub async fn start_master(config: Config) -> Master {
-    Master::start("127.0.0.1:0", config).await.expect("master starts")
+    Master::start("127.0.0.1:0", config)
+        .await
+        .expect("master starts")
 }
 
 /// A raw protocol client.
@@ -79,7 +81,11 @@ impl Client {
     }
 
     /// The next message that satisfies `want`, skipping others (heartbeat noise, etc.).
-    pub async fn expect<T>(&mut self, what: &str, mut want: impl FnMut(&Message) -> Option<T>) -> T {
+    pub async fn expect<T>(
+        &mut self,
+        what: &str,
+        mut want: impl FnMut(&Message) -> Option<T>,
+    ) -> T {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
