@@ -130,7 +130,7 @@ fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return bad_input(&e),
             };
-            init_logging(if demo { "warn" } else { "info" });
+            init_logging(if demo { "error" } else { "info" });
             let options = ringmaster::local::LocalOptions {
                 listen,
                 agents,
