@@ -255,7 +255,10 @@ impl Scheduler for DemoScheduler {
             let room = offered.copies_of(&self.resources);
             let n = room.min(u64::from(self.total - self.launched)) as u32;
             if n == 0 {
-                let _ = driver.decline(&[offer.offer_id.clone()], Duration::from_secs(1));
+                let _ = driver.decline(
+                    std::slice::from_ref(&offer.offer_id),
+                    Duration::from_secs(1),
+                );
                 continue;
             }
             let tasks = (self.launched..self.launched + n)

@@ -231,7 +231,7 @@ where
                 Err(e) => return Some(protocol_error(&e)),
             },
             out = outbound.recv() => {
-                let Some(first) = out else { return None };
+                let first = out?;
                 // Drain what is queued and flush once: one syscall for a burst of messages.
                 let mut next = Some(first);
                 while let Some(out) = next.take() {

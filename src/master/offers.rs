@@ -51,13 +51,13 @@ impl MasterState {
             let Some(agent_id) = agent_by_key.get(&agent) else {
                 return false;
             };
-            if !agents.get(agent_id).is_some_and(|a| a.conn.is_some()) {
+            if agents.get(agent_id).is_none_or(|a| a.conn.is_none()) {
                 return false;
             }
             let Some(fw) = framework_by_key.get(&fw).and_then(|id| frameworks.get(id)) else {
                 return false;
             };
-            !fw.filters.get(agent_id).is_some_and(|until| *until > now)
+            fw.filters.get(agent_id).is_none_or(|until| *until <= now)
         };
         let allocations = allocate(
             &mut self.cluster,

@@ -5,7 +5,7 @@
 //! status-update retries, batched allocation) run inside the same loop, so the state is
 //! only ever changed in one place, one event at a time.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use ringmaster_proto::resources::Resources;
@@ -18,6 +18,9 @@ use super::ids::IdMint;
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;
 use crate::placement::{AgentKey, Cluster, DrfSorter, FrameworkKey};
+
+/// How many ended tasks the master remembers (for reconciliation and `/state`).
+pub(crate) const FINISHED_TASKS_KEPT: usize = 10_000;
 
 /// A task is named by its framework and its framework-chosen id.
 pub(crate) type TaskKey = (String, String);
@@ -107,6 +110,8 @@ pub struct MasterState {
     pub(crate) removed_frameworks: HashSet<String>,
     pub(crate) offers: HashMap<String, OfferRecord>,
     pub(crate) tasks: HashMap<TaskKey, TaskRecord>,
+    /// Ended tasks, oldest first: kept for reconciliation and state, up to `FINISHED_TASKS_KEPT`.
+    pub(crate) finished: VecDeque<TaskKey>,
     pub(crate) conns: HashMap<ConnId, ConnRecord>,
     pub(crate) next_update: u64,
     /// When set, an allocation run is due at this instant (events are batched).
@@ -144,6 +149,7 @@ impl MasterState {
             removed_frameworks: HashSet::new(),
             offers: HashMap::new(),
             tasks: HashMap::new(),
+            finished: VecDeque::new(),
             conns: HashMap::new(),
             next_update: 0,
             allocation_due: None,

@@ -5,7 +5,7 @@ use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
 use tokio::time::Instant;
 
-use super::state::{MasterState, PendingUpdate, TaskKey};
+use super::state::{MasterState, PendingUpdate, TaskKey, FINISHED_TASKS_KEPT};
 
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
@@ -115,7 +115,22 @@ impl MasterState {
             state = state.short_name(), reason, "task ended");
         let status = self.status_of(task_key, exit_code);
         self.deliver_update(&task_key.0, status);
+        self.remember_finished(task_key.clone());
         self.request_allocation(now);
+    }
+
+    /// Keeps the most recent ended tasks; older ones are forgotten.
+    fn remember_finished(&mut self, task_key: TaskKey) {
+        self.finished.push_back(task_key);
+        while self.finished.len() > FINISHED_TASKS_KEPT {
+            let Some(old) = self.finished.pop_front() else {
+                break;
+            };
+            // The id may have been reused by a live task since.
+            if self.tasks.get(&old).is_some_and(|t| t.state.is_terminal()) {
+                self.tasks.remove(&old);
+            }
+        }
     }
 
     /// The current status of a task, without an update id.
