@@ -35,7 +35,14 @@ impl IdMint {
     pub fn offer(&mut self) -> String {
         self.mint("O")
     }
-    pub fn update(&mut self) -> String {
-        self.mint("U")
+    /// Update ids carry their sequence number, so an acknowledgement finds its update
+    /// without a search: see [`IdMint::update_seq`].
+    pub fn update(&self, seq: u64) -> String {
+        format!("{}-U{seq}", self.epoch)
+    }
+
+    /// The sequence number of an update id minted by [`IdMint::update`].
+    pub fn update_seq(update_id: &str) -> Option<u64> {
+        update_id.rsplit_once("-U")?.1.parse().ok()
     }
 }

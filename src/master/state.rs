@@ -300,7 +300,7 @@ impl MasterState {
 
     pub(crate) fn fresh_update_id(&mut self) -> (u64, String) {
         self.next_update += 1;
-        (self.next_update, self.ids.update())
+        (self.next_update, self.ids.update(self.next_update))
     }
 }
 

@@ -5,6 +5,7 @@ use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
 use tokio::time::Instant;
 
+use super::ids::IdMint;
 use super::state::{MasterState, PendingUpdate, TaskKey, FINISHED_TASKS_KEPT};
 
 fn unix_ms() -> u64 {
@@ -182,7 +183,16 @@ impl MasterState {
     /// The framework acknowledged an update.
     pub(crate) fn acknowledge(&mut self, framework_id: &str, update_id: &str) {
         if let Some(fw) = self.frameworks.get_mut(framework_id) {
-            fw.unacked.retain(|_, p| p.status.update_id != update_id);
+            let Some(seq) = IdMint::update_seq(update_id) else {
+                return;
+            };
+            if fw
+                .unacked
+                .get(&seq)
+                .is_some_and(|p| p.status.update_id == update_id)
+            {
+                fw.unacked.remove(&seq);
+            }
         }
     }
 
