@@ -112,7 +112,7 @@ fn allocation_step(c: &mut Criterion) {
                         Request {
                             framework: fw,
                             demand: res(100 * (1 + rng.below(5)), 128 * (1 + rng.below(4)), 0),
-                            count: 1_000_000,
+                            count: u32::MAX,
                         }
                     })
                     .collect();
@@ -129,7 +129,8 @@ fn allocation_step(c: &mut Criterion) {
                                 &|_, _| true,
                             );
                             assert_eq!(out.len(), n, "one offer per agent");
-                            out
+                            // Returned, so the state is dropped after the clock stops.
+                            (out, cluster, drf, requests)
                         },
                         BatchSize::LargeInput,
                     )
