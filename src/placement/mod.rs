@@ -18,6 +18,7 @@ pub mod why;
 
 use std::collections::BTreeMap;
 
+use ringmaster_proto::resources::format_milli;
 use slab::Slab;
 
 pub use allocation::{allocate, Allocation, Grant, Request};
@@ -157,13 +158,29 @@ impl Cluster {
             .agents
             .get_mut(key)
             .ok_or(PlacementError::UnknownAgent(key))?;
-        let new_free = entry
-            .free
-            .checked_sub(r)
-            .map_err(|source| PlacementError::Insufficient { agent: key, source })?;
-        let old_free = std::mem::replace(&mut entry.free, new_free);
-        Self::refile(&mut self.rings, key, r, &old_free, &entry.free);
-        self.free = self.free.saturating_sub(r);
+        // Check every dimension first, then change in place: no copy of the bundle.
+        for (name, need) in r.iter() {
+            let have = entry.free.milli(name);
+            if have < need {
+                return Err(PlacementError::Insufficient {
+                    agent: key,
+                    source: ResourceError::Insufficient {
+                        name: name.to_string(),
+                        have: format_milli(have),
+                        need: format_milli(need),
+                    },
+                });
+            }
+        }
+        for (name, m) in r.iter() {
+            let old = entry.free.milli(name);
+            entry.free.set_milli(name, old - m);
+            if let Some(ring) = self.rings.get_mut(name) {
+                ring.relocate(key, old, old - m);
+            }
+            let sum = self.free.milli(name);
+            self.free.set_milli(name, sum.saturating_sub(m));
+        }
         Ok(())
     }
 
@@ -183,26 +200,16 @@ impl Cluster {
                 });
             }
         }
-        let mut new_free = entry.free.clone();
-        saturating_add(&mut new_free, r);
-        let old_free = std::mem::replace(&mut entry.free, new_free);
-        Self::refile(&mut self.rings, key, r, &old_free, &entry.free);
-        saturating_add(&mut self.free, r);
-        Ok(())
-    }
-
-    fn refile(
-        rings: &mut BTreeMap<String, RingSet>,
-        key: AgentKey,
-        changed: &Resources,
-        old: &Resources,
-        new: &Resources,
-    ) {
-        for (name, _) in changed.iter() {
-            if let Some(ring) = rings.get_mut(name) {
-                ring.relocate(key, old.milli(name), new.milli(name));
+        for (name, m) in r.iter() {
+            let old = entry.free.milli(name);
+            entry.free.set_milli(name, old + m);
+            if let Some(ring) = self.rings.get_mut(name) {
+                ring.relocate(key, old, old + m);
             }
+            let sum = self.free.milli(name);
+            self.free.set_milli(name, sum.saturating_add(m));
         }
+        Ok(())
     }
 
     /// Sum of every agent's total.

@@ -98,34 +98,29 @@ impl RingSet {
         need: u64,
         fits: &dyn Fn(AgentKey) -> bool,
     ) -> Option<(u64, AgentKey)> {
-        self.buckets
-            .get(bucket)?
-            .range((need, 0)..)
-            .copied()
-            .find(|(_, key)| fits(*key))
+        let set = self.buckets.get(bucket).filter(|b| !b.is_empty())?;
+        set.range((need, 0)..).copied().find(|(_, key)| fits(*key))
     }
 
     /// Worst fit in one bucket: the agent with the largest free amount for which `fits` holds
-    /// (ties: lowest key).
+    /// (ties: lowest key). The largest fitting amount comes from the end of the bucket; the lowest
+    /// key with that amount from a forward range query, so many agents of equal size are not
+    /// walked one by one.
     pub fn largest_fit(
         &self,
         bucket: usize,
         need: u64,
         fits: &dyn Fn(AgentKey) -> bool,
     ) -> Option<(u64, AgentKey)> {
-        let mut best: Option<(u64, AgentKey)> = None;
-        for &(free, key) in self.buckets.get(bucket)?.range((need, 0)..).rev() {
-            if let Some((best_free, _)) = best {
-                if free < best_free {
-                    break;
-                }
-            }
-            // Equal free amounts come in descending key order: keep overwriting to end on the lowest.
-            if fits(key) {
-                best = Some((free, key));
-            }
-        }
-        best
+        let set = self.buckets.get(bucket).filter(|b| !b.is_empty())?;
+        let (free, highest) = set
+            .range((need, 0)..)
+            .rev()
+            .copied()
+            .find(|(_, key)| fits(*key))?;
+        set.range((free, 0)..=(free, highest))
+            .copied()
+            .find(|(_, key)| fits(*key))
     }
 }
 
