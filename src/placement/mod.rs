@@ -7,10 +7,12 @@
 //! - [`placer`]: the [`Placer`] interface and the ring search of SPEC seed 001, plus baselines;
 //! - [`drf`]: the weighted dominant-resource-fairness order of frameworks;
 //! - [`allocation`]: one allocation step joining the two;
-//! - [`why`]: a readable reason when nothing fits.
+//! - [`why`]: a readable reason when nothing fits;
+//! - [`matching`]: a whole burst of deadline-bound tasks matched at once (SPEC seed 002).
 
 pub mod allocation;
 pub mod drf;
+pub mod matching;
 pub mod placer;
 pub mod ring_set;
 pub mod rings;
