@@ -85,8 +85,8 @@ proptest! {
         tasks in prop::collection::vec(task(), 0..24),
         k in coefficients(),
     ) {
-        let prefs = Preferences::new(&tasks, &agents, &k);
-        let result = match_with(&prefs, tasks.len(), agents.len());
+        let mut prefs = Preferences::new(&tasks, &agents, &k);
+        let result = match_with(&mut prefs, tasks.len(), agents.len());
         prop_assert_eq!(&result, &match_batch(&tasks, &agents, &k), "deterministic");
 
         // Termination: at most m·n proposals.
@@ -144,7 +144,7 @@ proptest! {
 
         // No waste: an unmatched task fits the room left on none of its agents.
         for &(t, _) in &result.unmatched {
-            for &a in prefs.list(t) {
+            for &a in &prefs.list(t) {
                 let room = agents[a as usize].free.saturating_sub(&used[a as usize]);
                 prop_assert!(!room.contains(&tasks[t].resources), "task {} fits agent {}'s room", t, a);
             }

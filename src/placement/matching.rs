@@ -217,7 +217,9 @@ impl MatchResult {
 /// Everything both sides' rankings need, computed once per batch.
 ///
 /// Resources are laid out densely over the dimensions the batch's tasks ask for (`dims`), so a
-/// fit test is a few integer comparisons instead of name look-ups.
+/// fit test is a few integer comparisons instead of name look-ups. Each task's usable agents sit
+/// in one flat buffer with their scores; the matcher sorts them lazily, a chunk at a time, since
+/// a task rarely goes far down its list.
 #[derive(Clone, Debug)]
 pub struct Preferences {
     dims: usize,
@@ -225,9 +227,10 @@ pub struct Preferences {
     need: Vec<u64>,
     /// agent-major: free[a * dims + d]
     free: Vec<u64>,
-    /// Per task: usable agents, best first.
-    lists: Vec<Vec<u32>>,
-    /// Per task: the reason when `lists` is empty.
+    /// (S, agent) of every usable agent of every task; task t owns `start[t]..start[t + 1]`.
+    scored: Vec<(f64, u32)>,
+    start: Vec<usize>,
+    /// Per task: the reason when it has no usable agent.
     empty_reason: Vec<Option<UnmatchedReason>>,
     work: Vec<f64>,
     deadline: Vec<f64>,
@@ -245,6 +248,14 @@ fn ratio(x: f64, max: f64) -> f64 {
         0.0
     }
 }
+
+/// A task's order of agents: higher S first, then lower agent index (a total order).
+fn task_order(x: &(f64, u32), y: &(f64, u32)) -> std::cmp::Ordering {
+    y.0.total_cmp(&x.0).then(x.1.cmp(&y.1))
+}
+
+/// How many agents of a task's list are sorted at a time.
+const CHUNK: usize = 16;
 
 impl Preferences {
     pub fn new(
@@ -278,27 +289,46 @@ impl Preferences {
         let mem: Vec<f64> = mem.iter().map(|&m| ratio(m, max_mem)).collect();
         let net: Vec<f64> = net.iter().map(|&n| ratio(n, max_net)).collect();
 
-        // Load dimensions: cpus, mem, net where the agent's total has them.
+        // Load over cpus, mem and net where the agent's total has them:
+        // L = (Σ free_d / total_d − Σ need_d / total_d) / count (the task fits, so no term < 0).
         const LOAD: [&str; 3] = ["cpus", "mem", "net"];
-        let load_total: Vec<[u64; 3]> = agents
+        struct Load {
+            idle_now: f64,
+            inverse_total: [f64; 3],
+            count: f64,
+        }
+        let loads: Vec<Load> = agents
             .iter()
-            .map(|a| LOAD.map(|n| a.total.milli(n)))
-            .collect();
-        let load_free: Vec<[u64; 3]> = agents
-            .iter()
-            .map(|a| LOAD.map(|n| a.free.milli(n)))
+            .map(|a| {
+                let mut load = Load {
+                    idle_now: 0.0,
+                    inverse_total: [0.0; 3],
+                    count: 0.0,
+                };
+                for (d, name) in LOAD.iter().enumerate() {
+                    let total = a.total.milli(name);
+                    if total > 0 {
+                        let inverse = 1.0 / total as f64;
+                        load.inverse_total[d] = inverse;
+                        load.idle_now += a.free.milli(name).min(total) as f64 * inverse;
+                        load.count += 1.0;
+                    }
+                }
+                load
+            })
             .collect();
 
         let cpu_total: f64 = tasks.iter().map(|t| t.resources.amount("cpus")).sum();
         let mem_total: f64 = tasks.iter().map(|t| t.resources.amount("mem")).sum();
 
         let speed: Vec<f64> = agents.iter().map(|a| a.profile.cpu_speed).collect();
-        let mut lists = Vec::with_capacity(tasks.len());
+        let mut scored: Vec<(f64, u32)> = Vec::new();
+        let mut start = Vec::with_capacity(tasks.len() + 1);
         let mut empty_reason = Vec::with_capacity(tasks.len());
-        // Reused per task: (agent, P, L) of usable agents.
-        let mut usable: Vec<(u32, f64, f64)> = Vec::with_capacity(agents.len());
-        let mut scored: Vec<(f64, u32)> = Vec::with_capacity(agents.len());
+        // Reused per task: (P, L) of its usable agents, parallel to its part of `scored`.
+        let mut terms: Vec<(f64, f64)> = Vec::with_capacity(agents.len());
         for (t, task) in tasks.iter().enumerate() {
+            start.push(scored.len());
             let task_need = &need[t * dims..(t + 1) * dims];
             let share_cpu = ratio(task.resources.amount("cpus"), cpu_total);
             let share_mem = ratio(task.resources.amount("mem"), mem_total);
@@ -308,58 +338,50 @@ impl Preferences {
             } else {
                 (0.5, 0.5)
             };
-            let task_load = LOAD.map(|n| task.resources.milli(n));
-            usable.clear();
-            let mut any_fits = false;
+            let task_load = LOAD.map(|n| task.resources.milli(n) as f64);
+            terms.clear();
+            let (mut any_fits, mut max_p, mut max_l) = (false, 0.0f64, 0.0f64);
             for a in 0..agents.len() {
                 let agent_free = &free[a * dims..(a + 1) * dims];
                 if task_need.iter().zip(agent_free).any(|(n, f)| n > f) {
                     continue;
                 }
                 any_fits = true;
-                if task.work / speed[a] > task.deadline_secs {
+                if task.work > task.deadline_secs * speed[a] {
                     continue;
                 }
                 let p = w_cpu * power[a] + w_mem * mem[a] + net[a];
-                let (mut idle, mut counted) = (0.0, 0);
-                for d in 0..3 {
-                    let total = load_total[a][d];
-                    if total > 0 {
-                        let left = load_free[a][d].saturating_sub(task_load[d]);
-                        idle += left as f64 / total as f64;
-                        counted += 1;
-                    }
-                }
-                let l = if counted > 0 {
-                    idle / counted as f64
+                let load = &loads[a];
+                let l = if load.count > 0.0 {
+                    let used = task_load[0] * load.inverse_total[0]
+                        + task_load[1] * load.inverse_total[1]
+                        + task_load[2] * load.inverse_total[2];
+                    ((load.idle_now - used) / load.count).max(0.0)
                 } else {
                     0.0
                 };
-                usable.push((a as u32, p, l));
+                max_p = max_p.max(p);
+                max_l = max_l.max(l);
+                terms.push((p, l));
+                scored.push((0.0, a as u32));
             }
-            let max_p = usable.iter().map(|u| u.1).fold(0.0, f64::max);
-            let max_l = usable.iter().map(|u| u.2).fold(0.0, f64::max);
-            scored.clear();
-            scored.extend(usable.iter().map(|&(a, p, l)| {
-                (
-                    coefficients.a * ratio(p, max_p) + coefficients.b * ratio(l, max_l),
-                    a,
-                )
-            }));
-            // Higher score first, then lower agent index.
-            scored.sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
-            lists.push(scored.iter().map(|s| s.1).collect::<Vec<u32>>());
-            empty_reason.push(match (scored.is_empty(), any_fits) {
+            let first = start[t];
+            for (slot, &(p, l)) in scored[first..].iter_mut().zip(&terms) {
+                slot.0 = coefficients.a * ratio(p, max_p) + coefficients.b * ratio(l, max_l);
+            }
+            empty_reason.push(match (terms.is_empty(), any_fits) {
                 (false, _) => None,
                 (true, true) => Some(UnmatchedReason::DeadlineImpossible),
                 (true, false) => Some(UnmatchedReason::NoAgentFits),
             });
         }
+        start.push(scored.len());
         Preferences {
             dims,
             need,
             free,
-            lists,
+            scored,
+            start,
             empty_reason,
             work: tasks.iter().map(|t| t.work).collect(),
             deadline: tasks.iter().map(|t| t.deadline_secs).collect(),
@@ -371,13 +393,23 @@ impl Preferences {
     }
 
     /// The agents `task` can use, most preferred first.
-    pub fn list(&self, task: usize) -> &[u32] {
-        &self.lists[task]
+    pub fn list(&self, task: usize) -> Vec<u32> {
+        let mut part = self.scored[self.start[task]..self.start[task + 1]].to_vec();
+        part.sort_unstable_by(task_order);
+        part.into_iter().map(|(_, a)| a).collect()
     }
 
     /// The position of `agent` in `task`'s list (`None`: the task cannot use it).
     pub fn rank(&self, task: usize, agent: usize) -> Option<usize> {
-        self.lists[task].iter().position(|&a| a as usize == agent)
+        self.list(task).iter().position(|&a| a as usize == agent)
+    }
+
+    /// The task's score of an agent it can use (`None` otherwise).
+    pub fn task_score(&self, task: usize, agent: usize) -> Option<f64> {
+        self.scored[self.start[task]..self.start[task + 1]]
+            .iter()
+            .find(|s| s.1 as usize == agent)
+            .map(|s| s.0)
     }
 
     /// `work / cpu_speed` of the task on the agent.
@@ -415,6 +447,25 @@ impl Preferences {
             *r -= n;
         }
     }
+
+    /// The `i`-th agent of the task's list, sorting the next chunk when `i` reaches it.
+    /// `sorted` is how far the task's part is sorted (relative to its start).
+    fn nth_choice(&mut self, task: usize, i: usize, sorted: &mut usize) -> Option<u32> {
+        let part = &mut self.scored[self.start[task]..self.start[task + 1]];
+        if i >= part.len() {
+            return None;
+        }
+        if i >= *sorted {
+            let rest = &mut part[*sorted..];
+            let k = CHUNK.min(rest.len());
+            if k < rest.len() {
+                rest.select_nth_unstable_by(k - 1, task_order);
+            }
+            rest[..k].sort_unstable_by(task_order);
+            *sorted += k;
+        }
+        Some(part[i].1)
+    }
 }
 
 /// Matches a batch of tasks to agents by deferred acceptance; see the module doc.
@@ -423,20 +474,22 @@ pub fn match_batch(
     agents: &[MatchAgent],
     coefficients: &MatchingCoefficients,
 ) -> MatchResult {
-    let prefs = Preferences::new(tasks, agents, coefficients);
-    match_with(&prefs, tasks.len(), agents.len())
+    let mut prefs = Preferences::new(tasks, agents, coefficients);
+    match_with(&mut prefs, tasks.len(), agents.len())
 }
 
-/// [`match_batch`] on rankings already computed.
-pub fn match_with(prefs: &Preferences, tasks: usize, agents: usize) -> MatchResult {
+/// [`match_batch`] on rankings already computed (the lists' internal order changes, not their
+/// content).
+pub fn match_with(prefs: &mut Preferences, tasks: usize, agents: usize) -> MatchResult {
     let dims = prefs.dims;
     let mut next = vec![0usize; tasks];
+    let mut sorted = vec![0usize; tasks];
     // Per agent: held tasks as (E, task).
     let mut held: Vec<Vec<(f64, u32)>> = vec![Vec::new(); agents];
     let mut inbox: Vec<Vec<u32>> = vec![Vec::new(); agents];
     let mut assigned: Vec<Option<u32>> = vec![None; tasks];
     let mut proposing: Vec<u32> = (0..tasks as u32)
-        .filter(|&t| !prefs.lists[t as usize].is_empty())
+        .filter(|&t| prefs.empty_reason[t as usize].is_none())
         .collect();
     let mut touched: Vec<u32> = Vec::new();
     let mut room = vec![0u64; dims];
@@ -447,15 +500,14 @@ pub fn match_with(prefs: &Preferences, tasks: usize, agents: usize) -> MatchResu
     loop {
         touched.clear();
         for &t in &proposing {
-            let list = &prefs.lists[t as usize];
-            let at = &mut next[t as usize];
-            if let Some(&a) = list.get(*at) {
-                *at += 1;
+            let t = t as usize;
+            if let Some(a) = prefs.nth_choice(t, next[t], &mut sorted[t]) {
+                next[t] += 1;
                 proposals += 1;
                 if inbox[a as usize].is_empty() {
                     touched.push(a);
                 }
-                inbox[a as usize].push(t);
+                inbox[a as usize].push(t as u32);
             }
         }
         proposing.clear();
@@ -499,10 +551,12 @@ pub fn match_with(prefs: &Preferences, tasks: usize, agents: usize) -> MatchResu
     }
     let mut fills = 0u64;
     for t in 0..tasks {
-        if assigned[t].is_some() {
+        if assigned[t].is_some() || prefs.empty_reason[t].is_some() {
             continue;
         }
-        for &a in &prefs.lists[t] {
+        let mut i = 0;
+        while let Some(a) = prefs.nth_choice(t, i, &mut sorted[t]) {
+            i += 1;
             let agent_room = &mut rooms[a as usize * dims..(a as usize + 1) * dims];
             if prefs.fits(t, agent_room) {
                 prefs.take(t, agent_room);
@@ -632,9 +686,9 @@ mod tests {
         ];
         let k = MatchingCoefficients::default();
         let prefs = Preferences::new(&tasks, &agents, &k);
-        assert_eq!(prefs.list(0), &[0]);
+        assert_eq!(prefs.list(0), [0]);
         for t in 1..4 {
-            assert_eq!(prefs.list(t), &[0, 1], "task {t}");
+            assert_eq!(prefs.list(t), [0, 1], "task {t}");
         }
         let e = |a: usize, t: usize| (prefs.agent_score(a, t) * 10_000.0).round() / 10_000.0;
         assert_eq!(
