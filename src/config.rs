@@ -13,6 +13,8 @@
 //!   mem:  { bounds: [0, 1024, 4096, 16384, 65536], search_up: 1 }
 //! master:
 //!   agent_timeout: 15s
+//! matching:               # batch matching scores (docs/batch.md); each optional
+//!   { a: 0.5, b: 0.5, c: -1.0, d: -0.1, e: 1.0 }
 //! ```
 
 use std::collections::BTreeMap;
@@ -25,6 +27,7 @@ use serde::de::{
 };
 use serde::Deserialize;
 
+use crate::placement::matching::MatchingCoefficients;
 use crate::placement::{PlacerKind, Resources, RingLayout, RingSpec, RingsConfig};
 use ringmaster_proto::resources::MILLI;
 
@@ -461,6 +464,49 @@ struct RawConfig {
     placer: Option<String>,
     rings: Option<RawRings>,
     master: Option<RawMaster>,
+    matching: Option<RawMatching>,
+}
+
+/// The `matching:` section: coefficients of the batch-matching scores.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatching {
+    a: Option<serde_yaml::Value>,
+    b: Option<serde_yaml::Value>,
+    c: Option<serde_yaml::Value>,
+    d: Option<serde_yaml::Value>,
+    e: Option<serde_yaml::Value>,
+}
+
+/// Applies a `matching:` section found at `at` on top of `out`: each coefficient a finite number.
+pub fn apply_matching(
+    source: &YamlSource,
+    at: &[Seg],
+    raw: &RawMatching,
+    out: &mut MatchingCoefficients,
+) -> Result<(), ConfigError> {
+    let fields: [(&str, &Option<serde_yaml::Value>, &mut f64); 5] = [
+        ("a", &raw.a, &mut out.a),
+        ("b", &raw.b, &mut out.b),
+        ("c", &raw.c, &mut out.c),
+        ("d", &raw.d, &mut out.d),
+        ("e", &raw.e, &mut out.e),
+    ];
+    for (name, value, slot) in fields {
+        let Some(value) = value else { continue };
+        match value.as_f64() {
+            Some(x) if x.is_finite() => *slot = x,
+            _ => {
+                let mut path = at.to_vec();
+                path.push(name.into());
+                return Err(source.error(
+                    &path,
+                    format!("expected a finite number, found {}", describe(value)),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The whole configuration file; every section is optional.
@@ -469,6 +515,8 @@ pub struct Config {
     pub placer: PlacerKind,
     pub rings: RingsConfig,
     pub master: MasterConfig,
+    /// Coefficients of the batch-matching scores.
+    pub matching: MatchingCoefficients,
 }
 
 /// Parses a placer name found at `path`.
@@ -505,6 +553,9 @@ impl Config {
         }
         if let Some(rings) = &raw.rings {
             apply_rings(&source, &["rings".into()], rings, &mut config.rings)?;
+        }
+        if let Some(m) = &raw.matching {
+            apply_matching(&source, &["matching".into()], m, &mut config.matching)?;
         }
         if let Some(m) = &raw.master {
             let out = &mut config.master;
@@ -567,6 +618,7 @@ master:
   agent_timeout: 30s
   allocation_interval: 500ms
   max_frame_bytes: 1024
+matching: { a: 0.7, d: -1 }
 ";
 
     #[test]
@@ -605,6 +657,14 @@ master:
         );
         assert_eq!(config.master.offer_timeout, Duration::from_secs(10));
         assert_eq!(config.master.max_frame_bytes, 1024);
+        assert_eq!(
+            config.matching,
+            MatchingCoefficients {
+                a: 0.7,
+                d: -1.0,
+                ..MatchingCoefficients::default()
+            }
+        );
     }
 
     #[test]
@@ -674,11 +734,19 @@ master:
             ),
             (
                 "placer: ring\nmastr: {}\n",
-                "cluster.yaml:2: unknown field `mastr`, expected one of `placer`, `rings`, `master`",
+                "cluster.yaml:2: unknown field `mastr`, expected one of `placer`, `rings`, `master`, `matching`",
             ),
             (
                 "master:\n  agent_timeout: [1]\n",
                 "cluster.yaml:2: master.agent_timeout: invalid type: sequence, expected a string",
+            ),
+            (
+                "matching:\n  a: 1\n  d: minus\n",
+                "cluster.yaml:3: matching.d: expected a finite number, found the string `minus`",
+            ),
+            (
+                "matching: { f: 1 }\n",
+                "cluster.yaml:1: matching: unknown field `f`, expected one of `a`, `b`, `c`, `d`, `e`",
             ),
             (
                 "placer: \"ring\n",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::{DriverStopped, Resources, TaskInfo};
+use crate::{BatchTask, DriverStopped, Resources, TaskInfo};
 
 /// One queued request from the scheduler to the session.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +33,10 @@ pub(crate) enum Command {
     },
     Reconcile {
         task_ids: Vec<String>,
+    },
+    SubmitBatch {
+        batch_id: String,
+        tasks: Vec<BatchTask>,
     },
     Stop,
 }
@@ -121,6 +125,20 @@ impl Driver {
     pub fn reconcile(&self, task_ids: &[String]) -> Result<(), DriverStopped> {
         self.queue(Command::Reconcile {
             task_ids: task_ids.to_vec(),
+        })
+    }
+
+    /// Submits a burst of one-shot, deadline-bound tasks to be matched at once (docs/batch.md).
+    ///
+    /// The master answers with one offer per matched agent carrying the tasks it suggests
+    /// (`Offer.suggested`, `Offer.batch_id`), handed to [`crate::Scheduler::batch_offers`] — whose
+    /// default accepts each offer with exactly its suggested tasks — and then a
+    /// [`crate::BatchResult`] (unmatched tasks with reasons, number of proposals) handed to
+    /// [`crate::Scheduler::batch_result`]. Queued while disconnected and sent after the reconnect.
+    pub fn submit_batch(&self, batch_id: &str, tasks: Vec<BatchTask>) -> Result<(), DriverStopped> {
+        self.queue(Command::SubmitBatch {
+            batch_id: batch_id.to_string(),
+            tasks,
         })
     }
 

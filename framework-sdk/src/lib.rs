@@ -37,6 +37,10 @@
 //! # }
 //! ```
 //!
+//! Bursts of one-shot, deadline-bound tasks can be matched at once: [`Driver::submit_batch`],
+//! with [`Scheduler::batch_offers`] (launches the suggested tasks by default) and
+//! [`Scheduler::batch_result`] (unmatched tasks and why).
+//!
 //! The `exec` module is the logic of `ringmaster-exec`, a command-line framework that runs one
 //! command as N tasks (the analogue of `mesos-execute`).
 
@@ -53,7 +57,10 @@ mod session;
 
 pub use ringmaster_proto::{
     resources::Resources,
-    v1::{Error as ProtoError, ErrorCode, Offer, TaskInfo, TaskState, TaskStatus},
+    v1::{
+        BatchResult, BatchTask, Error as ProtoError, ErrorCode, Offer, TaskInfo, TaskState,
+        TaskStatus, UnmatchedTask,
+    },
 };
 
 pub use config::{FrameworkConfig, DEFAULT_FAILOVER_TIMEOUT, DEFAULT_RECONNECT_MAX_BACKOFF};
@@ -74,6 +81,23 @@ pub fn task(id: &str, command: &str, resources: &Resources) -> TaskInfo {
         resources: Some(resources.to_wire()),
         ..TaskInfo::default()
     }
+}
+
+/// Builds a [`BatchTask`] for [`Driver::submit_batch`]: `info` (see [`task`]) with its deadline
+/// (seconds, > 0), its work (seconds on an agent of `cpu_speed` 1, > 0) and its price (≥ 0).
+pub fn batch_task(info: TaskInfo, deadline_secs: f64, work: f64, price: f64) -> BatchTask {
+    BatchTask {
+        task: Some(info),
+        deadline_secs,
+        work,
+        price,
+    }
+}
+
+/// Accepts a batch offer with exactly its suggested tasks (what
+/// [`Scheduler::batch_offers`] does by default).
+pub fn accept_suggested(driver: &Driver, offer: &Offer) -> Result<(), DriverStopped> {
+    driver.accept(&offer.offer_id, offer.suggested.clone())
 }
 
 #[cfg(test)]

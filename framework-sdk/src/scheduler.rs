@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 
-use crate::{Driver, ErrorCode, Offer, TaskStatus};
+use crate::{BatchResult, Driver, ErrorCode, Offer, TaskStatus};
 
 /// A framework's scheduler: reacts to offers and task states by calling the [`Driver`].
 #[async_trait]
@@ -24,6 +24,22 @@ pub trait Scheduler: Send + 'static {
     /// New offers. Answer each with [`Driver::accept`] or [`Driver::decline`]; an offer left
     /// unanswered is held until the master times it out.
     async fn offers(&mut self, driver: &Driver, offers: Vec<Offer>);
+
+    /// Offers made for a batch ([`Driver::submit_batch`]): each carries the tasks the matcher
+    /// placed on its agent in `suggested`, and its resources are exactly their sum.
+    ///
+    /// The default accepts every offer with exactly its suggested tasks. Override it to change
+    /// the tasks (for example their commands or environment) or to decline; an override that
+    /// wants the default for some offers calls [`accept_suggested`](crate::accept_suggested).
+    async fn batch_offers(&mut self, driver: &Driver, offers: Vec<Offer>) {
+        for offer in &offers {
+            let _ = crate::accept_suggested(driver, offer);
+        }
+    }
+
+    /// The outcome of a batch: the tasks left unmatched with their reasons, the number of
+    /// proposals, the offers sent. Arrives after the batch's offers.
+    async fn batch_result(&mut self, _driver: &Driver, _result: BatchResult) {}
 
     /// The master withdrew an offer (timeout, agent lost); accepting it now would fail.
     async fn offer_rescinded(&mut self, _driver: &Driver, _offer_id: &str) {}

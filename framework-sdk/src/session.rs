@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ringmaster_proto::{
     Accept, Connection, Decline, Demand, Hello, Kill, Message, Ping, Pong, Reconcile, StatusAck,
-    Subscribe, Subscribed, Suppress, Teardown, PROTOCOL_VERSION,
+    SubmitBatch, Subscribe, Subscribed, Suppress, Teardown, PROTOCOL_VERSION,
 };
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
@@ -191,7 +191,9 @@ impl Session {
                     count,
                 });
             }
-            command @ (Command::Kill { .. } | Command::Reconcile { .. }) => {
+            command @ (Command::Kill { .. }
+            | Command::Reconcile { .. }
+            | Command::SubmitBatch { .. }) => {
                 self.queued.push_back(command);
             }
             Command::Stop => {
@@ -433,6 +435,13 @@ impl Session {
             Command::Reconcile { task_ids } => {
                 send(connection, Message::Reconcile(Reconcile { task_ids })).await?;
             }
+            Command::SubmitBatch { batch_id, tasks } => {
+                send(
+                    connection,
+                    Message::SubmitBatch(SubmitBatch { batch_id, tasks }),
+                )
+                .await?;
+            }
             Command::Stop => {
                 info!("stopping: tearing the framework down");
                 if let Err(reason) = send(connection, Message::Teardown(Teardown {})).await {
@@ -456,7 +465,19 @@ impl Session {
                 for offer in &offers.offers {
                     self.offers.insert(offer.offer_id.clone());
                 }
-                scheduler.offers(&self.driver, offers.offers).await;
+                let (batch, plain): (Vec<_>, Vec<_>) = offers
+                    .offers
+                    .into_iter()
+                    .partition(|o| !o.suggested.is_empty());
+                if !batch.is_empty() {
+                    scheduler.batch_offers(&self.driver, batch).await;
+                }
+                if !plain.is_empty() {
+                    scheduler.offers(&self.driver, plain).await;
+                }
+            }
+            Message::BatchResult(result) => {
+                scheduler.batch_result(&self.driver, result).await;
             }
             Message::Rescind(rescind) => {
                 self.offers.remove(&rescind.offer_id);

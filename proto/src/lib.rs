@@ -68,6 +68,8 @@ impl Message {
             Message::Kill(_) => "Kill",
             Message::Reconcile(_) => "Reconcile",
             Message::Teardown(_) => "Teardown",
+            Message::SubmitBatch(_) => "SubmitBatch",
+            Message::BatchResult(_) => "BatchResult",
         }
     }
 }

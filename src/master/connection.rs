@@ -87,6 +87,7 @@ fn allowed(role: Role, message: &Message) -> bool {
                 | Message::Kill(_)
                 | Message::Reconcile(_)
                 | Message::Teardown(_)
+                | Message::SubmitBatch(_)
                 | Message::Ping(_)
                 | Message::Pong(_)
                 | Message::Error(_)

@@ -7,6 +7,7 @@
 //! decision happens in one deterministic order.
 
 mod agents;
+mod batch;
 mod connection;
 mod frameworks;
 mod ids;

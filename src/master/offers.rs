@@ -98,6 +98,7 @@ impl MasterState {
                     bucket: allocation.decision.bucket.unwrap_or(0) as u32,
                     dimension: allocation.decision.dimension.clone().unwrap_or_default(),
                 }),
+                ..Offer::default()
             };
             tracing::info!(offer = %offer_id, framework = %framework_id, agent = %agent_id,
                 resources = %allocation.resources, phase = %offer.placement.as_ref().map(|p| p.phase.as_str()).unwrap_or(""),

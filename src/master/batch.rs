@@ -1,0 +1,275 @@
+//! Batches: a framework's burst of one-shot, deadline-bound tasks matched at once.
+//!
+//! On `SubmitBatch` the master checks every task, matches the batch (pure
+//! [`crate::placement::matching`]) against the free resources of the connected agents that have no
+//! outstanding offer, and sends one offer per matched agent holding exactly the suggested tasks'
+//! resources, with the tasks in `Offer.suggested`; then a `BatchResult` with the unmatched tasks
+//! and their reasons. From there the offers live the ordinary offer life: accept, decline,
+//! timeout, rescind.
+
+use std::collections::HashSet;
+
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{
+    BatchResult, ErrorCode, Message, Offer, Offers, Placement, SubmitBatch, TaskInfo,
+    UnmatchedTask,
+};
+use tokio::time::Instant;
+
+use super::state::{MasterState, OfferRecord};
+use super::ConnId;
+use crate::placement::matching::{match_batch, AgentProfile, BatchTask, MatchAgent};
+
+/// The most tasks one batch may hold.
+pub(crate) const MAX_BATCH_TASKS: usize = 100_000;
+
+impl MasterState {
+    pub(crate) fn submit_batch(
+        &mut self,
+        conn: ConnId,
+        framework_id: &str,
+        batch: SubmitBatch,
+        now: Instant,
+    ) {
+        let batch_id = batch.batch_id.clone();
+        let (infos, tasks) = match self.check_batch(framework_id, batch) {
+            Ok(checked) => checked,
+            Err(problem) => {
+                return self.send_error(
+                    conn,
+                    ErrorCode::InvalidRequest,
+                    format!("SubmitBatch {batch_id:?}: {problem}; nothing matched"),
+                )
+            }
+        };
+
+        // Agents the batch may use: connected, admitted, not under an offer. Sorted by id so the
+        // result does not depend on hash order.
+        let busy: HashSet<&str> = self.offers.values().map(|o| o.agent.as_str()).collect();
+        let mut usable: Vec<(&str, usize)> = self
+            .agents
+            .values()
+            .filter(|a| a.conn.is_some() && !a.lost && !busy.contains(a.id.as_str()))
+            .filter_map(|a| a.key.map(|k| (a.id.as_str(), k)))
+            .collect();
+        usable.sort_unstable();
+        let mut agents = Vec::with_capacity(usable.len());
+        for (id, key) in &usable {
+            let Some(entry) = self.cluster.agent(*key) else {
+                continue;
+            };
+            let (profile, problems) = AgentProfile::from_attributes(&self.agents[*id].attributes);
+            for problem in problems {
+                tracing::warn!(agent = %id, %problem, "agent attribute ignored for matching");
+            }
+            agents.push(MatchAgent {
+                id: id.to_string(),
+                total: entry.total.clone(),
+                free: entry.free.clone(),
+                profile,
+            });
+        }
+        let keys: Vec<usize> = usable.iter().map(|(_, k)| *k).collect();
+        drop(busy);
+
+        let result = match_batch(&tasks, &agents, &self.config.matching);
+        tracing::info!(framework = %framework_id, batch = %batch_id, tasks = tasks.len(),
+            agents = agents.len(), matched = result.matches.len(), proposals = result.proposals,
+            "batch matched");
+
+        // One offer per matched agent, in agent order.
+        let mut per_agent: Vec<Vec<usize>> = vec![Vec::new(); agents.len()];
+        for m in &result.matches {
+            per_agent[m.agent].push(m.task);
+        }
+        let timeout = self.config.master.offer_timeout;
+        let fw_key = self.frameworks[framework_id].key;
+        let mut offers = Vec::new();
+        let mut offer_ids = Vec::new();
+        let mut matched = 0u32;
+        for (a, task_indices) in per_agent.iter().enumerate() {
+            if task_indices.is_empty() {
+                continue;
+            }
+            let mut sum = Resources::new();
+            for &t in task_indices {
+                // Within the agent's free resources (the matcher never over-commits), so no overflow.
+                sum = sum.checked_add(&tasks[t].resources).unwrap_or(sum);
+            }
+            if let Err(e) = self.cluster.take(keys[a], &sum) {
+                tracing::error!(agent = %agents[a].id, error = %e, "batch offer refused by the cluster books; tasks left unmatched");
+                continue;
+            }
+            self.drf.allocated(fw_key, &sum);
+            let agent_id = agents[a].id.clone();
+            let offer_id = self.ids.offer();
+            let record = &self.agents[&agent_id];
+            let suggested: Vec<TaskInfo> = task_indices
+                .iter()
+                .map(|&t| {
+                    let mut info = infos[t].clone();
+                    info.agent_id = agent_id.clone();
+                    info
+                })
+                .collect();
+            matched += suggested.len() as u32;
+            offers.push(Offer {
+                offer_id: offer_id.clone(),
+                framework_id: framework_id.to_string(),
+                agent_id: agent_id.clone(),
+                hostname: record.hostname.clone(),
+                resources: Some(sum.to_wire()),
+                attributes: record
+                    .attributes
+                    .iter()
+                    .map(|(k, v)| ringmaster_proto::Attribute {
+                        key: k.clone(),
+                        value: v.clone(),
+                    })
+                    .collect(),
+                placement: Some(Placement {
+                    placer: "matching".into(),
+                    ..Placement::default()
+                }),
+                suggested,
+                batch_id: batch_id.clone(),
+            });
+            tracing::info!(offer = %offer_id, framework = %framework_id, agent = %agent_id,
+                resources = %sum, batch = %batch_id, tasks = task_indices.len(), "batch offer");
+            self.counters.offers_made += 1;
+            self.offers.insert(
+                offer_id.clone(),
+                OfferRecord {
+                    id: offer_id.clone(),
+                    framework: framework_id.to_string(),
+                    agent: agent_id,
+                    resources: sum,
+                    expires: now + timeout,
+                },
+            );
+            if let Some(fw) = self.frameworks.get_mut(framework_id) {
+                fw.offers.insert(offer_id.clone());
+            }
+            offer_ids.push(offer_id);
+        }
+        let placed: HashSet<&str> = offers
+            .iter()
+            .flat_map(|o| o.suggested.iter().map(|t| t.task_id.as_str()))
+            .collect();
+        let mut unmatched: Vec<UnmatchedTask> = result
+            .unmatched
+            .iter()
+            .map(|&(t, reason)| UnmatchedTask {
+                task_id: tasks[t].id.clone(),
+                reason: reason.code().into(),
+                message: reason.to_string(),
+            })
+            .collect();
+        // Matched but refused by the books (should not happen): report, never drop silently.
+        for m in &result.matches {
+            if !placed.contains(tasks[m.task].id.as_str()) {
+                unmatched.push(UnmatchedTask {
+                    task_id: tasks[m.task].id.clone(),
+                    reason: "internal".into(),
+                    message: "the agent's resources changed while matching".into(),
+                });
+            }
+        }
+        if !offers.is_empty() {
+            self.send(conn, Message::Offers(Offers { offers }));
+        }
+        self.send(
+            conn,
+            Message::BatchResult(BatchResult {
+                batch_id,
+                unmatched,
+                proposals: result.proposals,
+                matched,
+                offer_ids,
+            }),
+        );
+    }
+
+    /// Checks every task of a batch; any problem refuses the whole batch.
+    fn check_batch(
+        &self,
+        framework_id: &str,
+        batch: SubmitBatch,
+    ) -> Result<(Vec<TaskInfo>, Vec<BatchTask>), String> {
+        if batch.tasks.is_empty() {
+            return Err("the batch has no tasks".into());
+        }
+        if batch.tasks.len() > MAX_BATCH_TASKS {
+            return Err(format!(
+                "{} tasks is more than the {MAX_BATCH_TASKS} a batch may hold",
+                batch.tasks.len()
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut infos = Vec::with_capacity(batch.tasks.len());
+        let mut tasks = Vec::with_capacity(batch.tasks.len());
+        for (i, task) in batch.tasks.into_iter().enumerate() {
+            let Some(info) = task.task else {
+                return Err(format!("task #{i} has no TaskInfo"));
+            };
+            let id = info.task_id.clone();
+            if id.is_empty() {
+                return Err(format!("task #{i} has an empty task_id"));
+            }
+            if id.len() > 256
+                || id.contains('/')
+                || id.chars().any(char::is_control)
+                || id == "."
+                || id == ".."
+            {
+                return Err(format!("task id {id:?} is not allowed (at most 256 characters, no `/` or control characters)"));
+            }
+            if !seen.insert(id.clone()) {
+                return Err(format!("task id {id} appears twice"));
+            }
+            if self
+                .tasks
+                .get(&(framework_id.to_string(), id.clone()))
+                .is_some_and(|t| !t.state.is_terminal())
+            {
+                return Err(format!("task id {id} is already in use by this framework"));
+            }
+            if info.command.trim().is_empty() {
+                return Err(format!("task {id} has an empty command"));
+            }
+            let resources = Resources::from_wire(info.resources.as_ref())
+                .map_err(|e| format!("task {id} has bad resources: {e}"))?;
+            if resources.is_empty() {
+                return Err(format!("task {id} asks for no resources"));
+            }
+            let positive = |x: f64| x.is_finite() && x > 0.0;
+            if !positive(task.deadline_secs) {
+                return Err(format!(
+                    "task {id}: deadline_secs must be a number > 0, got {}",
+                    task.deadline_secs
+                ));
+            }
+            if !positive(task.work) {
+                return Err(format!(
+                    "task {id}: work must be a number > 0, got {}",
+                    task.work
+                ));
+            }
+            if !(task.price.is_finite() && task.price >= 0.0) {
+                return Err(format!(
+                    "task {id}: price must be a number ≥ 0, got {}",
+                    task.price
+                ));
+            }
+            tasks.push(BatchTask {
+                id,
+                resources,
+                deadline_secs: task.deadline_secs,
+                work: task.work,
+                price: task.price,
+            });
+            infos.push(info);
+        }
+        Ok((infos, tasks))
+    }
+}
