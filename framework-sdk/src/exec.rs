@@ -31,7 +31,8 @@ pub const EXIT_USAGE: i32 = 2;
     name = "ringmaster-exec",
     version,
     about = "Run a shell command as N tasks on a Ringmaster cluster and wait for them",
-    after_help = "Prints `TASK <task-id> <STATE> agent=<agent-id> [reason=<reason>]` per state change.\n\
+    after_help = "Prints `TASK <task-id> <STATE> agent=<agent-id> [reason=<reason>]` per state change;\n\
+                  with --batch also `UNMATCHED <task-id> reason=<code> (<text>)` and a `BATCH` summary.\n\
                   Exit code: 0 if every task FINISHED, 1 otherwise, 2 for usage errors."
 )]
 pub struct ExecArgs {
@@ -41,8 +42,8 @@ pub struct ExecArgs {
     /// Framework name; tasks are named NAME-0, NAME-1, ...
     #[arg(long)]
     pub name: String,
-    /// Resources of one task, e.g. 'cpus:1;mem:128'.
-    #[arg(long)]
+    /// Resources of one task, e.g. 'cpus:1;mem:128' (required without --batch).
+    #[arg(long, default_value = "")]
     pub resources: String,
     /// How many copies of the command to run.
     #[arg(long, default_value_t = 1)]
@@ -59,8 +60,12 @@ pub struct ExecArgs {
     /// Give up (exit 1) when the master cannot be reached for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub connect_timeout: f64,
+    /// Submit the tasks of this YAML file as one batch to be matched at once (see
+    /// docs/batch.md); then no --resources, --instances or command.
+    #[arg(long, value_name = "FILE")]
+    pub batch: Option<std::path::PathBuf>,
     /// The command, run with `sh -c` (words joined with spaces).
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    #[arg(last = true, required_unless_present = "batch", value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
@@ -80,6 +85,8 @@ pub struct ExecPlan {
     pub instances: u32,
     /// The `sh -c` command line.
     pub command: String,
+    /// With `--batch`: the batch (then `unit`, `instances` and `command` are unused).
+    pub batch: Option<crate::exec_batch::BatchFile>,
 }
 
 impl ExecArgs {
@@ -88,6 +95,27 @@ impl ExecArgs {
         let usage = |text: String| Err(UsageError(text));
         if self.name.trim().is_empty() {
             return usage("--name must not be empty".into());
+        }
+        if let Some(path) = &self.batch {
+            if !self.resources.is_empty() || !self.command.is_empty() || self.instances != 1 {
+                return usage(
+                    "--batch takes tasks, resources and commands from the file: drop --resources, --instances and the command".into(),
+                );
+            }
+            let batch = crate::exec_batch::BatchFile::load(path)
+                .map_err(|e| UsageError(format!("--batch {e}")))?;
+            let mut plan = ExecArgs {
+                batch: None,
+                resources: "cpus:1".into(),
+                command: vec!["true".into()],
+                ..self.clone()
+            }
+            .plan()?;
+            plan.unit = Resources::new();
+            plan.command = String::new();
+            plan.instances = batch.tasks.len() as u32;
+            plan.batch = Some(batch);
+            return Ok(plan);
         }
         let unit = match Resources::parse(&self.resources) {
             Ok(unit) if unit.is_empty() => {
@@ -144,6 +172,7 @@ impl ExecArgs {
             unit,
             instances: self.instances,
             command,
+            batch: None,
         })
     }
 }
@@ -358,6 +387,17 @@ pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 
             return EXIT_USAGE;
         }
     };
+    if let Some(batch) = plan.batch {
+        let batch_id = batch.batch_id.unwrap_or_else(|| plan.config.name.clone());
+        let scheduler = crate::exec_batch::BatchExecScheduler::new(batch_id, batch.tasks, out);
+        return match crate::run(plan.config, scheduler).await {
+            Ok(scheduler) => scheduler.exit_code(),
+            Err(e) => {
+                eprintln!("ringmaster-exec: {e}");
+                EXIT_FAILURE
+            }
+        };
+    }
     let scheduler = ExecScheduler::new(&plan, out);
     match crate::run(plan.config, scheduler).await {
         Ok(scheduler) => scheduler.exit_code(),

@@ -52,6 +52,7 @@ mod config;
 mod driver;
 mod error;
 pub mod exec;
+pub mod exec_batch;
 mod scheduler;
 mod session;
 

@@ -11,8 +11,7 @@ use std::collections::HashSet;
 
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{
-    BatchResult, ErrorCode, Message, Offer, Offers, Placement, SubmitBatch, TaskInfo,
-    UnmatchedTask,
+    BatchResult, ErrorCode, Message, Offer, Offers, Placement, SubmitBatch, TaskInfo, UnmatchedTask,
 };
 use tokio::time::Instant;
 
