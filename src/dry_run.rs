@@ -37,6 +37,7 @@ struct RawScenario {
     frameworks: Vec<RawFramework>,
     #[serde(default)]
     requests: Vec<RawRequest>,
+    batch: Option<crate::dry_run_batch::RawBatch>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -44,6 +45,10 @@ struct RawScenario {
 struct RawAgent {
     id: String,
     resources: String,
+    // Batch matching scores (see dry_run_batch).
+    cpu_speed: Option<serde_yaml::Value>,
+    net_rate: Option<serde_yaml::Value>,
+    unit_cost: Option<serde_yaml::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,6 +76,11 @@ pub struct Scenario {
     pub frameworks: Vec<(String, f64)>,
     /// (index into `frameworks`, demand, count), in file order.
     pub requests: Vec<(usize, Resources, u32)>,
+    /// The `batch:` section and every agent's matching profile (in `agents` order).
+    pub batch: Option<(
+        crate::dry_run_batch::BatchSection,
+        Vec<crate::placement::matching::AgentProfile>,
+    )>,
 }
 
 impl Scenario {
@@ -174,11 +184,30 @@ impl Scenario {
             };
             requests.push((fw, demand, count));
         }
+        let batch = match &raw.batch {
+            Some(b) => {
+                let mut profiles = Vec::with_capacity(raw.agents.len());
+                for (i, a) in raw.agents.iter().enumerate() {
+                    let scores = crate::dry_run_batch::RawAgentScores {
+                        cpu_speed: a.cpu_speed.clone(),
+                        net_rate: a.net_rate.clone(),
+                        unit_cost: a.unit_cost.clone(),
+                    };
+                    profiles.push(crate::dry_run_batch::agent_profile(&source, i, &scores)?);
+                }
+                Some((
+                    crate::dry_run_batch::BatchSection::from_raw(&source, b)?,
+                    profiles,
+                ))
+            }
+            None => None,
+        };
         Ok(Scenario {
             rings,
             agents,
             frameworks,
             requests,
+            batch,
         })
     }
 }
@@ -358,7 +387,23 @@ pub fn place(
         None => crate::config::Config::default(),
     };
     let scenario = Scenario::load(scenario, config.rings)?;
-    Ok(run(&scenario, placer.unwrap_or(config.placer)).json_lines())
+    let outcome = run(&scenario, placer.unwrap_or(config.placer));
+    let mut lines = outcome.json_lines();
+    if let Some((batch, profiles)) = &scenario.batch {
+        // Matched against what the requests left.
+        let agents: Vec<_> = scenario
+            .agents
+            .iter()
+            .zip(&outcome.agents)
+            .zip(profiles)
+            .map(|(((id, total), left), profile)| {
+                let free = Resources::parse(&left.free).unwrap_or_else(|_| total.clone());
+                (id.clone(), total.clone(), free, *profile)
+            })
+            .collect();
+        lines.extend(crate::dry_run_batch::run(batch, &config.matching, &agents));
+    }
+    Ok(lines)
 }
 
 #[cfg(test)]
@@ -428,11 +473,11 @@ requests:
             ),
             (
                 "agents: []\nnodes: []\n",
-                "s.yaml:2: unknown field `nodes`, expected one of `rings`, `agents`, `frameworks`, `requests`",
+                "s.yaml:2: unknown field `nodes`, expected one of `rings`, `agents`, `frameworks`, `requests`, `batch`",
             ),
             (
                 "agents:\n  - { id: a1, resources: \"cpus:1\", zone: z }\n",
-                "s.yaml:2: agents[0]: unknown field `zone`, expected `id` or `resources`",
+                "s.yaml:2: agents[0]: unknown field `zone`, expected one of `id`, `resources`, `cpu_speed`, `net_rate`, `unit_cost`",
             ),
         ];
         for (text, expected) in cases {

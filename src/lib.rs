@@ -4,10 +4,11 @@
 //! [`placement`] decides (no I/O); [`config`] reads the operator's YAML with errors that name
 //! file, line and key; [`master`] runs the offer cycle over the wire; [`local`] runs a master
 //! and agents in one process; [`dry_run`] runs placement over a scenario file for
-//! `ringmaster place`.
+//! `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:` section).
 
 pub mod config;
 pub mod dry_run;
+pub mod dry_run_batch;
 pub mod local;
 pub mod master;
 pub mod placement;
