@@ -22,16 +22,18 @@ impl Drop for Proc {
 
 /// Starts `ringmaster serve`; returns it, its address, and a channel of its log lines.
 fn start_master(config: &Path) -> (Proc, String, mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringmaster"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start ringmaster serve");
-    let stderr = child.stderr.take().unwrap();
+    let mut master = Proc(
+        Command::new(env!("CARGO_BIN_EXE_ringmaster"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start ringmaster serve"),
+    );
+    let stderr = master.0.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -48,7 +50,7 @@ fn start_master(config: &Path) -> (Proc, String, mpsc::Receiver<String>) {
                 .chars()
                 .take_while(|c| !c.is_whitespace())
                 .collect();
-            return (Proc(child), addr, rx);
+            return (master, addr, rx);
         }
     }
 }

@@ -86,7 +86,7 @@ async fn batch_offers_carry_suggested_tasks_and_skip_offered_agents() {
     assert_eq!(result.batch_id, "b1");
     assert_eq!(result.matched, 2);
     assert_eq!(result.proposals, 2);
-    assert_eq!(result.offer_ids, [offer.offer_id.clone()]);
+    assert_eq!(result.offer_ids, std::slice::from_ref(&offer.offer_id));
     assert_eq!(result.unmatched.len(), 1);
     assert_eq!(result.unmatched[0].task_id, "t3");
     assert_eq!(result.unmatched[0].reason, "no_agent_fits");

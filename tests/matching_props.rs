@@ -127,9 +127,9 @@ proptest! {
         for m in &result.matches {
             held[m.agent].push(m.task);
         }
-        for t in 0..tasks.len() {
+        for (t, matched) in assignment.iter().enumerate() {
             let list = prefs.list(t);
-            let better = match assignment[t] {
+            let better = match *matched {
                 Some(a) => prefs.rank(t, a).expect("matched to a usable agent"),
                 None => list.len(),
             };
