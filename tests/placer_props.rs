@@ -119,7 +119,7 @@ proptest! {
         let cluster = build(PlacerKind::Balance, &agents);
         let mut context = PlacementContext::new(settings);
         context.set_pending(pending.iter().map(|(d, n)| (d, *n)));
-        let mut check = |context: &mut PlacementContext| -> Result<(), TestCaseError> {
+        let check = |context: &mut PlacementContext| -> Result<(), TestCaseError> {
             let weights = context.weights(&cluster);
             let sum: f64 = weights.iter().map(|(_, w)| w).sum();
             prop_assert!(weights.iter().all(|(_, w)| *w >= 0.0), "{weights:?}");
