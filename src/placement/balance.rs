@@ -429,29 +429,49 @@ fn max_free(cluster: &Cluster, dim: &str) -> u64 {
 /// Balance y of `agent` with `demand` placed on it (an empty demand gives the balance now).
 /// Dimensions the agent does not have are left out of d, m and the sum.
 pub fn balance_y(dims: &[String], weights: &[f64], agent: &AgentEntry, demand: &Resources) -> f64 {
-    let d = |dim: &str| -> Option<f64> {
+    balance_before_after(dims, weights, agent, demand).1
+}
+
+/// (y before, y after) in one pass over the dimensions: each amount is looked up once.
+fn balance_before_after(
+    dims: &[String],
+    weights: &[f64],
+    agent: &AgentEntry,
+    demand: &Resources,
+) -> (f64, f64) {
+    const INLINE: usize = 8;
+    // (weight, d before, d after) per dimension the agent has; on the stack for up to 8.
+    let mut inline = [(0.0, 0.0, 0.0); INLINE];
+    let mut spill = Vec::new();
+    let mut count = 0usize;
+    let (mut sum_before, mut sum_after) = (0.0, 0.0);
+    for (dim, w) in dims.iter().zip(weights) {
         let total = agent.total.milli(dim);
-        (total > 0).then(|| {
-            let used = total.saturating_sub(agent.free.milli(dim));
-            used.saturating_add(demand.milli(dim)) as f64 / total as f64
-        })
-    };
-    let (mut sum, mut count) = (0.0, 0usize);
-    for dim in dims {
-        if let Some(x) = d(dim) {
-            sum += x;
-            count += 1;
+        if total == 0 {
+            continue;
         }
+        let used = total.saturating_sub(agent.free.milli(dim));
+        let before = used as f64 / total as f64;
+        let after = used.saturating_add(demand.milli(dim)) as f64 / total as f64;
+        sum_before += before;
+        sum_after += after;
+        if count < INLINE {
+            inline[count] = (*w, before, after);
+        } else {
+            spill.push((*w, before, after));
+        }
+        count += 1;
     }
     if count == 0 {
-        return 0.0;
+        return (0.0, 0.0);
     }
-    let m = sum / count as f64;
-    dims.iter()
-        .zip(weights)
-        .filter_map(|(dim, w)| d(dim).map(|x| w * (x - m) * (x - m)))
-        .sum::<f64>()
-        .sqrt()
+    let (m_before, m_after) = (sum_before / count as f64, sum_after / count as f64);
+    let (mut y_before, mut y_after) = (0.0, 0.0);
+    for (w, before, after) in inline[..count.min(INLINE)].iter().chain(&spill) {
+        y_before += w * (before - m_before) * (before - m_before);
+        y_after += w * (after - m_after) * (after - m_after);
+    }
+    (y_before.sqrt(), y_after.sqrt())
 }
 
 fn idle(agent: &AgentEntry) -> bool {
@@ -494,13 +514,11 @@ impl Placer for BalancePlacer {
         let cache = context.cache.as_ref()?;
         let settings = &context.settings;
         let at_threshold = cache.utilisation >= settings.threshold;
-        let empty = Resources::new();
         // (y after, key, y before) of the best so far.
         let mut best: Option<(f64, AgentKey, f64)> = None;
         let mut chosen = None;
         for (key, agent) in fitting_agents(cluster, demand, eligible) {
-            let before = balance_y(&cache.dims, &cache.weights, agent, &empty);
-            let after = balance_y(&cache.dims, &cache.weights, agent, demand);
+            let (before, after) = balance_before_after(&cache.dims, &cache.weights, agent, demand);
             let improves = after < before - IMPROVEMENT_EPSILON;
             if settings.require_improvement && !improves && !idle(agent) {
                 continue;

@@ -46,35 +46,36 @@ pub fn fitting_agents<'a>(
 
 /// The requested ratio of every dimension the agent has, in name order (see the module doc).
 pub fn requested_ratios(agent: &AgentEntry, demand: &Resources) -> Vec<f64> {
-    agent
-        .total
-        .iter()
-        .map(|(name, total)| {
-            let used = total.saturating_sub(agent.free.milli(name));
-            (used.saturating_add(demand.milli(name))) as f64 / total as f64
-        })
-        .collect()
+    ratios(agent, demand).collect()
+}
+
+/// One requested ratio per dimension the agent has, without collecting them.
+fn ratios<'a>(agent: &'a AgentEntry, demand: &'a Resources) -> impl Iterator<Item = f64> + 'a {
+    agent.total.iter().map(move |(name, total)| {
+        let used = total.saturating_sub(agent.free.milli(name));
+        (used.saturating_add(demand.milli(name))) as f64 / total as f64
+    })
+}
+
+fn mean_of(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
 }
 
 /// Mean of the requested ratios (0 for an agent with nothing).
 pub fn least_requested_score(agent: &AgentEntry, demand: &Resources) -> f64 {
-    let ratios = requested_ratios(agent, demand);
-    mean(&ratios)
+    mean_of(ratios(agent, demand))
 }
 
-/// Population variance of the requested ratios (0 for an agent with nothing).
+/// Population variance of the requested ratios (0 for an agent with nothing): two passes, so
+/// equal ratios give exactly 0.
 pub fn most_balanced_score(agent: &AgentEntry, demand: &Resources) -> f64 {
-    let ratios = requested_ratios(agent, demand);
-    let m = mean(&ratios);
-    mean(&ratios.iter().map(|r| (r - m) * (r - m)).collect::<Vec<_>>())
-}
-
-fn mean(values: &[f64]) -> f64 {
-    if values.is_empty() {
-        0.0
-    } else {
-        values.iter().sum::<f64>() / values.len() as f64
-    }
+    let m = mean_of(ratios(agent, demand));
+    mean_of(ratios(agent, demand).map(|r| (r - m) * (r - m)))
 }
 
 /// The fitting agent with the smallest `score`, ties to the lowest key.
