@@ -64,7 +64,8 @@ struct PlaceArgs {
     /// Master config YAML (placer and rings); defaults apply without it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Placer overriding the config's: ring, linear-best-fit or first-fit.
+    /// Placer overriding the config's: ring, linear-best-fit, first-fit, balance,
+    /// least-requested or most-balanced.
     #[arg(long, value_name = "NAME")]
     placer: Option<PlacerKind>,
 }

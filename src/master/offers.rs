@@ -12,7 +12,7 @@ use tokio::time::{Duration, Instant};
 
 use super::state::{MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
-use crate::placement::{allocate, Grant, Request};
+use crate::placement::{allocate_in, Grant, PlacementContext, Request};
 
 impl MasterState {
     /// One allocation run: every framework with outstanding demand, lowest DRF share first,
@@ -59,12 +59,15 @@ impl MasterState {
             };
             fw.filters.get(agent_id).is_none_or(|until| *until <= now)
         };
-        let allocations = allocate(
+        // The requests are the real pending demands; the balance placer weighs what blocks them.
+        let mut context = PlacementContext::new(self.config.balance.clone());
+        let allocations = allocate_in(
             &mut self.cluster,
             &mut self.drf,
             &mut requests,
             Grant::WholeAgent,
             &eligible,
+            &mut context,
         );
         let timeout = self.config.master.offer_timeout;
         let placer = self.cluster.placer().to_string();
