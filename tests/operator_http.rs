@@ -466,7 +466,10 @@ async fn metrics_parse_and_counters_move_with_events() {
         w("ringmaster_messages_received_total", &[("kind", "Decline")]),
         1.0
     );
-    assert_eq!(w("ringmaster_messages_sent_total", &[("kind", "Offers")]), 3.0);
+    assert_eq!(
+        w("ringmaster_messages_sent_total", &[("kind", "Offers")]),
+        3.0
+    );
     assert_eq!(
         w(
             "ringmaster_frames_rejected_total",
