@@ -4,10 +4,11 @@
 //! [`placement`] decides (no I/O); [`config`] reads the operator's YAML with errors that name
 //! file, line and key; [`master`] runs the offer cycle over the wire; [`local`] runs a master
 //! and agents in one process; [`dry_run`] runs placement over a scenario file for
-//! `ringmaster place`.
+//! `ringmaster place`; [`status`] renders the master's `/state` for `ringmaster status`.
 
 pub mod config;
 pub mod dry_run;
 pub mod local;
 pub mod master;
 pub mod placement;
+pub mod status;
