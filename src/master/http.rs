@@ -140,6 +140,8 @@ pub fn http_address(listen: &str, flag: Option<&str>) -> Result<Option<String>, 
             Ok(Some(addr.to_string()))
         }
         None => {
+            // HTTP stays on loopback unless asked for explicitly, even when the protocol
+            // port is exposed: the dashboard and /state have no authentication.
             let (host, port) = listen
                 .rsplit_once(':')
                 .ok_or_else(|| format!("--listen {listen}: expected HOST:PORT"))?;
@@ -152,7 +154,8 @@ pub fn http_address(listen: &str, flag: Option<&str>) -> Result<Option<String>, 
                     format!("--listen {listen}: no port after {p} for HTTP; pass --http HOST:PORT")
                 })?,
             };
-            Ok(Some(format!("{host}:{http_port}")))
+            let loopback = if host.starts_with('[') { "[::1]" } else { "127.0.0.1" };
+            Ok(Some(format!("{loopback}:{http_port}")))
         }
     }
 }
@@ -164,10 +167,11 @@ mod tests {
     #[test]
     fn http_address_defaults_next_to_the_protocol_port() {
         type Case<'a> = (&'a str, Option<&'a str>, Result<Option<&'a str>, &'a str>);
-        let cases: [Case; 8] = [
+        let cases: [Case; 9] = [
             ("127.0.0.1:5050", None, Ok(Some("127.0.0.1:5051"))),
             ("[::1]:5050", None, Ok(Some("[::1]:5051"))),
             ("127.0.0.1:0", None, Ok(Some("127.0.0.1:0"))),
+            ("0.0.0.0:5050", None, Ok(Some("127.0.0.1:5051"))),
             ("127.0.0.1:5050", Some("none"), Ok(None)),
             (
                 "127.0.0.1:5050",
