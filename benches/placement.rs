@@ -1,4 +1,5 @@
-//! Placement benchmarks: one decision and one full allocation step, ring against linear best fit.
+//! Placement benchmarks: one decision and one full allocation step, ring against linear best fit;
+//! and one decision of each placer (ring, balance, least-requested, most-balanced) side by side.
 //!
 //! Agents are a seeded, deterministic mix of sizes (1–64 cpus, 1–256 GiB, some with GPUs), partly
 //! used for the single-decision benchmark so they spread over the buckets. Run with
@@ -9,7 +10,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use ringmaster::placement::{
-    allocate, Cluster, DrfSorter, Grant, PlacerKind, Request, Resources, RingsConfig,
+    allocate, BalanceSettings, Cluster, DrfSorter, Grant, PlacementContext, PlacerKind, Request,
+    Resources, RingsConfig,
 };
 
 /// xorshift64*: deterministic and dependency-free.
@@ -141,5 +143,46 @@ fn allocation_step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, one_decision, allocation_step);
+/// One decision of each placer on the same partly used agents. Balance runs twice: with
+/// threshold 1 (below it: the first improving agent, usually found early) and threshold 0 (at or
+/// above it: every fitting agent is visited); its context holds 100 pending demands.
+fn placers(c: &mut Criterion) {
+    let mut group = c.benchmark_group("placers");
+    group.sample_size(20);
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    let demands = demands();
+    let pending: Vec<Resources> = (0..100)
+        .map(|i| demands[i % demands.len()].clone())
+        .collect();
+    let balance = |threshold: f64| {
+        let settings = BalanceSettings::new(None, threshold, false).expect("valid settings");
+        let mut context = PlacementContext::new(settings);
+        context.set_pending(pending.iter().map(|d| (d, 1)));
+        context
+    };
+    let runs: [(&str, PlacerKind, Option<f64>); 5] = [
+        ("ring", PlacerKind::Ring, None),
+        ("balance-below-threshold", PlacerKind::Balance, Some(1.0)),
+        ("balance-at-threshold", PlacerKind::Balance, Some(0.0)),
+        ("least-requested", PlacerKind::LeastRequested, None),
+        ("most-balanced", PlacerKind::MostBalanced, None),
+    ];
+    for n in [1_000, 10_000] {
+        for (name, placer, threshold) in runs {
+            let cluster = cluster(n, placer, true);
+            let mut context = balance(threshold.unwrap_or(0.5));
+            let mut i = 0;
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+                b.iter(|| {
+                    i = (i + 1) % demands.len();
+                    black_box(cluster.place_in(&demands[i], &|_| true, &mut context))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, one_decision, allocation_step, placers);
 criterion_main!(benches);

@@ -7,7 +7,11 @@
 //! their key's line with [`locate`], which asks the same YAML parser where the key is.
 //!
 //! ```yaml
-//! placer: ring            # ring | linear-best-fit | first-fit
+//! placer: ring            # ring | linear-best-fit | first-fit | balance | least-requested | most-balanced
+//! balance:                # settings of the balance placer (SPEC seed 000), all optional
+//!   initial_weights: { cpus: 0.3333, mem: 0.3333, gpus: 0.3334 }
+//!   threshold: 0.5
+//!   require_improvement: false
 //! rings:
 //!   cpus: { base: 0, step: 1, buckets: 64, search_up: 2 }
 //!   mem:  { bounds: [0, 1024, 4096, 16384, 65536], search_up: 1 }
@@ -27,8 +31,9 @@ use serde::de::{
 };
 use serde::Deserialize;
 
+use crate::placement::balance::BalanceSettingsError;
 use crate::placement::matching::MatchingCoefficients;
-use crate::placement::{PlacerKind, Resources, RingLayout, RingSpec, RingsConfig};
+use crate::placement::{BalanceSettings, PlacerKind, Resources, RingLayout, RingSpec, RingsConfig};
 use ringmaster_proto::resources::MILLI;
 
 /// A configuration or scenario error, located as precisely as the text allows.
@@ -462,6 +467,7 @@ struct RawMaster {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     placer: Option<String>,
+    balance: Option<RawBalance>,
     rings: Option<RawRings>,
     master: Option<RawMaster>,
     matching: Option<RawMatching>,
@@ -513,10 +519,87 @@ pub fn apply_matching(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     pub placer: PlacerKind,
+    /// Settings of the balance placer (used when `placer: balance`).
+    pub balance: BalanceSettings,
     pub rings: RingsConfig,
     pub master: MasterConfig,
     /// Coefficients of the batch-matching scores.
     pub matching: MatchingCoefficients,
+}
+
+/// The `balance:` section as written (checked after parsing, with its lines).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBalance {
+    initial_weights: Option<serde_yaml::Mapping>,
+    threshold: Option<serde_yaml::Value>,
+    require_improvement: Option<bool>,
+}
+
+/// Applies a `balance:` section (found at `at` in `source`) on top of `settings`.
+pub fn apply_balance(
+    source: &YamlSource,
+    at: &[Seg],
+    raw: &RawBalance,
+    settings: &mut BalanceSettings,
+) -> Result<(), ConfigError> {
+    let path = |keys: &[&str]| -> Vec<Seg> {
+        let mut p = at.to_vec();
+        p.extend(keys.iter().map(|k| Seg::Key(k.to_string())));
+        p
+    };
+    let weights = match &raw.initial_weights {
+        None => settings.initial_weights().map(<[_]>::to_vec),
+        Some(map) => {
+            let mut weights = Vec::with_capacity(map.len());
+            for (name, value) in map {
+                let Some(name) = name.as_str() else {
+                    return Err(source.error(
+                        &path(&["initial_weights"]),
+                        format!("dimension names are text, found {}", describe(name)),
+                    ));
+                };
+                let weight = match value {
+                    serde_yaml::Value::Number(n) => n.as_f64(),
+                    _ => None,
+                };
+                let Some(weight) = weight else {
+                    return Err(source.error(
+                        &path(&["initial_weights", name]),
+                        format!("expected a number, found {}", describe(value)),
+                    ));
+                };
+                weights.push((name.to_string(), weight));
+            }
+            Some(weights)
+        }
+    };
+    let threshold = match &raw.threshold {
+        None => settings.threshold(),
+        Some(serde_yaml::Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
+        Some(other) => {
+            return Err(source.error(
+                &path(&["threshold"]),
+                format!("expected a number from 0 to 1, found {}", describe(other)),
+            ))
+        }
+    };
+    let require_improvement = raw
+        .require_improvement
+        .unwrap_or(settings.require_improvement());
+    *settings = BalanceSettings::new(weights, threshold, require_improvement).map_err(|e| {
+        let at = match &e {
+            BalanceSettingsError::BadName(name)
+            | BalanceSettingsError::Duplicate { name }
+            | BalanceSettingsError::BadWeight { name, .. } => path(&["initial_weights", name]),
+            BalanceSettingsError::TooFewDimensions(_) | BalanceSettingsError::Sum(_) => {
+                path(&["initial_weights"])
+            }
+            BalanceSettingsError::Threshold(_) => path(&["threshold"]),
+        };
+        source.error(&at, e.to_string())
+    })?;
+    Ok(())
 }
 
 /// Parses a placer name found at `path`.
@@ -550,6 +633,9 @@ impl Config {
         let mut config = Config::default();
         if let Some(name) = &raw.placer {
             config.placer = placer_kind(&source, &["placer".into()], name)?;
+        }
+        if let Some(balance) = &raw.balance {
+            apply_balance(&source, &["balance".into()], balance, &mut config.balance)?;
         }
         if let Some(rings) = &raw.rings {
             apply_rings(&source, &["rings".into()], rings, &mut config.rings)?;
@@ -608,6 +694,10 @@ mod tests {
 
     const FULL: &str = "\
 placer: linear-best-fit
+balance:
+  initial_weights: { cpus: 0.25, mem: 0.25, gpus: 0.5 }
+  threshold: 0.7
+  require_improvement: true
 rings:
   cpus: { base: 0.5, step: 0.5, buckets: 8, search_up: 3 }
   mem:
@@ -625,6 +715,11 @@ matching: { a: 0.7, d: -1 }
     fn reads_every_section() {
         let config = Config::from_yaml(FULL, "cluster.yaml").unwrap();
         assert_eq!(config.placer, PlacerKind::LinearBestFit);
+        let weights =
+            [("cpus", 0.25), ("mem", 0.25), ("gpus", 0.5)].map(|(n, w)| (n.to_string(), w));
+        assert_eq!(config.balance.initial_weights(), Some(&weights[..]));
+        assert_eq!(config.balance.threshold(), 0.7);
+        assert!(config.balance.require_improvement());
         let cpus = config.rings.spec_for("cpus");
         assert_eq!(
             cpus.layout(),
@@ -718,7 +813,39 @@ matching: { a: 0.7, d: -1 }
             ),
             (
                 "\nplacer: best\n",
-                "cluster.yaml:2: placer: unknown placer `best` (expected ring, linear-best-fit or first-fit)",
+                "cluster.yaml:2: placer: unknown placer `best` (expected ring, linear-best-fit, first-fit, balance, least-requested or most-balanced)",
+            ),
+            (
+                "placer: balance\nbalance:\n  initial_weights:\n    cpus: 0.5\n    mem: 0.6\n",
+                "cluster.yaml:3: balance.initial_weights: initial weights must sum to 1, they sum to 1.1",
+            ),
+            (
+                "balance:\n  initial_weights:\n    cpus: 1.5\n    mem: -0.5\n",
+                "cluster.yaml:4: balance.initial_weights.mem: weight of `mem` must be a finite number ≥ 0, not -0.5",
+            ),
+            (
+                "balance:\n  initial_weights: { cpus: 0.5, mem: half }\n",
+                "cluster.yaml:2: balance.initial_weights.mem: expected a number, found the string `half`",
+            ),
+            (
+                "balance:\n  initial_weights: { cpus: 1 }\n",
+                "cluster.yaml:2: balance.initial_weights: balance needs at least two dimensions, 1 given",
+            ),
+            (
+                "balance:\n  initial_weights: { cpus: 0.5, 9mem: 0.5 }\n",
+                "cluster.yaml:2: balance.initial_weights.9mem: `9mem` is not a valid resource name",
+            ),
+            (
+                "balance:\n  require_improvement: true\n  threshold: 2\n",
+                "cluster.yaml:3: balance.threshold: threshold must be a number from 0 to 1, not 2",
+            ),
+            (
+                "balance:\n  threshold: high\n",
+                "cluster.yaml:2: balance.threshold: expected a number from 0 to 1, found the string `high`",
+            ),
+            (
+                "balance:\n  treshold: 0.5\n",
+                "cluster.yaml:2: balance: unknown field `treshold`, expected one of `initial_weights`, `threshold`, `require_improvement`",
             ),
             (
                 "master:\n  agent_timeout: 15s\n  offer_timeout: soon\n",
@@ -734,7 +861,7 @@ matching: { a: 0.7, d: -1 }
             ),
             (
                 "placer: ring\nmastr: {}\n",
-                "cluster.yaml:2: unknown field `mastr`, expected one of `placer`, `rings`, `master`, `matching`",
+                "cluster.yaml:2: unknown field `mastr`, expected one of `placer`, `balance`, `rings`, `master`, `matching`",
             ),
             (
                 "master:\n  agent_timeout: [1]\n",

@@ -5,7 +5,14 @@
 //! ([`Grant::Demand`]), frameworks served in DRF order, until everything is placed or nothing more
 //! fits. The output is one JSON object per line (placements, then the unplaced, then final state).
 //!
+//! Requests are tried in file order within a framework. With the balance placer each placement
+//! line also says why (`"balance":{"weights":[…],"y_before":…,"y_after":…}`, weights in balance
+//! dimension order).
+//!
 //! ```yaml
+//! balance:                    # optional, on top of the config's (see src/config.rs)
+//!   initial_weights: { cpus: 0.3333, mem: 0.3333, gpus: 0.3333 }
+//!   require_improvement: true
 //! rings:                      # optional, per dimension, on top of the config's
 //!   cpus: { base: 0, step: 1, buckets: 16, search_up: 2 }
 //! agents:
@@ -22,15 +29,19 @@ use std::path::Path;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::config::{apply_rings, whole_number, ConfigError, RawRings, Seg, YamlSource};
+use crate::config::{
+    apply_balance, apply_rings, whole_number, ConfigError, RawBalance, RawRings, Seg, YamlSource,
+};
 use crate::placement::{
-    allocate, Cluster, DrfSorter, Grant, PlacerKind, Request, Resources, RingsConfig,
+    allocate_in, BalanceSettings, Cluster, DrfSorter, Grant, PlacementContext, PlacerKind, Request,
+    Resources, RingsConfig,
 };
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawScenario {
     rings: Option<RawRings>,
+    balance: Option<RawBalance>,
     #[serde(default)]
     agents: Vec<RawAgent>,
     #[serde(default)]
@@ -70,6 +81,7 @@ struct RawRequest {
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub rings: RingsConfig,
+    pub balance: BalanceSettings,
     /// (id, total resources), in file order.
     pub agents: Vec<(String, Resources)>,
     /// (name, weight), in file order.
@@ -84,8 +96,12 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// Reads a scenario; its `rings` apply on top of `rings`.
-    pub fn load(path: &Path, rings: RingsConfig) -> Result<Scenario, ConfigError> {
+    /// Reads a scenario; its `rings` and `balance` apply on top of the given ones.
+    pub fn load(
+        path: &Path,
+        rings: RingsConfig,
+        balance: BalanceSettings,
+    ) -> Result<Scenario, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
@@ -93,18 +109,22 @@ impl Scenario {
             key: String::new(),
             message: format!("cannot read: {e}"),
         })?;
-        Scenario::from_yaml(&text, &file, rings)
+        Scenario::from_yaml(&text, &file, rings, balance)
     }
 
     pub fn from_yaml(
         text: &str,
         file: &str,
         mut rings: RingsConfig,
+        mut balance: BalanceSettings,
     ) -> Result<Scenario, ConfigError> {
         let source = YamlSource { text, file };
         let raw: RawScenario = source.parse()?;
         if let Some(raw_rings) = &raw.rings {
             apply_rings(&source, &["rings".into()], raw_rings, &mut rings)?;
+        }
+        if let Some(raw_balance) = &raw.balance {
+            apply_balance(&source, &["balance".into()], raw_balance, &mut balance)?;
         }
         let at = |list: &str, i: usize, field: &str| -> Vec<Seg> {
             vec![list.into(), i.into(), field.into()]
@@ -204,6 +224,7 @@ impl Scenario {
         };
         Ok(Scenario {
             rings,
+            balance,
             agents,
             frameworks,
             requests,
@@ -221,6 +242,17 @@ pub struct Placed {
     pub phase: Option<String>,
     pub bucket: Option<usize>,
     pub resources: String,
+    /// Only for the balance placer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balance: Option<BalanceLine>,
+}
+
+/// A balance decision's explanation, rounded to 4 decimals.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BalanceLine {
+    pub weights: Vec<f64>,
+    pub y_before: f64,
+    pub y_after: f64,
 }
 
 /// A request left with copies unplaced.
@@ -322,12 +354,14 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
             count: *count,
         })
         .collect();
-    let allocations = allocate(
+    let mut context = PlacementContext::new(scenario.balance.clone());
+    let allocations = allocate_in(
         &mut cluster,
         &mut drf,
         &mut requests,
         Grant::Demand,
         &|_, _| true,
+        &mut context,
     );
     let name = |fw: usize| scenario.frameworks[fw].0.clone();
     let placed = allocations
@@ -340,6 +374,11 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
             phase: a.decision.phase.map(|p| p.to_string()),
             bucket: a.decision.bucket,
             resources: a.resources.to_string(),
+            balance: a.decision.balance.as_ref().map(|note| BalanceLine {
+                weights: note.weights.iter().copied().map(four_decimals).collect(),
+                y_before: four_decimals(note.y_before),
+                y_after: four_decimals(note.y_after),
+            }),
         })
         .collect();
     let unplaced = requests
@@ -386,7 +425,7 @@ pub fn place(
         Some(path) => crate::config::Config::load(path)?,
         None => crate::config::Config::default(),
     };
-    let scenario = Scenario::load(scenario, config.rings)?;
+    let scenario = Scenario::load(scenario, config.rings, config.balance)?;
     let outcome = run(&scenario, placer.unwrap_or(config.placer));
     let mut lines = outcome.json_lines();
     if let Some((batch, profiles)) = &scenario.batch {
@@ -423,7 +462,13 @@ requests:
 
     #[test]
     fn drf_paper_example_lines() {
-        let scenario = Scenario::from_yaml(DRF_PAPER, "s.yaml", RingsConfig::default()).unwrap();
+        let scenario = Scenario::from_yaml(
+            DRF_PAPER,
+            "s.yaml",
+            RingsConfig::default(),
+            BalanceSettings::default(),
+        )
+        .unwrap();
         let lines = run(&scenario, PlacerKind::Ring).json_lines();
         assert_eq!(
             lines,
@@ -473,7 +518,7 @@ requests:
             ),
             (
                 "agents: []\nnodes: []\n",
-                "s.yaml:2: unknown field `nodes`, expected one of `rings`, `agents`, `frameworks`, `requests`, `batch`",
+                "s.yaml:2: unknown field `nodes`, expected one of `rings`, `balance`, `agents`, `frameworks`, `requests`, `batch`",
             ),
             (
                 "agents:\n  - { id: a1, resources: \"cpus:1\", zone: z }\n",
@@ -481,9 +526,14 @@ requests:
             ),
         ];
         for (text, expected) in cases {
-            let err = Scenario::from_yaml(text, "s.yaml", RingsConfig::default())
-                .unwrap_err()
-                .to_string();
+            let err = Scenario::from_yaml(
+                text,
+                "s.yaml",
+                RingsConfig::default(),
+                BalanceSettings::default(),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(
                 err.starts_with(expected),
                 "{text:?}\n got: {err}\nwant: {expected}"

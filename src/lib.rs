@@ -4,7 +4,8 @@
 //! [`placement`] decides (no I/O); [`config`] reads the operator's YAML with errors that name
 //! file, line and key; [`master`] runs the offer cycle over the wire; [`local`] runs a master
 //! and agents in one process; [`dry_run`] runs placement over a scenario file for
-//! `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:` section).
+//! `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:` section); [`status`]
+//! renders the master's `/state` for `ringmaster status`.
 
 pub mod config;
 pub mod dry_run;
@@ -12,3 +13,4 @@ pub mod dry_run_batch;
 pub mod local;
 pub mod master;
 pub mod placement;
+pub mod status;

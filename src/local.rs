@@ -20,6 +20,8 @@ use crate::master::Master;
 /// Options of `ringmaster local`.
 pub struct LocalOptions {
     pub listen: String,
+    /// Where to serve the operator HTTP surface (`None`: no HTTP).
+    pub http: Option<String>,
     pub agents: usize,
     pub agent_resources: Resources,
     pub demo: bool,
@@ -38,7 +40,12 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// Starts the master and `agents` agents, and waits until every agent has registered.
     pub async fn start(options: &LocalOptions) -> anyhow::Result<LocalCluster> {
-        let master = Master::start(&options.listen, options.config.clone()).await?;
+        let master = Master::start_with_http(
+            &options.listen,
+            options.http.as_deref(),
+            options.config.clone(),
+        )
+        .await?;
         let (work_root, temp) = match &options.work_dir {
             Some(dir) => (dir.clone(), None),
             None => {
@@ -116,9 +123,13 @@ pub async fn run(options: LocalOptions) -> anyhow::Result<()> {
     let addr = cluster.master.addr();
     if !options.demo {
         println!(
-            "ringmaster local: master on {addr} with {} agents of {}. Try:\n  ringmaster-exec --master {addr} --name hello --resources 'cpus:0.5;mem:64' --instances 4 -- echo hello\nCtrl-C stops.",
+            "ringmaster local: master on {addr} with {} agents of {}. Try:\n  ringmaster-exec --master {addr} --name hello --resources 'cpus:0.5;mem:64' --instances 4 -- echo hello",
             options.agents, options.agent_resources
         );
+        if let Some(http) = cluster.master.http_addr() {
+            println!("Dashboard: http://{http}/   Status: ringmaster status --master {http}");
+        }
+        println!("Ctrl-C stops.");
         tokio::signal::ctrl_c().await?;
         cluster.shutdown().await;
         return Ok(());
@@ -154,6 +165,9 @@ const DEMO: [DemoPlan; 2] = [
 async fn demo(cluster: &LocalCluster) -> anyhow::Result<()> {
     let addr = cluster.master.addr().to_string();
     println!("ringmaster local --demo: master on {addr}");
+    if let Some(http) = cluster.master.http_addr() {
+        println!("dashboard on http://{http}/ while the demo runs");
+    }
     let mut runs = Vec::new();
     for plan in DEMO.iter() {
         let config = FrameworkConfig {

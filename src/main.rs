@@ -1,5 +1,5 @@
-//! The `ringmaster` command: the master (`serve`), local mode (`local`) and the dry-run
-//! placement tool (`place`). Thin: parse arguments, call the library, print, set the exit code.
+//! The `ringmaster` command: the master (`serve`), local mode (`local`), the dry-run
+//! placement tool (`place`) and the operator view (`status`). Thin: parse arguments, call the library, print, set the exit code.
 //!
 //! Exit codes: 0 success; 1 a runtime failure; 2 bad input (arguments, config or scenario),
 //! with one line on stderr naming the file, line and field.
@@ -10,7 +10,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use ringmaster::config::Config;
+use ringmaster::master::http::http_address;
 use ringmaster::placement::PlacerKind;
+use ringmaster::status::StatusView;
 use ringmaster_proto::resources::Resources;
 
 #[derive(Debug, Parser)]
@@ -30,6 +32,10 @@ enum Command {
         /// YAML config file (placer, rings, master timers).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Address for HTTP (state, metrics, dashboard), or `none`. Default: the --listen host
+        /// with the port plus one.
+        #[arg(long, value_name = "ADDR|none")]
+        http: Option<String>,
     },
     /// Run a master and N agents in one process on loopback (like mesos-local).
     Local {
@@ -51,6 +57,22 @@ enum Command {
         /// Where the agents keep their sandboxes (default: a temporary directory).
         #[arg(long, value_name = "DIR")]
         work_dir: Option<PathBuf>,
+        /// Address for HTTP (state, metrics, dashboard), or `none`. Default: the --listen host
+        /// with the port plus one.
+        #[arg(long, value_name = "ADDR|none")]
+        http: Option<String>,
+    },
+    /// Show a running master's state as tables (from its HTTP `/state`).
+    Status {
+        /// The master's HTTP address.
+        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        master: String,
+        /// What to show.
+        #[arg(value_enum, default_value_t = StatusView::Summary)]
+        view: StatusView,
+        /// Print JSON (the view's part of /state) instead of tables.
+        #[arg(long)]
+        json: bool,
     },
     /// Dry-run placement: where would a scenario's requests go? One JSON object per line.
     Place(PlaceArgs),
@@ -64,7 +86,8 @@ struct PlaceArgs {
     /// Master config YAML (placer and rings); defaults apply without it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Placer overriding the config's: ring, linear-best-fit or first-fit.
+    /// Placer overriding the config's: ring, linear-best-fit, first-fit, balance,
+    /// least-requested or most-balanced.
     #[arg(long, value_name = "NAME")]
     placer: Option<PlacerKind>,
 }
@@ -101,15 +124,28 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { listen, config } => {
+        Command::Serve {
+            listen,
+            config,
+            http,
+        } => {
             let config = match load_config(config.as_ref()) {
                 Ok(c) => c,
+                Err(e) => return bad_input(&e),
+            };
+            let http = match http_address(&listen, http.as_deref()) {
+                Ok(h) => h,
                 Err(e) => return bad_input(&e),
             };
             init_logging("info");
             let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
                 rt.block_on(async {
-                    let master = ringmaster::master::Master::start(&listen, config).await?;
+                    let master = ringmaster::master::Master::start_with_http(
+                        &listen,
+                        http.as_deref(),
+                        config,
+                    )
+                    .await?;
                     shutdown_signal().await;
                     tracing::info!("shutting down");
                     master.shutdown().await;
@@ -125,14 +161,20 @@ fn main() -> ExitCode {
             demo,
             config,
             work_dir,
+            http,
         } => {
             let config = match load_config(config.as_ref()) {
                 Ok(c) => c,
                 Err(e) => return bad_input(&e),
             };
+            let http = match http_address(&listen, http.as_deref()) {
+                Ok(h) => h,
+                Err(e) => return bad_input(&e),
+            };
             init_logging(if demo { "error" } else { "info" });
             let options = ringmaster::local::LocalOptions {
                 listen,
+                http,
                 agents,
                 agent_resources,
                 demo,
@@ -143,6 +185,23 @@ fn main() -> ExitCode {
                 .map_err(anyhow::Error::from)
                 .and_then(|rt| rt.block_on(ringmaster::local::run(options)));
             finish(result)
+        }
+        Command::Status { master, view, json } => {
+            let snapshot = match ringmaster::status::fetch(&master) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let text = if json {
+                ringmaster::status::to_json(view, &snapshot) + "\n"
+            } else {
+                ringmaster::status::render(view, &snapshot, &master)
+            };
+            // stdout closed (e.g. piped into head): nothing more to say.
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            ExitCode::SUCCESS
         }
         Command::Place(args) => {
             match ringmaster::dry_run::place(&args.scenario, args.config.as_deref(), args.placer) {

@@ -170,3 +170,107 @@ fn bad_input_exits_2_with_one_located_line() {
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown placer `random`"), "{stderr}");
 }
+
+/// SPEC seed 000 golden example: balance places jobs 5, 1, 4 with the SPEC's weights and y
+/// values; first-fit places 5 and 2 and strands `cpus:50;mem:100;gpus:4`.
+#[test]
+fn seed_000_balance_against_first_fit() {
+    let (code, lines, stderr) =
+        place(&["--scenario", &path("seed_000.yaml"), "--placer", "balance"]);
+    assert_eq!(code, 0, "{stderr}");
+    let line = |i: usize| serde_json::from_str::<serde_json::Value>(&lines[i]).unwrap();
+    let placed: Vec<(String, &str)> = (0..3)
+        .map(|i| {
+            let resources = line(i)["resources"].as_str().unwrap().to_string();
+            // The raw text, so the key order of the output is checked too.
+            let balance = lines[i].split_once(r#""balance":"#).unwrap().1;
+            (resources, balance.strip_suffix('}').unwrap())
+        })
+        .collect();
+    let expected = [
+        // job5 on the idle agent
+        (
+            "cpus:20;gpus:4;mem:500",
+            r#"{"weights":[0.3333,0.3333,0.3333],"y_before":0.0,"y_after":0.1247}"#,
+        ),
+        // job2 stays pending (0.1217 → 0.1757); job1 improves the balance
+        (
+            "cpus:40;gpus:2;mem:200",
+            r#"{"weights":[0.2593,0.4074,0.3333],"y_before":0.1217,"y_after":0.0497}"#,
+        ),
+        // job4 fills the agent
+        (
+            "cpus:40;gpus:4;mem:300",
+            r#"{"weights":[0.2963,0.4074,0.2963],"y_before":0.0497,"y_after":0.0}"#,
+        ),
+    ];
+    for ((resources, balance), (want_resources, want_balance)) in placed.iter().zip(expected) {
+        assert_eq!(resources, want_resources);
+        assert_eq!(*balance, want_balance);
+    }
+    let unplaced = line(3)["unplaced"].clone();
+    let left: Vec<&str> = unplaced
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["resources"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        left,
+        [
+            "cpus:30;gpus:2;mem:400",
+            "cpus:30;gpus:1;mem:300",
+            "cpus:30;gpus:1;mem:200"
+        ]
+    );
+    assert_eq!(
+        lines[4], r#"{"agents":[{"id":"a","free":""}],"shares":{"jobs":1.0}}"#,
+        "nothing stranded"
+    );
+    assert_eq!(lines.len(), 5);
+
+    let (code, lines, stderr) = place(&[
+        "--scenario",
+        &path("seed_000.yaml"),
+        "--placer",
+        "first-fit",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(lines.len(), 4);
+    assert!(
+        lines[0].contains(r#""resources":"cpus:20;gpus:4;mem:500"}"#),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains(r#""resources":"cpus:30;gpus:2;mem:400"}"#),
+        "{}",
+        lines[1]
+    );
+    assert!(!lines[0].contains("balance"));
+    assert_eq!(
+        lines[3],
+        r#"{"agents":[{"id":"a","free":"cpus:50;gpus:4;mem:100"}],"shares":{"jobs":0.9}}"#
+    );
+}
+
+#[test]
+fn new_placer_names_are_accepted_and_bad_balance_sections_located() {
+    for placer in ["least-requested", "most-balanced"] {
+        let (code, lines, stderr) =
+            place(&["--scenario", &path("best_fit.yaml"), "--placer", placer]);
+        assert_eq!(code, 0, "{stderr}");
+        // Both prefer the big idle agent for a small task (least used, and most even).
+        assert!(
+            lines[0].contains(r#""agent":"big""#),
+            "{placer}: {}",
+            lines[0]
+        );
+    }
+    let (code, _, stderr) = place(&["--scenario", &path("bad_balance.yaml")]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("bad_balance.yaml:3: balance.initial_weights.mem: weight of `mem` must be a finite number ≥ 0, not -0.2"),
+        "{stderr}"
+    );
+}

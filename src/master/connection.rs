@@ -1,6 +1,9 @@
 //! One task per TCP connection: the handshake, the role check, and shuttling frames between
 //! the socket and the actor. A connection that breaks the protocol gets an `Error` and is
 //! closed; it can never disturb another connection or the actor's state.
+//!
+//! Messages in and out and refused frames are counted here, in shared atomic [`Metrics`], so
+//! counting never waits on the actor.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +13,7 @@ use ringmaster_proto::{answer_hello, Connection, ConnectionError, ErrorCode, Mes
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+use super::metrics::{Metrics, Rejection};
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;
 
@@ -22,6 +26,7 @@ pub(crate) async fn accept_loop(
     listener: TcpListener,
     events: mpsc::Sender<Event>,
     config: Arc<Config>,
+    metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -36,6 +41,7 @@ pub(crate) async fn accept_loop(
                         peer,
                         events.clone(),
                         config.master.max_frame_bytes,
+                        metrics.clone(),
                         shutdown.clone(),
                     ));
                 }
@@ -95,11 +101,12 @@ fn allowed(role: Role, message: &Message) -> bool {
     }
 }
 
-fn protocol_error(e: &ConnectionError) -> ringmaster_proto::Error {
-    let code = match e {
-        ConnectionError::UnknownMessage => ErrorCode::UnknownMessage,
-        _ => ErrorCode::BadFrame,
+fn protocol_error(e: &ConnectionError, metrics: &Metrics) -> ringmaster_proto::Error {
+    let (code, rejection) = match e {
+        ConnectionError::UnknownMessage => (ErrorCode::UnknownMessage, Rejection::UnknownMessage),
+        _ => (ErrorCode::BadFrame, Rejection::BadFrame),
     };
+    metrics.frame_rejected(rejection);
     ringmaster_proto::Error::new(code, e.to_string())
 }
 
@@ -109,26 +116,30 @@ async fn handle(
     peer: SocketAddr,
     events: mpsc::Sender<Event>,
     max_frame_bytes: usize,
+    metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
     let mut connection = Connection::with_max_frame(stream, max_frame_bytes);
-    let opened = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut connection)).await {
-        Ok(Ok(Some(first))) => first,
-        Ok(Ok(None)) => return,
-        Ok(Err(error)) => {
-            tracing::warn!(%peer, message = %error.message, "handshake refused");
-            let _ = connection.send(Message::Error(error)).await;
-            return;
-        }
-        Err(_) => {
-            let error = ringmaster_proto::Error::new(
-                ErrorCode::NotRegistered,
-                "no Hello and RegisterAgent/Subscribe within 10 s",
-            );
-            let _ = connection.send(Message::Error(error)).await;
-            return;
-        }
-    };
+    let opened =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut connection, &metrics)).await {
+            Ok(Ok(Some(first))) => first,
+            Ok(Ok(None)) => return,
+            Ok(Err(error)) => {
+                tracing::warn!(%peer, message = %error.message, "handshake refused");
+                metrics.message_sent("Error");
+                let _ = connection.send(Message::Error(error)).await;
+                return;
+            }
+            Err(_) => {
+                let error = ringmaster_proto::Error::new(
+                    ErrorCode::NotRegistered,
+                    "no Hello and RegisterAgent/Subscribe within 10 s",
+                );
+                metrics.message_sent("Error");
+                let _ = connection.send(Message::Error(error)).await;
+                return;
+            }
+        };
     let role = role_of(&opened).expect("handshake returns a role message");
     let (outbound_tx, mut outbound_rx) = mpsc::unbounded_channel();
     if events
@@ -149,11 +160,13 @@ async fn handle(
         role,
         &events,
         &mut outbound_rx,
+        &metrics,
         shutdown,
     )
     .await;
     if let Some(error) = close_reason {
         tracing::warn!(%peer, conn, message = %error.message, "closing connection");
+        metrics.message_sent("Error");
         let _ = connection.send(Message::Error(error)).await;
     }
     let _ = events.send(Event::Closed { conn }).await;
@@ -162,36 +175,50 @@ async fn handle(
 /// Reads `Hello` and the role message. `Ok(None)`: the peer left quietly.
 async fn handshake<S>(
     connection: &mut Connection<S>,
+    metrics: &Metrics,
 ) -> Result<Option<Message>, ringmaster_proto::Error>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let hello = match connection.recv().await {
         Ok(None) => return Ok(None),
-        Ok(Some(Message::Hello(hello))) => hello,
+        Ok(Some(Message::Hello(hello))) => {
+            metrics.message_received("Hello");
+            hello
+        }
         Ok(Some(other)) => {
+            metrics.message_received(other.kind());
+            metrics.frame_rejected(Rejection::UnexpectedMessage);
             return Err(ringmaster_proto::Error::new(
                 ErrorCode::NotRegistered,
                 format!("expected Hello as the first message, got {}", other.kind()),
-            ))
+            ));
         }
-        Err(e) => return Err(protocol_error(&e)),
+        Err(e) => return Err(protocol_error(&e, metrics)),
     };
     let ack = answer_hello(&hello, concat!("ringmaster ", env!("CARGO_PKG_VERSION")))?;
+    metrics.message_sent("HelloAck");
     if connection.send(Message::HelloAck(ack)).await.is_err() {
         return Ok(None);
     }
     match connection.recv().await {
         Ok(None) => Ok(None),
-        Ok(Some(message)) if role_of(&message).is_some() => Ok(Some(message)),
-        Ok(Some(other)) => Err(ringmaster_proto::Error::new(
-            ErrorCode::NotRegistered,
-            format!(
-                "{} before RegisterAgent or Subscribe: register or subscribe first",
-                other.kind()
-            ),
-        )),
-        Err(e) => Err(protocol_error(&e)),
+        Ok(Some(message)) if role_of(&message).is_some() => {
+            metrics.message_received(message.kind());
+            Ok(Some(message))
+        }
+        Ok(Some(other)) => {
+            metrics.message_received(other.kind());
+            metrics.frame_rejected(Rejection::UnexpectedMessage);
+            Err(ringmaster_proto::Error::new(
+                ErrorCode::NotRegistered,
+                format!(
+                    "{} before RegisterAgent or Subscribe: register or subscribe first",
+                    other.kind()
+                ),
+            ))
+        }
+        Err(e) => Err(protocol_error(&e, metrics)),
     }
 }
 
@@ -203,6 +230,7 @@ async fn serve<S>(
     role: Role,
     events: &mpsc::Sender<Event>,
     outbound: &mut mpsc::UnboundedReceiver<Outbound>,
+    metrics: &Metrics,
     mut shutdown: watch::Receiver<bool>,
 ) -> Option<ringmaster_proto::Error>
 where
@@ -213,7 +241,9 @@ where
             received = connection.recv() => match received {
                 Ok(None) => return None,
                 Ok(Some(message)) => {
+                    metrics.message_received(message.kind());
                     if !allowed(role, &message) {
+                        metrics.frame_rejected(Rejection::UnexpectedMessage);
                         let what = if role_of(&message).is_some() {
                             "already registered on this connection".to_string()
                         } else {
@@ -229,7 +259,7 @@ where
                     }
                 }
                 Err(ConnectionError::Io(_)) => return None,
-                Err(e) => return Some(protocol_error(&e)),
+                Err(e) => return Some(protocol_error(&e, metrics)),
             },
             out = outbound.recv() => {
                 let first = out?;
@@ -238,6 +268,7 @@ where
                 while let Some(out) = next.take() {
                     match out {
                         Outbound::Send(message) => {
+                            metrics.message_sent(message.kind());
                             if connection.feed(message).await.is_err() {
                                 return None;
                             }

@@ -5,13 +5,19 @@
 //! ([`connection`]) that only translates frames into [`Event`]s and writes what the actor
 //! sends back. Nothing but the actor touches the state, so no locks are needed and every
 //! decision happens in one deterministic order.
+//!
+//! The operator surface ([`http`]: `/state`, `/metrics`, `/health`, the dashboard) is one more
+//! client of the actor: it asks through the same event channel and never touches the state.
 
 mod agents;
 mod batch;
 mod connection;
 mod frameworks;
+pub mod http;
 mod ids;
+pub mod metrics;
 mod offers;
+mod pending;
 mod state;
 mod tasks;
 
@@ -22,7 +28,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
-pub use state::Snapshot;
+pub use metrics::Metrics;
+pub use pending::{Health, PendingView};
+pub use state::{
+    AgentView, Counters, FrameworkView, OfferView, RingBucketView, RingSetView, Snapshot, TaskView,
+};
 
 /// Identifies one connection for the actor's lifetime.
 pub type ConnId = u64;
@@ -46,6 +56,10 @@ pub(crate) enum Event {
     Closed { conn: ConnId },
     /// A snapshot of the state was asked for (tests, local mode, operators).
     Snapshot(tokio::sync::oneshot::Sender<Snapshot>),
+    /// Copy the state-derived metrics into the shared registry, then answer.
+    PublishMetrics(tokio::sync::oneshot::Sender<()>),
+    /// Is the actor alive? (`GET /health`)
+    Health(tokio::sync::oneshot::Sender<Health>),
 }
 
 /// What the actor asks a connection task to do.
@@ -59,36 +73,76 @@ pub(crate) enum Outbound {
 /// A running master: its address and a handle to ask for state or shut it down.
 pub struct Master {
     addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
     events: mpsc::Sender<Event>,
     shutdown: watch::Sender<bool>,
     join: tokio::task::JoinHandle<()>,
 }
 
 impl Master {
-    /// Binds `listen` and starts the actor and the accept loop on the current runtime.
+    /// Binds `listen` and starts the actor and the accept loop on the current runtime, without
+    /// HTTP.
     pub async fn start(listen: &str, config: Config) -> anyhow::Result<Master> {
+        Master::start_with_http(listen, None, config).await
+    }
+
+    /// As [`Master::start`], and serves the operator HTTP surface on `http` when given.
+    pub async fn start_with_http(
+        listen: &str,
+        http: Option<&str>,
+        config: Config,
+    ) -> anyhow::Result<Master> {
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
         let addr = listener.local_addr()?;
+        let http_listener = match http {
+            Some(http) => Some(
+                TcpListener::bind(http)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot serve HTTP on {http}: {e}"))?,
+            ),
+            None => None,
+        };
+        let http_addr = http_listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?;
         let config = Arc::new(config);
+        let metrics = Arc::new(Metrics::new());
         let (events_tx, events_rx) = mpsc::channel(4096);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let actor = state::MasterState::new(config.clone());
+        let actor = state::MasterState::new(config.clone(), metrics.clone());
         let actor_task = tokio::spawn(actor.run(events_rx, shutdown_rx.clone()));
+        let http_task = http_listener.map(|listener| {
+            tokio::spawn(http::serve(
+                listener,
+                events_tx.clone(),
+                metrics.clone(),
+                shutdown_rx.clone(),
+            ))
+        });
         let accept_task = tokio::spawn(connection::accept_loop(
             listener,
             events_tx.clone(),
             config,
+            metrics,
             shutdown_rx,
         ));
         let join = tokio::spawn(async move {
             let _ = accept_task.await;
+            if let Some(task) = http_task {
+                let _ = task.await;
+            }
             let _ = actor_task.await;
         });
         tracing::info!(%addr, "master listening");
+        if let Some(http) = http_addr {
+            tracing::info!(%http, "operator HTTP (state, metrics, dashboard) on http://{http}/");
+        }
         Ok(Master {
             addr,
+            http_addr,
             events: events_tx,
             shutdown: shutdown_tx,
             join,
@@ -98,6 +152,11 @@ impl Master {
     /// The address the master listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address of the operator HTTP surface, when it is served.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     /// A consistent copy of the master's state.

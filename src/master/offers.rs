@@ -10,9 +10,10 @@ use ringmaster_proto::{
 };
 use tokio::time::{Duration, Instant};
 
+use super::pending::agent_eligible;
 use super::state::{MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
-use crate::placement::{allocate, Grant, Request};
+use crate::placement::{allocate_in, Grant, PlacementContext, Request};
 
 impl MasterState {
     /// One allocation run: every framework with outstanding demand, lowest DRF share first,
@@ -40,6 +41,7 @@ impl MasterState {
             })
             .collect();
         if requests.is_empty() {
+            self.unserved.clear();
             return;
         }
         requests.sort_by_key(|r| r.framework);
@@ -48,24 +50,28 @@ impl MasterState {
         let frameworks = &self.frameworks;
         let framework_by_key = &self.framework_by_key;
         let eligible = |fw: usize, agent: usize| -> bool {
-            let Some(agent_id) = agent_by_key.get(&agent) else {
-                return false;
-            };
-            if agents.get(agent_id).is_none_or(|a| a.conn.is_none()) {
-                return false;
-            }
             let Some(fw) = framework_by_key.get(&fw).and_then(|id| frameworks.get(id)) else {
                 return false;
             };
-            fw.filters.get(agent_id).is_none_or(|until| *until <= now)
+            let agent = agent_by_key.get(&agent).and_then(|id| agents.get(id));
+            agent_eligible(agent, fw, now)
         };
-        let allocations = allocate(
+        // The requests are the real pending demands; the balance placer weighs what blocks them.
+        let mut context = PlacementContext::new(self.config.balance.clone());
+        let allocations = allocate_in(
             &mut self.cluster,
             &mut self.drf,
             &mut requests,
             Grant::WholeAgent,
             &eligible,
+            &mut context,
         );
+        // Whatever is still asked for after the run could not be placed in it.
+        self.unserved = requests
+            .iter()
+            .filter(|r| r.count > 0)
+            .map(|r| r.framework)
+            .collect();
         let timeout = self.config.master.offer_timeout;
         let placer = self.cluster.placer().to_string();
         let mut batches: Vec<(ConnId, Vec<Offer>)> = Vec::new();
@@ -104,6 +110,7 @@ impl MasterState {
                 resources = %allocation.resources, phase = %offer.placement.as_ref().map(|p| p.phase.as_str()).unwrap_or(""),
                 "offer");
             self.counters.offers_made += 1;
+            self.metrics.placed(allocation.decision.phase);
             self.offers.insert(
                 offer_id.clone(),
                 OfferRecord {

@@ -10,11 +10,13 @@ use std::sync::Arc;
 
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Error as ProtoError, ErrorCode, Message, TaskState, TaskStatus};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
 use super::ids::IdMint;
+use super::metrics::Metrics;
+use super::pending::PendingView;
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;
 use crate::placement::{AgentKey, Cluster, DrfSorter, FrameworkKey};
@@ -117,10 +119,14 @@ pub struct MasterState {
     /// When set, an allocation run is due at this instant (events are batched).
     pub(crate) allocation_due: Option<Instant>,
     pub(crate) counters: Counters,
+    /// Frameworks the last allocation run left with demand it could not serve.
+    pub(crate) unserved: HashSet<FrameworkKey>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) started: Instant,
 }
 
 /// Monotonic counters, reported in snapshots.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Counters {
     pub offers_made: u64,
     pub offers_accepted: u64,
@@ -134,7 +140,7 @@ pub struct Counters {
 }
 
 impl MasterState {
-    pub fn new(config: Arc<Config>) -> Self {
+    pub fn new(config: Arc<Config>, metrics: Arc<Metrics>) -> Self {
         let cluster = Cluster::new(config.rings.clone(), config.placer);
         MasterState {
             config,
@@ -154,6 +160,9 @@ impl MasterState {
             next_update: 0,
             allocation_due: None,
             counters: Counters::default(),
+            unserved: HashSet::new(),
+            metrics,
+            started: Instant::now(),
         }
     }
 
@@ -180,7 +189,9 @@ impl MasterState {
                 _ = ticker.tick() => self.tick(Instant::now()),
                 _ = sleep_until_opt(due) => {
                     self.allocation_due = None;
+                    let started = std::time::Instant::now();
                     self.allocate(Instant::now());
+                    self.metrics.allocation_took(started.elapsed().as_secs_f64());
                 }
                 _ = shutdown.changed() => break,
             }
@@ -251,6 +262,13 @@ impl MasterState {
             Event::Snapshot(reply) => {
                 let _ = reply.send(self.snapshot(now));
             }
+            Event::PublishMetrics(reply) => {
+                self.publish_metrics();
+                let _ = reply.send(());
+            }
+            Event::Health(reply) => {
+                let _ = reply.send(self.health(now));
+            }
         }
     }
 
@@ -311,32 +329,74 @@ async fn sleep_until_opt(due: Option<Instant>) {
     }
 }
 
-/// A consistent, serializable copy of the master's state.
-#[derive(Clone, Debug, Serialize)]
+/// A consistent, serializable copy of the master's state: the body of `GET /state`.
+///
+/// Resource bundles are strings in the Mesos text syntax (`cpus:4;mem:8192`); every field is
+/// documented in `docs/operations.md`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Snapshot {
+    /// `ringmaster <version>`.
+    pub master: String,
+    pub placer: String,
+    pub uptime_secs: f64,
     pub agents: Vec<AgentView>,
     pub frameworks: Vec<FrameworkView>,
     pub tasks: Vec<TaskView>,
     pub offers: Vec<OfferView>,
+    /// One ring set per dimension any agent has had, sorted by dimension.
+    pub rings: Vec<RingSetView>,
+    /// Demands the master cannot serve right now, each with why.
+    pub pending: Vec<PendingView>,
     pub counters: Counters,
+    /// Tasks held by the master per state (`RUNNING`, …), ended ones included.
+    pub tasks_by_state: BTreeMap<String, usize>,
     pub total: String,
+    /// Held by tasks.
+    pub used: String,
+    /// In outstanding offers.
+    pub offered: String,
     pub free: String,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AgentView {
     pub id: String,
     pub hostname: String,
     pub attributes: Vec<(String, String)>,
     pub total: String,
     pub free: String,
+    pub used: String,
+    pub offered: String,
     pub reported_free: String,
+    /// `connected`, `disconnected` (may come back within `agent_timeout`) or `lost`.
+    pub state: String,
     pub connected: bool,
     pub lost: bool,
     pub tasks: usize,
+    /// The ring bucket the agent is filed in, per dimension of its total.
+    pub buckets: BTreeMap<String, usize>,
+    /// Seconds since its last heartbeat or status update.
+    pub last_heartbeat_secs: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// One dimension's ring: its buckets with bounds (in the dimension's units) and agent counts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RingSetView {
+    pub dimension: String,
+    pub search_up: usize,
+    pub buckets: Vec<RingBucketView>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RingBucketView {
+    pub index: usize,
+    pub lower: f64,
+    /// `null` for the open-ended top bucket.
+    pub upper: Option<f64>,
+    pub agents: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FrameworkView {
     pub id: String,
     pub name: String,
@@ -349,10 +409,13 @@ pub struct FrameworkView {
     pub demand_count: u32,
     pub suppressed: bool,
     pub offers: usize,
+    /// Tasks not yet ended.
     pub tasks: usize,
+    /// Tasks held by the master per state, ended ones included.
+    pub tasks_by_state: BTreeMap<String, usize>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TaskView {
     pub id: String,
     pub framework: String,
@@ -361,9 +424,13 @@ pub struct TaskView {
     pub resources: String,
     pub state: String,
     pub reason: String,
+    /// Task priorities are not in the protocol yet: always `null`.
+    pub priority: Option<i32>,
+    /// Device assignment (GPUs by index) is not in the protocol yet: always empty.
+    pub devices: Vec<String>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OfferView {
     pub id: String,
     pub framework: String,
@@ -372,25 +439,57 @@ pub struct OfferView {
 }
 
 impl MasterState {
-    pub(crate) fn snapshot(&self, _now: Instant) -> Snapshot {
+    pub(crate) fn snapshot(&self, now: Instant) -> Snapshot {
         let total = self.cluster.total().clone();
+        let usage = self.cluster_usage();
+        let empty = Resources::new();
         let mut agents: Vec<AgentView> = self
             .agents
             .values()
-            .map(|a| AgentView {
-                id: a.id.clone(),
-                hostname: a.hostname.clone(),
-                attributes: a.attributes.clone(),
-                total: a.total.to_string(),
-                free: a
+            .map(|a| {
+                let entry = a.key.and_then(|k| self.cluster.agent(k));
+                let free = entry.map(|e| &e.free).unwrap_or(&empty);
+                let offered = usage.offered_on.get(a.id.as_str()).unwrap_or(&empty);
+                let used = match entry {
+                    Some(e) => e.total.saturating_sub(free).saturating_sub(offered),
+                    None => Resources::new(),
+                };
+                let buckets = a
                     .key
-                    .and_then(|k| self.cluster.agent(k))
-                    .map(|e| e.free.to_string())
-                    .unwrap_or_default(),
-                reported_free: a.reported_free.to_string(),
-                connected: a.conn.is_some(),
-                lost: a.lost,
-                tasks: a.tasks.len(),
+                    .map(|k| {
+                        a.total
+                            .names()
+                            .filter_map(|d| {
+                                self.cluster.bucket_of(k, d).map(|b| (d.to_string(), b))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                AgentView {
+                    id: a.id.clone(),
+                    hostname: a.hostname.clone(),
+                    attributes: a.attributes.clone(),
+                    total: a.total.to_string(),
+                    free: if entry.is_some() {
+                        free.to_string()
+                    } else {
+                        String::new()
+                    },
+                    used: used.to_string(),
+                    offered: offered.to_string(),
+                    reported_free: a.reported_free.to_string(),
+                    state: match (a.lost, a.conn.is_some()) {
+                        (true, _) => "lost",
+                        (false, true) => "connected",
+                        (false, false) => "disconnected",
+                    }
+                    .to_string(),
+                    connected: a.conn.is_some(),
+                    lost: a.lost,
+                    tasks: a.tasks.len(),
+                    buckets,
+                    last_heartbeat_secs: now.duration_since(a.last_heartbeat).as_secs_f64(),
+                }
             })
             .collect();
         agents.sort_by(|a, b| a.id.cmp(&b.id));
@@ -414,9 +513,21 @@ impl MasterState {
                 suppressed: f.suppressed,
                 offers: f.offers.len(),
                 tasks: f.tasks.len(),
+                tasks_by_state: BTreeMap::new(),
             })
             .collect();
         frameworks.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut tasks_by_state: BTreeMap<String, usize> = BTreeMap::new();
+        for ((fw, _), t) in &self.tasks {
+            let state = t.state.short_name();
+            *tasks_by_state.entry(state.to_string()).or_default() += 1;
+            if let Ok(i) = frameworks.binary_search_by(|f| f.id.as_str().cmp(fw)) {
+                *frameworks[i]
+                    .tasks_by_state
+                    .entry(state.to_string())
+                    .or_default() += 1;
+            }
+        }
         let mut tasks: Vec<TaskView> = self
             .tasks
             .iter()
@@ -428,6 +539,8 @@ impl MasterState {
                 resources: t.resources.to_string(),
                 state: t.state.short_name().to_string(),
                 reason: t.reason.clone(),
+                priority: None,
+                devices: Vec::new(),
             })
             .collect();
         tasks.sort_by(|a, b| (&a.framework, &a.id).cmp(&(&b.framework, &b.id)));
@@ -442,13 +555,41 @@ impl MasterState {
             })
             .collect();
         offers.sort_by(|a, b| a.id.cmp(&b.id));
+        let rings = self
+            .cluster
+            .rings()
+            .into_iter()
+            .map(|ring| RingSetView {
+                dimension: ring.name,
+                search_up: ring.search_up,
+                buckets: ring
+                    .buckets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, b)| RingBucketView {
+                        index,
+                        lower: b.lower,
+                        upper: b.upper,
+                        agents: b.agents,
+                    })
+                    .collect(),
+            })
+            .collect();
         Snapshot {
+            master: concat!("ringmaster ", env!("CARGO_PKG_VERSION")).to_string(),
+            placer: self.cluster.placer().to_string(),
+            uptime_secs: now.duration_since(self.started).as_secs_f64(),
             agents,
             frameworks,
             tasks,
             offers,
+            rings,
+            pending: self.pending_frameworks(now),
             counters: self.counters.clone(),
+            tasks_by_state,
             total: total.to_string(),
+            used: usage.used.to_string(),
+            offered: usage.offered.to_string(),
             free: self.cluster.free().to_string(),
         }
     }

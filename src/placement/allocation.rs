@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::drf::SortKey;
-use super::{AgentKey, Cluster, Decision, DrfSorter, FrameworkKey, Resources};
+use super::{AgentKey, Cluster, Decision, DrfSorter, FrameworkKey, PlacementContext, Resources};
 
 /// Outstanding demand: `count` more copies of `demand` for `framework`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +51,28 @@ pub fn allocate(
     grant: Grant,
     eligible: &dyn Fn(FrameworkKey, AgentKey) -> bool,
 ) -> Vec<Allocation> {
+    let mut context = PlacementContext::default();
+    allocate_in(cluster, drf, requests, grant, eligible, &mut context)
+}
+
+/// [`allocate`] with a [`PlacementContext`] (placer settings), whose pending set this step keeps
+/// up to date: at the start every request's remaining copies; a served copy leaves it, and so
+/// does a request the step gives up on (nothing fit, or the placer declined it), until the next
+/// step.
+pub fn allocate_in(
+    cluster: &mut Cluster,
+    drf: &mut DrfSorter,
+    requests: &mut [Request],
+    grant: Grant,
+    eligible: &dyn Fn(FrameworkKey, AgentKey) -> bool,
+    context: &mut PlacementContext,
+) -> Vec<Allocation> {
+    context.set_pending(
+        requests
+            .iter()
+            .filter(|r| r.count > 0)
+            .map(|r| (&r.demand, u64::from(r.count))),
+    );
     // The cluster total does not change during a step (only free amounts do).
     let total = cluster.total().clone();
     let mut pending: BTreeMap<FrameworkKey, Vec<usize>> = BTreeMap::new();
@@ -80,7 +102,10 @@ pub fn allocate(
                 *at += 1;
                 continue;
             }
-            let Some(decision) = cluster.place(&req.demand, &|agent| eligible(fw, agent)) else {
+            let Some(decision) =
+                cluster.place_in(&req.demand, &|agent| eligible(fw, agent), context)
+            else {
+                context.remove_pending(&req.demand, u64::from(req.count));
                 *at += 1;
                 continue;
             };
@@ -97,12 +122,15 @@ pub fn allocate(
             };
             if cluster.take(decision.agent, &granted).is_err() {
                 // A placer chose an agent that cannot hold the grant: never serve this request.
+                context.remove_pending(&req.demand, u64::from(req.count));
                 *at += 1;
                 continue;
             }
             drf.allocated(fw, &granted);
             let req = &mut requests[i];
+            let before = req.count;
             req.count = req.count.saturating_sub(copies);
+            context.remove_pending(&req.demand, u64::from(before - req.count));
             out.push(Allocation {
                 framework: fw,
                 agent: decision.agent,

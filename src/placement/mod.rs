@@ -5,14 +5,18 @@
 //! - [`rings`]: how a dimension is cut into buckets; [`ring_set`]: the agents in those buckets;
 //! - [`Cluster`] (here): agents in a slab, one ring set per dimension, running totals;
 //! - [`placer`]: the [`Placer`] interface and the ring search of SPEC seed 001, plus baselines;
+//! - [`balance`]: balance-degree placement with dynamic weights (seed 000) and the
+//!   [`PlacementContext`] it needs; [`node_preference`]: least-requested, most-balanced (seed 004);
 //! - [`drf`]: the weighted dominant-resource-fairness order of frameworks;
 //! - [`allocation`]: one allocation step joining the two;
 //! - [`why`]: a readable reason when nothing fits;
 //! - [`matching`]: a whole burst of deadline-bound tasks matched at once (SPEC seed 002).
 
 pub mod allocation;
+pub mod balance;
 pub mod drf;
 pub mod matching;
+pub mod node_preference;
 pub mod placer;
 pub mod ring_set;
 pub mod rings;
@@ -23,8 +27,10 @@ use std::collections::BTreeMap;
 use ringmaster_proto::resources::format_milli;
 use slab::Slab;
 
-pub use allocation::{allocate, Allocation, Grant, Request};
+pub use allocation::{allocate, allocate_in, Allocation, Grant, Request};
+pub use balance::{BalanceNote, BalancePlacer, BalanceSettings, PlacementContext};
 pub use drf::DrfSorter;
+pub use node_preference::{LeastRequested, MostBalanced};
 pub use placer::{Decision, FirstFit, LinearBestFit, Phase, Placer, PlacerKind, RingPlacer};
 pub use ring_set::RingSet;
 pub use ringmaster_proto::resources::{ResourceError, Resources};
@@ -248,6 +254,19 @@ impl Cluster {
         eligible: &dyn Fn(AgentKey) -> bool,
     ) -> Option<Decision> {
         self.place_with(self.placer.placer(), demand, eligible)
+    }
+
+    /// Same as [`place`](Cluster::place), telling the placer what `context` knows (the balance
+    /// placer's settings and the pending demands).
+    pub fn place_in(
+        &self,
+        demand: &Resources,
+        eligible: &dyn Fn(AgentKey) -> bool,
+        context: &mut PlacementContext,
+    ) -> Option<Decision> {
+        self.placer
+            .placer()
+            .place_in(self, demand, eligible, context)
     }
 
     /// Same as [`place`](Cluster::place) with another placer (for comparisons).

@@ -2,8 +2,9 @@
 //!
 //! [`Placer`] is the one interface a policy implements; the cluster hands it its agents and rings.
 //! [`RingPlacer`] is the search of SPEC seed 001 step 3; [`LinearBestFit`] and [`FirstFit`] are
-//! the baselines it is measured against. A new policy (balance degree, least-requested, device
-//! fit) is one new type here plus one [`PlacerKind`] variant.
+//! the baselines it is measured against. Other policies live in their own modules
+//! ([`super::balance`], [`super::node_preference`]); each is one type plus one [`PlacerKind`]
+//! variant.
 //!
 //! Tie rules, all deterministic:
 //! - dominant dimension: the largest demand ÷ cluster total, compared exactly in integers; equal
@@ -16,6 +17,8 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
 
+use super::balance::{BalanceNote, BalancePlacer, PlacementContext};
+use super::node_preference::{LeastRequested, MostBalanced};
 use super::{AgentKey, Cluster, Resources};
 
 /// The phase of the ring search that found the agent.
@@ -49,6 +52,8 @@ pub struct Decision {
     pub bucket: Option<usize>,
     /// The dominant dimension the placer ranked by, if it uses one.
     pub dimension: Option<String>,
+    /// The balance placer's explanation (weights, y before and after).
+    pub balance: Option<BalanceNote>,
 }
 
 /// Picks an agent for a demand. "Fits" always means every dimension of the demand is at most the
@@ -63,6 +68,19 @@ pub trait Placer {
         demand: &Resources,
         eligible: &dyn Fn(AgentKey) -> bool,
     ) -> Option<Decision>;
+
+    /// Places knowing what [`PlacementContext`] carries (settings, the pending demands). Only
+    /// placers that need it override this; the others ignore the context.
+    fn place_in(
+        &self,
+        cluster: &Cluster,
+        demand: &Resources,
+        eligible: &dyn Fn(AgentKey) -> bool,
+        context: &mut PlacementContext,
+    ) -> Option<Decision> {
+        let _ = context;
+        self.place(cluster, demand, eligible)
+    }
 }
 
 /// The selectable placers.
@@ -72,13 +90,22 @@ pub enum PlacerKind {
     Ring,
     LinearBestFit,
     FirstFit,
+    /// Balance degree with dynamic weights (SPEC seed 000).
+    Balance,
+    /// Smallest mean requested ÷ capacity (SPEC seed 004).
+    LeastRequested,
+    /// Smallest variance of requested ÷ capacity (SPEC seed 004).
+    MostBalanced,
 }
 
 impl PlacerKind {
-    pub const ALL: [PlacerKind; 3] = [
+    pub const ALL: [PlacerKind; 6] = [
         PlacerKind::Ring,
         PlacerKind::LinearBestFit,
         PlacerKind::FirstFit,
+        PlacerKind::Balance,
+        PlacerKind::LeastRequested,
+        PlacerKind::MostBalanced,
     ];
 
     /// The implementation of this kind.
@@ -87,6 +114,9 @@ impl PlacerKind {
             PlacerKind::Ring => &RingPlacer,
             PlacerKind::LinearBestFit => &LinearBestFit,
             PlacerKind::FirstFit => &FirstFit,
+            PlacerKind::Balance => &BalancePlacer,
+            PlacerKind::LeastRequested => &LeastRequested,
+            PlacerKind::MostBalanced => &MostBalanced,
         }
     }
 }
@@ -99,7 +129,7 @@ impl fmt::Display for PlacerKind {
 
 /// An unknown placer name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown placer `{0}` (expected ring, linear-best-fit or first-fit)")]
+#[error("unknown placer `{0}` (expected ring, linear-best-fit, first-fit, balance, least-requested or most-balanced)")]
 pub struct UnknownPlacer(pub String);
 
 impl FromStr for PlacerKind {
@@ -171,6 +201,7 @@ impl Placer for RingPlacer {
             phase: Some(phase),
             bucket: Some(bucket),
             dimension: Some(dimension.to_string()),
+            balance: None,
         };
         let k = ring.bucket_of(need);
         let top = ring.len() - 1;
@@ -224,6 +255,7 @@ impl Placer for LinearBestFit {
             phase: None,
             bucket: None,
             dimension: Some(dimension.to_string()),
+            balance: None,
         })
     }
 }
@@ -253,6 +285,7 @@ impl Placer for FirstFit {
                 phase: None,
                 bucket: None,
                 dimension: None,
+                balance: None,
             })
     }
 }
@@ -295,7 +328,7 @@ mod tests {
         }
         assert_eq!(
             "best".parse::<PlacerKind>().unwrap_err().to_string(),
-            "unknown placer `best` (expected ring, linear-best-fit or first-fit)"
+            "unknown placer `best` (expected ring, linear-best-fit, first-fit, balance, least-requested or most-balanced)"
         );
         assert_eq!(PlacerKind::default(), PlacerKind::Ring);
     }
@@ -451,7 +484,8 @@ mod tests {
                 agent: 3,
                 phase: None,
                 bucket: None,
-                dimension: Some("cpus".into())
+                dimension: Some("cpus".into()),
+                balance: None,
             }
         );
         let ff = cluster.place_with(&FirstFit, &demand, &|k| k != 0).unwrap();

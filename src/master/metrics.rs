@@ -1,0 +1,383 @@
+//! Prometheus metrics of the master, served as text by `GET /metrics`.
+//!
+//! Two kinds of numbers share one `prometheus-client` registry behind an `Arc`:
+//! - counted where they happen: messages in and out and rejected frames (in the connection
+//!   tasks), allocation latency and placement phases (in the actor). They are atomics, so a
+//!   connection task never waits on the actor to count.
+//! - read off the actor's state when scraped: agents, frameworks, offers, tasks, resources and
+//!   the actor's own monotonic [`Counters`](super::state::Counters). The actor remains the one
+//!   owner of that state; [`MasterState::publish_metrics`] copies it into the registry when
+//!   the HTTP handler asks through the event channel.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::TaskState;
+
+use super::state::MasterState;
+use crate::placement::Phase;
+
+/// One fixed label, e.g. `[("state", "connected")]`.
+type Label = [(&'static str, &'static str); 1];
+/// A resource series: `[("dimension", "cpus"), ("kind", "total")]`.
+type ResourceLabel = [(&'static str, String); 2];
+
+/// Why a connection's bytes or messages were refused (label `reason` of `frames_rejected`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rejection {
+    /// Not a frame: too large, truncated, or not a valid envelope.
+    BadFrame,
+    /// A well-formed frame with a message type this master does not know.
+    UnknownMessage,
+    /// A valid message at the wrong time or from the wrong role (including a handshake out
+    /// of order).
+    UnexpectedMessage,
+}
+
+impl Rejection {
+    fn label(self) -> &'static str {
+        match self {
+            Rejection::BadFrame => "bad_frame",
+            Rejection::UnknownMessage => "unknown_message",
+            Rejection::UnexpectedMessage => "unexpected_message",
+        }
+    }
+}
+
+/// Every task state a series exists for, so series do not appear and vanish.
+const TASK_STATES: [TaskState; 6] = [
+    TaskState::TaskStaging,
+    TaskState::TaskRunning,
+    TaskState::TaskFinished,
+    TaskState::TaskFailed,
+    TaskState::TaskKilled,
+    TaskState::TaskLost,
+];
+
+/// The master's metrics. See `docs/operations.md` for every series.
+pub struct Metrics {
+    registry: Registry,
+    messages_received: Family<Label, Counter>,
+    messages_sent: Family<Label, Counter>,
+    frames_rejected: Family<Label, Counter>,
+    allocation_seconds: Histogram,
+    placements: Family<Label, Counter>,
+    preemptions: Counter,
+    agents: Family<Label, Gauge>,
+    frameworks: Family<Label, Gauge>,
+    tasks: Family<Label, Gauge>,
+    offers_outstanding: Gauge,
+    pending_demands: Gauge,
+    resources: Family<ResourceLabel, Gauge<f64, AtomicU64>>,
+    offers_made: Counter,
+    offers_accepted: Counter,
+    offers_declined: Counter,
+    offers_rescinded: Counter,
+    tasks_launched: Counter,
+    allocation_runs: Counter,
+    agents_lost: Counter,
+    frameworks_removed: Counter,
+    errors_sent: Counter,
+    /// Dimensions with a `resources` series, so one that disappears is set to 0.
+    dimensions: Mutex<BTreeSet<String>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ringmaster");
+        let m = Metrics {
+            registry: Registry::default(),
+            messages_received: Family::default(),
+            messages_sent: Family::default(),
+            frames_rejected: Family::default(),
+            // 10 µs … ~5 s.
+            allocation_seconds: Histogram::new(exponential_buckets(1e-5, 4.0, 10)),
+            placements: Family::default(),
+            preemptions: Counter::default(),
+            agents: Family::default(),
+            frameworks: Family::default(),
+            tasks: Family::default(),
+            offers_outstanding: Gauge::default(),
+            pending_demands: Gauge::default(),
+            resources: Family::default(),
+            offers_made: Counter::default(),
+            offers_accepted: Counter::default(),
+            offers_declined: Counter::default(),
+            offers_rescinded: Counter::default(),
+            tasks_launched: Counter::default(),
+            allocation_runs: Counter::default(),
+            agents_lost: Counter::default(),
+            frameworks_removed: Counter::default(),
+            errors_sent: Counter::default(),
+            dimensions: Mutex::new(BTreeSet::new()),
+        };
+        let r = &mut registry;
+        r.register(
+            "messages_received",
+            "Protocol messages received from agents and frameworks, by message kind",
+            m.messages_received.clone(),
+        );
+        r.register(
+            "messages_sent",
+            "Protocol messages sent to agents and frameworks, by message kind",
+            m.messages_sent.clone(),
+        );
+        r.register(
+            "frames_rejected",
+            "Frames or messages refused on a connection (which is then closed), by reason",
+            m.frames_rejected.clone(),
+        );
+        r.register_with_unit(
+            "allocation_duration",
+            "Wall time of one allocation run in the master's actor",
+            Unit::Seconds,
+            m.allocation_seconds.clone(),
+        );
+        r.register(
+            "placements",
+            "Offers made, by ring search phase (bucket, up, down; none for placers without rings)",
+            m.placements.clone(),
+        );
+        r.register(
+            "preemptions",
+            "Tasks preempted to make room (no preemption is implemented yet: always 0)",
+            m.preemptions.clone(),
+        );
+        r.register("agents", "Known agents by state", m.agents.clone());
+        r.register(
+            "frameworks",
+            "Known frameworks by state",
+            m.frameworks.clone(),
+        );
+        r.register(
+            "tasks",
+            "Tasks the master holds by state (ended tasks are kept up to a bound)",
+            m.tasks.clone(),
+        );
+        r.register(
+            "offers_outstanding",
+            "Offers made and not yet accepted, declined or rescinded",
+            m.offers_outstanding.clone(),
+        );
+        r.register(
+            "pending_demands",
+            "Frameworks whose demand the last allocation run could not serve",
+            m.pending_demands.clone(),
+        );
+        r.register(
+            "resources",
+            "Cluster resources per dimension: total, used (by tasks), offered, free",
+            m.resources.clone(),
+        );
+        r.register("offers_made", "Offers made", m.offers_made.clone());
+        r.register(
+            "offers_accepted",
+            "Offers accepted",
+            m.offers_accepted.clone(),
+        );
+        r.register(
+            "offers_declined",
+            "Offers declined",
+            m.offers_declined.clone(),
+        );
+        r.register(
+            "offers_rescinded",
+            "Offers rescinded (timeout, agent or framework gone)",
+            m.offers_rescinded.clone(),
+        );
+        r.register("tasks_launched", "Tasks launched", m.tasks_launched.clone());
+        r.register(
+            "allocation_runs",
+            "Allocation runs",
+            m.allocation_runs.clone(),
+        );
+        r.register("agents_lost", "Agents declared lost", m.agents_lost.clone());
+        r.register(
+            "frameworks_removed",
+            "Frameworks removed (teardown or failover timeout)",
+            m.frameworks_removed.clone(),
+        );
+        r.register(
+            "errors_sent",
+            "Protocol errors sent to peers",
+            m.errors_sent.clone(),
+        );
+        // Series that exist from the start read 0 instead of being absent.
+        for phase in ["bucket", "up", "down"] {
+            let _ = m.placements.get_or_create(&[("phase", phase)]);
+        }
+        for why in [
+            Rejection::BadFrame,
+            Rejection::UnknownMessage,
+            Rejection::UnexpectedMessage,
+        ] {
+            let _ = m.frames_rejected.get_or_create(&[("reason", why.label())]);
+        }
+        Metrics { registry, ..m }
+    }
+
+    /// The registry in the text exposition format (OpenMetrics, which Prometheus scrapes).
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+
+    pub(crate) fn message_received(&self, kind: &'static str) {
+        self.messages_received
+            .get_or_create(&[("kind", kind)])
+            .inc();
+    }
+
+    pub(crate) fn message_sent(&self, kind: &'static str) {
+        self.messages_sent.get_or_create(&[("kind", kind)]).inc();
+    }
+
+    pub(crate) fn frame_rejected(&self, why: Rejection) {
+        self.frames_rejected
+            .get_or_create(&[("reason", why.label())])
+            .inc();
+    }
+
+    pub(crate) fn allocation_took(&self, seconds: f64) {
+        self.allocation_seconds.observe(seconds);
+    }
+
+    pub(crate) fn placed(&self, phase: Option<Phase>) {
+        let label = match phase {
+            Some(Phase::Bucket) => "bucket",
+            Some(Phase::Up) => "up",
+            Some(Phase::Down) => "down",
+            None => "none",
+        };
+        self.placements.get_or_create(&[("phase", label)]).inc();
+    }
+}
+
+fn task_state_label(state: TaskState) -> &'static str {
+    match state {
+        TaskState::Unspecified => "unspecified",
+        TaskState::TaskStaging => "staging",
+        TaskState::TaskRunning => "running",
+        TaskState::TaskFinished => "finished",
+        TaskState::TaskFailed => "failed",
+        TaskState::TaskKilled => "killed",
+        TaskState::TaskLost => "lost",
+    }
+}
+
+/// Raises a counter to `value` (the actor's counters only grow, and only the actor calls this).
+fn catch_up(counter: &Counter, value: u64) {
+    let seen = counter.get();
+    if value > seen {
+        counter.inc_by(value - seen);
+    }
+}
+
+fn gauge(family: &Family<Label, Gauge>, key: &'static str, value: &'static str, n: usize) {
+    family
+        .get_or_create(&[(key, value)])
+        .set(i64::try_from(n).unwrap_or(i64::MAX));
+}
+
+/// Adds per dimension, saturating instead of failing (sums for reports only).
+pub(crate) fn add_saturating(into: &mut Resources, add: &Resources) {
+    for (name, m) in add.iter() {
+        let sum = into.milli(name).saturating_add(m);
+        into.set_milli(name, sum);
+    }
+}
+
+impl MasterState {
+    /// Copies the state-derived numbers into the shared registry (see the module doc).
+    pub(crate) fn publish_metrics(&self) {
+        let m = &self.metrics;
+        let (mut connected, mut disconnected, mut lost) = (0, 0, 0);
+        for a in self.agents.values() {
+            match (a.lost, a.conn.is_some()) {
+                (true, _) => lost += 1,
+                (false, true) => connected += 1,
+                (false, false) => disconnected += 1,
+            }
+        }
+        gauge(&m.agents, "state", "connected", connected);
+        gauge(&m.agents, "state", "disconnected", disconnected);
+        gauge(&m.agents, "state", "lost", lost);
+        let fw_connected = self
+            .frameworks
+            .values()
+            .filter(|f| f.conn.is_some())
+            .count();
+        gauge(&m.frameworks, "state", "connected", fw_connected);
+        gauge(
+            &m.frameworks,
+            "state",
+            "disconnected",
+            self.frameworks.len() - fw_connected,
+        );
+        for state in TASK_STATES {
+            let n = self.tasks.values().filter(|t| t.state == state).count();
+            gauge(&m.tasks, "state", task_state_label(state), n);
+        }
+        m.offers_outstanding
+            .set(i64::try_from(self.offers.len()).unwrap_or(i64::MAX));
+        m.pending_demands.set(
+            i64::try_from(self.pending_frameworks(tokio::time::Instant::now()).len())
+                .unwrap_or(i64::MAX),
+        );
+        let usage = self.cluster_usage();
+        let total = self.cluster.total();
+        let free = self.cluster.free();
+        for name in total.names() {
+            for (kind, bundle) in [
+                ("total", total),
+                ("used", &usage.used),
+                ("offered", &usage.offered),
+                ("free", free),
+            ] {
+                m.resources
+                    .get_or_create(&[("dimension", name.to_string()), ("kind", kind.to_string())])
+                    .set(bundle.amount(name));
+            }
+        }
+        // A dimension no agent has any more reads 0 rather than its last value.
+        let mut seen = m
+            .dimensions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for name in seen.iter().filter(|n| total.milli(n) == 0) {
+            for kind in ["total", "used", "offered", "free"] {
+                m.resources
+                    .get_or_create(&[("dimension", name.clone()), ("kind", kind.to_string())])
+                    .set(0.0);
+            }
+        }
+        seen.extend(total.names().map(str::to_string));
+        drop(seen);
+        let c = &self.counters;
+        catch_up(&m.offers_made, c.offers_made);
+        catch_up(&m.offers_accepted, c.offers_accepted);
+        catch_up(&m.offers_declined, c.offers_declined);
+        catch_up(&m.offers_rescinded, c.offers_rescinded);
+        catch_up(&m.tasks_launched, c.tasks_launched);
+        catch_up(&m.allocation_runs, c.allocation_runs);
+        catch_up(&m.agents_lost, c.agents_lost);
+        catch_up(&m.frameworks_removed, c.frameworks_removed);
+        catch_up(&m.errors_sent, c.errors_sent);
+    }
+}

@@ -1,0 +1,158 @@
+//! Reports the actor builds for operators: "why is this demand pending?", where the cluster's
+//! resources are (used by tasks, on offer, free), and a cheap health answer.
+//!
+//! These read the state and never change it; `/state`, `/metrics` and `/health` ask for them
+//! through the event channel like any other event.
+
+use std::collections::HashMap;
+
+use ringmaster_proto::resources::Resources;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::metrics::add_saturating;
+use super::state::{AgentRecord, FrameworkRecord, MasterState};
+use crate::placement::AgentKey;
+
+/// A framework's demand the master cannot serve now, and why.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PendingView {
+    pub framework: String,
+    pub name: String,
+    /// One copy of the demand (Mesos text syntax).
+    pub demand: String,
+    /// Copies wanted beyond what outstanding offers already cover.
+    pub count: u32,
+    /// The last allocation run tried this demand and served none or only part of it.
+    pub unserved_last_run: bool,
+    /// The explanation, e.g. `no agent fits cpus:8: 3 agents short of cpus`.
+    pub why: String,
+    /// Agents placement knows (connected or disconnected, not lost).
+    pub agents: usize,
+    /// Per dimension of the demand: how many agents have less of it free.
+    pub short: Vec<(String, usize)>,
+    /// Agents with room that this framework may not be offered now (agent disconnected, or
+    /// declined by the framework and still filtered).
+    pub not_eligible: usize,
+    /// Eligible agents with room (non-zero only when the demand waits for the next run).
+    pub fitting: usize,
+}
+
+/// Where the cluster's resources are, beyond the free amounts placement keeps.
+pub(crate) struct Usage {
+    /// Sum of outstanding offers.
+    pub offered: Resources,
+    /// Held by tasks: total − free − offered.
+    pub used: Resources,
+    /// Outstanding offers per agent id.
+    pub offered_on: HashMap<String, Resources>,
+}
+
+/// `GET /health`: the actor answered, with a few counts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub agents_connected: usize,
+    pub frameworks_connected: usize,
+    pub uptime_secs: f64,
+}
+
+/// The allocator's eligibility rule: the agent is connected and the framework has no live
+/// decline filter on it. One function, so "why" counts exactly the agents allocation would try.
+pub(crate) fn agent_eligible(
+    agent: Option<&AgentRecord>,
+    framework: &FrameworkRecord,
+    now: Instant,
+) -> bool {
+    let Some(agent) = agent else {
+        return false;
+    };
+    agent.conn.is_some()
+        && framework
+            .filters
+            .get(&agent.id)
+            .is_none_or(|until| *until <= now)
+}
+
+impl MasterState {
+    pub(crate) fn cluster_usage(&self) -> Usage {
+        let mut offered = Resources::new();
+        let mut offered_on: HashMap<String, Resources> = HashMap::new();
+        for o in self.offers.values() {
+            add_saturating(&mut offered, &o.resources);
+            add_saturating(offered_on.entry(o.agent.clone()).or_default(), &o.resources);
+        }
+        let used = self
+            .cluster
+            .total()
+            .saturating_sub(self.cluster.free())
+            .saturating_sub(&offered);
+        Usage {
+            offered,
+            used,
+            offered_on,
+        }
+    }
+
+    /// Demands of connected, unsuppressed frameworks not covered by outstanding offers that
+    /// the last allocation run could not serve, or that no agent could hold right now.
+    /// Sorted by framework id. Walks every agent once per such framework.
+    pub(crate) fn pending_frameworks(&self, now: Instant) -> Vec<PendingView> {
+        let mut out: Vec<PendingView> = Vec::new();
+        for f in self.frameworks.values() {
+            if f.conn.is_none() || f.suppressed || f.demand_count == 0 || f.demand.is_empty() {
+                continue;
+            }
+            let covered: u64 = f
+                .offers
+                .iter()
+                .filter_map(|id| self.offers.get(id))
+                .map(|o| o.resources.copies_of(&f.demand))
+                .sum();
+            let count = u64::from(f.demand_count).saturating_sub(covered) as u32;
+            if count == 0 {
+                continue;
+            }
+            let eligible = |key: AgentKey| {
+                let agent = self
+                    .agent_by_key
+                    .get(&key)
+                    .and_then(|id| self.agents.get(id));
+                agent_eligible(agent, f, now)
+            };
+            let why = self.cluster.why_unplaced(&f.demand, &eligible);
+            let unserved_last_run = self.unserved.contains(&f.key);
+            if !unserved_last_run && why.fitting > 0 {
+                // Not tried yet (the next run is at most `allocation_interval` away).
+                continue;
+            }
+            out.push(PendingView {
+                framework: f.id.clone(),
+                name: f.name.clone(),
+                demand: f.demand.to_string(),
+                count,
+                unserved_last_run,
+                why: why.to_string(),
+                agents: why.agents,
+                short: why.short.clone(),
+                not_eligible: why.not_eligible,
+                fitting: why.fitting,
+            });
+        }
+        out.sort_by(|a, b| a.framework.cmp(&b.framework));
+        out
+    }
+
+    pub(crate) fn health(&self, now: Instant) -> Health {
+        Health {
+            status: "ok".into(),
+            agents_connected: self.agents.values().filter(|a| a.conn.is_some()).count(),
+            frameworks_connected: self
+                .frameworks
+                .values()
+                .filter(|f| f.conn.is_some())
+                .count(),
+            uptime_secs: now.duration_since(self.started).as_secs_f64(),
+        }
+    }
+}
