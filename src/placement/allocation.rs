@@ -85,21 +85,24 @@ pub fn allocate(
                 continue;
             };
             let (granted, copies) = match grant {
-                Grant::Demand => (req.demand.clone(), 1),
+                Grant::Demand => {
+                    if cluster.take(decision.agent, &req.demand).is_err() {
+                        // A placer chose an agent that cannot hold the grant: never serve this
+                        // request.
+                        *at += 1;
+                        continue;
+                    }
+                    (req.demand.clone(), 1)
+                }
                 Grant::WholeAgent => {
-                    let free = match cluster.agent(decision.agent) {
-                        Some(agent) => agent.free.clone(),
-                        None => break,
+                    // Moves the agent's free bundle out: the grant is never copied.
+                    let Ok(free) = cluster.take_all(decision.agent) else {
+                        break;
                     };
                     let copies = free.copies_of(&req.demand).clamp(1, u32::MAX as u64) as u32;
                     (free, copies)
                 }
             };
-            if cluster.take(decision.agent, &granted).is_err() {
-                // A placer chose an agent that cannot hold the grant: never serve this request.
-                *at += 1;
-                continue;
-            }
             drf.allocated(fw, &granted);
             let req = &mut requests[i];
             req.count = req.count.saturating_sub(copies);
