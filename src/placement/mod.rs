@@ -264,16 +264,24 @@ impl Cluster {
 
     /// Takes everything the agent has free and returns it (the grant of a whole-agent offer):
     /// the same as [`take`](Cluster::take) of a copy of its free resources, without the copy.
-    pub(crate) fn take_all(&mut self, key: AgentKey) -> Result<Resources, PlacementError> {
+    /// `taken` receives the same amounts by dimension index, for callers that would otherwise
+    /// read the returned bundle's names (the agent's own, likely out of cache).
+    pub(crate) fn take_all(
+        &mut self,
+        key: AgentKey,
+        taken: &mut Vec<(usize, u64)>,
+    ) -> Result<Resources, PlacementError> {
+        taken.clear();
         let entry = self
             .agents
             .get_mut(key)
             .ok_or(PlacementError::UnknownAgent(key))?;
-        for dimension in &mut self.dimensions {
+        for (d, dimension) in self.dimensions.iter_mut().enumerate() {
             let Some(free) = dimension.free_by_agent.get_mut(key) else {
                 continue;
             };
             if *free > 0 {
+                taken.push((d, *free));
                 dimension.ring.relocate(key, *free, 0);
                 dimension.free = dimension.free.saturating_sub(*free);
                 *free = 0;
@@ -328,6 +336,11 @@ impl Cluster {
             }
             free
         })
+    }
+
+    /// The name of dimension index `d`.
+    pub(crate) fn dimension_name(&self, d: usize) -> &str {
+        self.dimensions[d].ring.name()
     }
 
     /// Resolves `demand`'s dimension names to indices for [`fits`](Cluster::fits).

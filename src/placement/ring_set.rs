@@ -206,7 +206,10 @@ impl RingSet {
     }
 
     /// The agents with 0 free as `(0, key)` pairs if `bucket` is theirs (none otherwise).
-    fn empty_members(&self, bucket: usize) -> impl DoubleEndedIterator<Item = (u64, AgentKey)> + '_ {
+    fn empty_members(
+        &self,
+        bucket: usize,
+    ) -> impl DoubleEndedIterator<Item = (u64, AgentKey)> + '_ {
         let keys = (bucket == self.zero_bucket).then(|| self.empty.iter());
         keys.into_iter().flatten().map(|key| (0, key))
     }
@@ -255,16 +258,20 @@ impl RingSet {
         need: u64,
         fits: &dyn Fn(AgentKey) -> bool,
     ) -> Option<(u64, AgentKey)> {
-        let filed = self.buckets.get(bucket).filter(|b| !b.is_empty()).and_then(|set| {
-            let (free, highest) = set
-                .range((need, 0)..)
-                .rev()
-                .copied()
-                .find(|(_, key)| fits(*key))?;
-            set.range((free, 0)..=(free, highest))
-                .copied()
-                .find(|(_, key)| fits(*key))
-        });
+        let filed = self
+            .buckets
+            .get(bucket)
+            .filter(|b| !b.is_empty())
+            .and_then(|set| {
+                let (free, highest) = set
+                    .range((need, 0)..)
+                    .rev()
+                    .copied()
+                    .find(|(_, key)| fits(*key))?;
+                set.range((free, 0)..=(free, highest))
+                    .copied()
+                    .find(|(_, key)| fits(*key))
+            });
         if filed.is_some() || need > 0 {
             return filed;
         }
