@@ -508,6 +508,49 @@ mod tests {
     }
 
     #[test]
+    fn take_all_is_take_of_everything_free() {
+        let mut by_take = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        for total in [
+            "cpus:4;mem:8192",
+            "cpus:2;mem:512;gpus:1",
+            "mem:100;disk:10",
+        ] {
+            by_take.add_agent(r(total));
+        }
+        by_take.take(1, &r("cpus:0.5;gpus:1")).unwrap();
+        let removed = by_take.remove_agent(2).unwrap();
+        assert_eq!(by_take.add_agent(removed.total), 2);
+        let mut by_take_all = by_take.clone();
+        let mut taken = Vec::new();
+        for key in [1, 0, 2] {
+            let free = by_take.agent(key).unwrap().free.clone();
+            by_take.take(key, &free).unwrap();
+            let granted = by_take_all.take_all(key, &mut taken).unwrap();
+            assert_eq!(granted, free);
+            let mut named: Vec<(&str, u64)> = taken
+                .iter()
+                .map(|&(d, m)| (by_take_all.dimension_name(d), m))
+                .collect();
+            named.sort();
+            assert_eq!(named, free.iter().collect::<Vec<_>>());
+            assert_eq!(by_take_all.agent(key), by_take.agent(key));
+            assert_eq!(by_take_all.free(), by_take.free());
+            assert_eq!(by_take_all.rings(), by_take.rings());
+            for name in ["cpus", "mem", "gpus", "disk"] {
+                assert_eq!(
+                    by_take_all.bucket_of(key, name),
+                    by_take.bucket_of(key, name)
+                );
+            }
+        }
+        assert!(by_take_all.free().is_empty());
+        assert_eq!(
+            by_take_all.take_all(7, &mut taken),
+            Err(PlacementError::UnknownAgent(7))
+        );
+    }
+
+    #[test]
     fn ring_views_show_ranges_in_units() {
         let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
         cluster.add_agent(r("cpus:1.5;mem:300"));
