@@ -37,6 +37,22 @@ pub struct Allocation {
     pub decision: Decision,
 }
 
+/// How many copies of `demand` the amounts `taken` (by dimension index) hold: the same as
+/// `Resources::copies_of` on the bundle they came from.
+fn copies_of(cluster: &Cluster, taken: &[(usize, u64)], demand: &Resources) -> u64 {
+    demand
+        .iter()
+        .map(|(name, need)| {
+            let have = taken
+                .iter()
+                .find(|&&(d, _)| cluster.dimension_name(d) == name)
+                .map_or(0, |&(_, m)| m);
+            have / need
+        })
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
 /// Serves requests until none of them can be placed; see the module doc.
 ///
 /// Per framework, its requests are tried in slice order. Each serve places one demand with the
@@ -75,27 +91,37 @@ pub fn allocate_in(
     );
     // The cluster total does not change during a step (only free amounts do).
     let total = cluster.total().clone();
-    let mut pending: BTreeMap<FrameworkKey, Vec<usize>> = BTreeMap::new();
+    let mut by_framework: BTreeMap<FrameworkKey, Vec<usize>> = BTreeMap::new();
     for (i, req) in requests.iter().enumerate() {
         if req.count > 0 {
-            pending.entry(req.framework).or_default().push(i);
+            by_framework.entry(req.framework).or_default().push(i);
         }
     }
-    let mut queue: BTreeSet<SortKey> = pending
-        .keys()
-        .filter_map(|fw| drf.sort_key(*fw, &total))
-        .collect();
-    // Index into each framework's pending list of the request being served.
-    let mut cursor: BTreeMap<FrameworkKey, usize> = BTreeMap::new();
-    let mut out = Vec::new();
+    // Per framework: its request indices and the position of the one being served. The queue
+    // carries the position in this list, so no map is searched per serve.
+    let mut pending: Vec<(Vec<usize>, usize)> = Vec::with_capacity(by_framework.len());
+    let mut queue: BTreeSet<(SortKey, usize)> = BTreeSet::new();
+    for (fw, indices) in by_framework {
+        if let Some(key) = drf.sort_key(fw, &total) {
+            queue.insert((key, pending.len()));
+            pending.push((indices, 0));
+        }
+    }
+    // A whole-agent grant empties its agent, so there are at most as many as agents.
+    let mut out = match grant {
+        Grant::WholeAgent => {
+            let asked = requests
+                .iter()
+                .fold(0usize, |sum, r| sum.saturating_add(r.count as usize));
+            Vec::with_capacity(asked.min(cluster.len()))
+        }
+        Grant::Demand => Vec::new(),
+    };
 
-    while let Some(next) = queue.pop_first() {
+    let mut taken = Vec::new();
+    while let Some((next, slot)) = queue.pop_first() {
         let fw = next.framework;
-        let Some(indices) = pending.get(&fw) else {
-            continue;
-        };
-        let at = cursor.entry(fw).or_insert(0);
-        let mut served = false;
+        let (indices, at) = &mut pending[slot];
         while let Some(&i) = indices.get(*at) {
             let req = &requests[i];
             if req.count == 0 {
@@ -109,24 +135,34 @@ pub fn allocate_in(
                 *at += 1;
                 continue;
             };
-            let (granted, copies) = match grant {
-                Grant::Demand => (req.demand.clone(), 1),
+            let (granted, copies, key) = match grant {
+                Grant::Demand => {
+                    if cluster.take(decision.agent, &req.demand).is_err() {
+                        // A placer chose an agent that cannot hold the grant: never serve this
+                        // request.
+                        context.remove_pending(&req.demand, u64::from(req.count));
+                        *at += 1;
+                        continue;
+                    }
+                    let key = drf.allocated_and_sort_key(fw, req.demand.iter(), &total);
+                    (req.demand.clone(), 1, key)
+                }
                 Grant::WholeAgent => {
-                    let free = match cluster.agent(decision.agent) {
-                        Some(agent) => agent.free.clone(),
-                        None => break,
+                    // Moves the agent's free bundle out: the grant is never copied, and its
+                    // amounts are read by dimension index (see `Cluster::take_all`).
+                    let Ok(free) = cluster.take_all(decision.agent, &mut taken) else {
+                        break;
                     };
-                    let copies = free.copies_of(&req.demand).clamp(1, u32::MAX as u64) as u32;
-                    (free, copies)
+                    let copies = copies_of(cluster, &taken, &req.demand);
+                    let copies = copies.clamp(1, u32::MAX as u64) as u32;
+                    let names = taken.iter().map(|&(d, m)| (cluster.dimension_name(d), m));
+                    let key = drf.allocated_and_sort_key(fw, names, &total);
+                    (free, copies, key)
                 }
             };
-            if cluster.take(decision.agent, &granted).is_err() {
-                // A placer chose an agent that cannot hold the grant: never serve this request.
-                context.remove_pending(&req.demand, u64::from(req.count));
-                *at += 1;
-                continue;
+            if let Some(key) = key {
+                queue.insert((key, slot));
             }
-            drf.allocated(fw, &granted);
             let req = &mut requests[i];
             let before = req.count;
             req.count = req.count.saturating_sub(copies);
@@ -137,13 +173,7 @@ pub fn allocate_in(
                 resources: granted,
                 decision,
             });
-            served = true;
             break;
-        }
-        if served {
-            if let Some(key) = drf.sort_key(fw, &total) {
-                queue.insert(key);
-            }
         }
     }
     out

@@ -141,6 +141,29 @@ impl DrfSorter {
         }
     }
 
+    /// [`allocated`](DrfSorter::allocated) of the `(name, amount)` pairs `r`, then
+    /// [`sort_key`](DrfSorter::sort_key), finding the framework once (the allocation step does
+    /// both for every serve).
+    pub(crate) fn allocated_and_sort_key<'a>(
+        &mut self,
+        fw: FrameworkKey,
+        r: impl IntoIterator<Item = (&'a str, u64)>,
+        total: &Resources,
+    ) -> Option<SortKey> {
+        let f = self.frameworks.get_mut(&fw)?;
+        for (name, m) in r {
+            let sum = f.allocation.milli(name).saturating_add(m);
+            f.allocation.set_milli(name, sum);
+        }
+        f.allocations += 1;
+        (!f.suppressed).then(|| SortKey {
+            share_bits: (dominant_share(&f.allocation, total) / f.weight).to_bits(),
+            allocations: f.allocations,
+            registration: f.registration,
+            framework: fw,
+        })
+    }
+
     /// Records that `fw` released `r` (never below zero).
     pub fn unallocated(&mut self, fw: FrameworkKey, r: &Resources) {
         if let Some(f) = self.frameworks.get_mut(&fw) {

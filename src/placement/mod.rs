@@ -23,6 +23,7 @@ pub mod rings;
 pub mod why;
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use ringmaster_proto::resources::format_milli;
 use slab::Slab;
@@ -90,14 +91,50 @@ pub struct RingView {
 /// no `gpus` bucket: no GPU demand can fit it), in the bucket of its current *free* amount, and
 /// is refiled in every dimension that changes on each [`take`](Cluster::take) /
 /// [`give_back`](Cluster::give_back).
+///
+/// Inside, dimension names are interned to dense indices in order of first appearance, and each
+/// dimension keeps every agent's free amount in an array indexed by agent key, so the hot paths
+/// (fits checks during a ring search, emptying an agent for a whole-agent offer) read numbers
+/// from a few compact arrays instead of comparing names. The public [`AgentEntry`] bundles are
+/// kept in step; the cluster's free sum is kept by index and turned into a [`Resources`] only
+/// when [`free`](Cluster::free) is asked for.
 #[derive(Clone, Debug)]
 pub struct Cluster {
     config: RingsConfig,
     placer: PlacerKind,
     agents: Slab<AgentEntry>,
-    rings: BTreeMap<String, RingSet>,
+    /// By dimension index.
+    dimensions: Vec<Dimension>,
+    /// Dimension name → index, sorted by name.
+    index: BTreeMap<String, usize>,
     total: Resources,
-    free: Resources,
+    /// The sum of free amounts as a bundle, built from `dimensions` on first use after a change.
+    free: OnceLock<Resources>,
+}
+
+/// One dimension some agent has had: its ring set, every agent's free amount and their sum.
+#[derive(Clone, Debug)]
+struct Dimension {
+    ring: RingSet,
+    /// Free amount by agent key; 0 past the end, for absent agents and agents without it.
+    free_by_agent: Vec<u64>,
+    free: u64,
+}
+
+impl Dimension {
+    fn free_of(&self, key: AgentKey) -> u64 {
+        self.free_by_agent.get(key).copied().unwrap_or(0)
+    }
+
+    fn set_free_of(&mut self, key: AgentKey, amount: u64) {
+        if key >= self.free_by_agent.len() {
+            if amount == 0 {
+                return;
+            }
+            self.free_by_agent.resize(key + 1, 0);
+        }
+        self.free_by_agent[key] = amount;
+    }
 }
 
 /// Adds per dimension, saturating at the largest amount instead of failing (cluster sums only).
@@ -108,33 +145,66 @@ fn saturating_add(into: &mut Resources, add: &Resources) {
     }
 }
 
+/// The most dimensions a demand may have for [`ResolvedDemand`] to hold it inline.
+const INLINE_DIMENSIONS: usize = 8;
+
+/// A demand with its dimension names resolved to the cluster's indices once, so that checking
+/// each candidate agent compares numbers (see [`Cluster::resolve`]).
+pub(crate) struct ResolvedDemand<'a> {
+    demand: &'a Resources,
+    needs: [(usize, u64); INLINE_DIMENSIONS],
+    /// How many of `needs` are used; `None` when the demand has more dimensions than fit inline
+    /// (fits checks then compare names).
+    len: Option<usize>,
+    /// The demand names a dimension no agent has ever had: nothing fits.
+    unknown: bool,
+}
+
 impl Cluster {
     pub fn new(rings: RingsConfig, placer: PlacerKind) -> Self {
         Cluster {
             config: rings,
             placer,
             agents: Slab::new(),
-            rings: BTreeMap::new(),
+            dimensions: Vec::new(),
+            index: BTreeMap::new(),
             total: Resources::new(),
-            free: Resources::new(),
+            free: OnceLock::new(),
         }
+    }
+
+    /// The index of a dimension, creating its (empty) ring on first sight.
+    fn dimension_index(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.index.get(name) {
+            return i;
+        }
+        let i = self.dimensions.len();
+        self.dimensions.push(Dimension {
+            ring: RingSet::new(name, self.config.spec_for(name).clone()),
+            free_by_agent: Vec::new(),
+            free: 0,
+        });
+        self.index.insert(name.to_string(), i);
+        i
     }
 
     /// Registers an agent with everything free.
     pub fn add_agent(&mut self, total: Resources) -> AgentKey {
-        let key = self.agents.insert(AgentEntry {
-            total: total.clone(),
-            free: total.clone(),
-        });
+        let key = self.agents.vacant_key();
         for (name, amount) in total.iter() {
-            let config = &self.config;
-            self.rings
-                .entry(name.to_string())
-                .or_insert_with(|| RingSet::new(name, config.spec_for(name).clone()))
-                .insert(key, amount);
+            let d = self.dimension_index(name);
+            let dimension = &mut self.dimensions[d];
+            dimension.set_free_of(key, amount);
+            dimension.ring.insert(key, amount);
+            dimension.free = dimension.free.saturating_add(amount);
         }
         saturating_add(&mut self.total, &total);
-        saturating_add(&mut self.free, &total);
+        self.free.take();
+        let inserted = self.agents.insert(AgentEntry {
+            total: total.clone(),
+            free: total,
+        });
+        debug_assert_eq!(inserted, key);
         key
     }
 
@@ -142,12 +212,17 @@ impl Cluster {
     pub fn remove_agent(&mut self, key: AgentKey) -> Option<AgentEntry> {
         let entry = self.agents.try_remove(key)?;
         for (name, _) in entry.total.iter() {
-            if let Some(ring) = self.rings.get_mut(name) {
-                ring.remove(key, entry.free.milli(name));
+            if let Some(&d) = self.index.get(name) {
+                let dimension = &mut self.dimensions[d];
+                let free = dimension.free_of(key);
+                dimension.ring.remove(key, free);
+                dimension.free = dimension.free.saturating_sub(free);
+                // The key will be reused: the next agent starts from 0 here.
+                dimension.set_free_of(key, 0);
             }
         }
         self.total = self.total.saturating_sub(&entry.total);
-        self.free = self.free.saturating_sub(&entry.free);
+        self.free.take();
         Some(entry)
     }
 
@@ -183,13 +258,45 @@ impl Cluster {
         for (name, m) in r.iter() {
             let old = entry.free.milli(name);
             entry.free.set_milli(name, old - m);
-            if let Some(ring) = self.rings.get_mut(name) {
-                ring.relocate(key, old, old - m);
+            // A dimension of `r` the agent has free is one of its total's: it has an index.
+            if let Some(&d) = self.index.get(name) {
+                let dimension = &mut self.dimensions[d];
+                dimension.set_free_of(key, old - m);
+                dimension.ring.relocate(key, old, old - m);
+                dimension.free = dimension.free.saturating_sub(m);
             }
-            let sum = self.free.milli(name);
-            self.free.set_milli(name, sum.saturating_sub(m));
         }
+        self.free.take();
         Ok(())
+    }
+
+    /// Takes everything the agent has free and returns it (the grant of a whole-agent offer):
+    /// the same as [`take`](Cluster::take) of a copy of its free resources, without the copy.
+    /// `taken` receives the same amounts by dimension index, for callers that would otherwise
+    /// read the returned bundle's names (the agent's own, likely out of cache).
+    pub(crate) fn take_all(
+        &mut self,
+        key: AgentKey,
+        taken: &mut Vec<(usize, u64)>,
+    ) -> Result<Resources, PlacementError> {
+        taken.clear();
+        let entry = self
+            .agents
+            .get_mut(key)
+            .ok_or(PlacementError::UnknownAgent(key))?;
+        for (d, dimension) in self.dimensions.iter_mut().enumerate() {
+            let Some(free) = dimension.free_by_agent.get_mut(key) else {
+                continue;
+            };
+            if *free > 0 {
+                taken.push((d, *free));
+                dimension.ring.relocate(key, *free, 0);
+                dimension.free = dimension.free.saturating_sub(*free);
+                *free = 0;
+            }
+        }
+        self.free.take();
+        Ok(std::mem::take(&mut entry.free))
     }
 
     /// Returns `r` to the agent's free resources (refused if any dimension would exceed total).
@@ -211,12 +318,15 @@ impl Cluster {
         for (name, m) in r.iter() {
             let old = entry.free.milli(name);
             entry.free.set_milli(name, old + m);
-            if let Some(ring) = self.rings.get_mut(name) {
-                ring.relocate(key, old, old + m);
+            // Within the agent's total, so a dimension of its total: it has an index.
+            if let Some(&d) = self.index.get(name) {
+                let dimension = &mut self.dimensions[d];
+                dimension.set_free_of(key, old + m);
+                dimension.ring.relocate(key, old, old + m);
+                dimension.free = dimension.free.saturating_add(m);
             }
-            let sum = self.free.milli(name);
-            self.free.set_milli(name, sum.saturating_add(m));
         }
+        self.free.take();
         Ok(())
     }
 
@@ -227,7 +337,56 @@ impl Cluster {
 
     /// Sum of every agent's free resources.
     pub fn free(&self) -> &Resources {
-        &self.free
+        self.free.get_or_init(|| {
+            let mut free = Resources::new();
+            for (name, &d) in &self.index {
+                free.set_milli(name, self.dimensions[d].free);
+            }
+            free
+        })
+    }
+
+    /// The name of dimension index `d`.
+    pub(crate) fn dimension_name(&self, d: usize) -> &str {
+        self.dimensions[d].ring.name()
+    }
+
+    /// Resolves `demand`'s dimension names to indices for [`fits`](Cluster::fits).
+    pub(crate) fn resolve<'a>(&self, demand: &'a Resources) -> ResolvedDemand<'a> {
+        let mut resolved = ResolvedDemand {
+            demand,
+            needs: [(0, 0); INLINE_DIMENSIONS],
+            len: Some(0),
+            unknown: false,
+        };
+        for (i, (name, need)) in demand.iter().enumerate() {
+            let Some(&d) = self.index.get(name) else {
+                resolved.unknown = true;
+                break;
+            };
+            if i >= INLINE_DIMENSIONS {
+                resolved.len = None;
+                break;
+            }
+            resolved.needs[i] = (d, need);
+            resolved.len = Some(i + 1);
+        }
+        resolved
+    }
+
+    /// The agent exists and has at least the resolved demand free in every dimension.
+    pub(crate) fn fits(&self, key: AgentKey, demand: &ResolvedDemand) -> bool {
+        match demand.len {
+            _ if demand.unknown => false,
+            // Amounts are 0 for absent agents, so a non-empty demand needs no other check.
+            Some(len) if len > 0 => demand.needs[..len]
+                .iter()
+                .all(|&(d, need)| self.dimensions[d].free_of(key) >= need),
+            _ => self
+                .agents
+                .get(key)
+                .is_some_and(|entry| entry.free.contains(demand.demand)),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -244,7 +403,7 @@ impl Cluster {
 
     /// The ring set of one dimension, if any agent has had that dimension.
     pub fn ring(&self, dimension: &str) -> Option<&RingSet> {
-        self.rings.get(dimension)
+        self.index.get(dimension).map(|&d| &self.dimensions[d].ring)
     }
 
     /// Picks an agent for `demand` with the cluster's placer, among agents `eligible` accepts.
@@ -291,8 +450,9 @@ impl Cluster {
     /// Every ring with its bucket ranges and occupancy, dimensions sorted by name.
     pub fn rings(&self) -> Vec<RingView> {
         let units = |m: u64| m as f64 / ringmaster_proto::resources::MILLI as f64;
-        self.rings
+        self.index
             .values()
+            .map(|&d| &self.dimensions[d].ring)
             .map(|ring| RingView {
                 name: ring.name().to_string(),
                 search_up: ring.search_up(),
@@ -313,9 +473,10 @@ impl Cluster {
     /// The bucket the agent is actually filed in for `dimension` (`None` if it is not filed
     /// there, e.g. its total lacks the dimension).
     pub fn bucket_of(&self, key: AgentKey, dimension: &str) -> Option<usize> {
-        let entry = self.agents.get(key)?;
-        let ring = self.rings.get(dimension)?;
-        let free = entry.free.milli(dimension);
+        self.agents.get(key)?;
+        let d = *self.index.get(dimension)?;
+        let ring = &self.dimensions[d].ring;
+        let free = self.dimensions[d].free_of(key);
         let bucket = ring.bucket_of(free);
         ring.holds(bucket, key, free).then_some(bucket)
     }
@@ -364,6 +525,49 @@ mod tests {
         assert_eq!(
             cluster.take(a, &r("cpus:1")),
             Err(PlacementError::UnknownAgent(a))
+        );
+    }
+
+    #[test]
+    fn take_all_is_take_of_everything_free() {
+        let mut by_take = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        for total in [
+            "cpus:4;mem:8192",
+            "cpus:2;mem:512;gpus:1",
+            "mem:100;disk:10",
+        ] {
+            by_take.add_agent(r(total));
+        }
+        by_take.take(1, &r("cpus:0.5;gpus:1")).unwrap();
+        let removed = by_take.remove_agent(2).unwrap();
+        assert_eq!(by_take.add_agent(removed.total), 2);
+        let mut by_take_all = by_take.clone();
+        let mut taken = Vec::new();
+        for key in [1, 0, 2] {
+            let free = by_take.agent(key).unwrap().free.clone();
+            by_take.take(key, &free).unwrap();
+            let granted = by_take_all.take_all(key, &mut taken).unwrap();
+            assert_eq!(granted, free);
+            let mut named: Vec<(&str, u64)> = taken
+                .iter()
+                .map(|&(d, m)| (by_take_all.dimension_name(d), m))
+                .collect();
+            named.sort();
+            assert_eq!(named, free.iter().collect::<Vec<_>>());
+            assert_eq!(by_take_all.agent(key), by_take.agent(key));
+            assert_eq!(by_take_all.free(), by_take.free());
+            assert_eq!(by_take_all.rings(), by_take.rings());
+            for name in ["cpus", "mem", "gpus", "disk"] {
+                assert_eq!(
+                    by_take_all.bucket_of(key, name),
+                    by_take.bucket_of(key, name)
+                );
+            }
+        }
+        assert!(by_take_all.free().is_empty());
+        assert_eq!(
+            by_take_all.take_all(7, &mut taken),
+            Err(PlacementError::UnknownAgent(7))
         );
     }
 

@@ -193,9 +193,8 @@ impl Placer for RingPlacer {
         let dimension = dominant_dimension(demand, cluster.total())?;
         let ring = cluster.ring(dimension)?;
         let need = demand.milli(dimension);
-        let fitting = |key: AgentKey| {
-            cluster.agent(key).is_some_and(|a| fits(&a.free, demand)) && eligible(key)
-        };
+        let resolved = cluster.resolve(demand);
+        let fitting = |key: AgentKey| cluster.fits(key, &resolved) && eligible(key);
         let decided = |agent: AgentKey, phase: Phase, bucket: usize| Decision {
             agent,
             phase: Some(phase),

@@ -3,27 +3,143 @@
 //! Each bucket is a `BTreeSet<(free, AgentKey)>`, so "the agent with the least free amount that
 //! still holds the demand" is a range query from the demand upward, and "the largest agent" is
 //! the set's last element; neither is a scan of the bucket.
+//!
+//! Agents with nothing free in the dimension are the exception: they are kept in a bit set by
+//! key instead of the ordered set of bucket 0 (the bucket of amount 0). No non-empty demand can
+//! use them, and a whole-agent offer leaves every dimension at 0, so this makes emptying an agent
+//! a bit flip instead of an ordered-set insert per dimension. Every query below still sees them
+//! exactly where an entry `(0, key)` of bucket 0 would be.
 
 use std::collections::BTreeSet;
 
 use super::rings::{RingLayout, RingSpec};
 use super::AgentKey;
 
+/// Agent keys as bits, for the agents with 0 free: O(1) insert, remove and lookup, key order.
+#[derive(Clone, Debug, Default)]
+struct KeyBits {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl KeyBits {
+    fn contains(&self, key: AgentKey) -> bool {
+        self.words
+            .get(key / 64)
+            .is_some_and(|w| w & (1 << (key % 64)) != 0)
+    }
+
+    /// True if the key was not there.
+    fn insert(&mut self, key: AgentKey) -> bool {
+        let word = key / 64;
+        if word >= self.words.len() {
+            self.words.resize(word + 1, 0);
+        }
+        let bit = 1 << (key % 64);
+        let added = self.words[word] & bit == 0;
+        self.words[word] |= bit;
+        self.len += usize::from(added);
+        added
+    }
+
+    /// True if the key was there.
+    fn remove(&mut self, key: AgentKey) -> bool {
+        let Some(w) = self.words.get_mut(key / 64) else {
+            return false;
+        };
+        let bit = 1 << (key % 64);
+        let had = *w & bit != 0;
+        *w &= !bit;
+        self.len -= usize::from(had);
+        had
+    }
+
+    fn iter(&self) -> KeyBitsIter<'_> {
+        KeyBitsIter {
+            words: &self.words,
+            front: 0,
+            back: self.words.len() * 64,
+        }
+    }
+}
+
+/// Keys of a [`KeyBits`] in increasing order (and decreasing from the back); positions in
+/// `front..back` are still to be visited.
+struct KeyBitsIter<'a> {
+    words: &'a [u64],
+    front: usize,
+    back: usize,
+}
+
+impl Iterator for KeyBitsIter<'_> {
+    type Item = AgentKey;
+
+    fn next(&mut self) -> Option<AgentKey> {
+        while self.front < self.back {
+            let (word, bit) = (self.front / 64, self.front % 64);
+            let rest = self.words[word] >> bit;
+            if rest == 0 {
+                self.front = (word + 1) * 64;
+                continue;
+            }
+            let key = self.front + rest.trailing_zeros() as usize;
+            if key >= self.back {
+                break;
+            }
+            self.front = key + 1;
+            return Some(key);
+        }
+        self.front = self.back;
+        None
+    }
+}
+
+impl DoubleEndedIterator for KeyBitsIter<'_> {
+    fn next_back(&mut self) -> Option<AgentKey> {
+        while self.front < self.back {
+            let last = self.back - 1;
+            let (word, bit) = (last / 64, last % 64);
+            // Bits 0..=bit of the word.
+            let rest = self.words[word] & (u64::MAX >> (63 - bit));
+            if rest == 0 {
+                self.back = word * 64;
+                continue;
+            }
+            let key = word * 64 + (63 - rest.leading_zeros() as usize);
+            if key < self.front {
+                break;
+            }
+            self.back = key;
+            return Some(key);
+        }
+        self.back = self.front;
+        None
+    }
+}
+
 /// The buckets of one dimension. Holds every agent whose total has this dimension.
 #[derive(Clone, Debug)]
 pub struct RingSet {
     name: String,
     spec: RingSpec,
+    /// Agents with a free amount above 0.
     buckets: Vec<BTreeSet<(u64, AgentKey)>>,
+    /// Agents with 0 free, logically the first members of bucket `zero_bucket`.
+    empty: KeyBits,
+    /// The bucket of amount 0 (bucket 0 for every valid layout).
+    zero_bucket: usize,
 }
 
 impl RingSet {
     pub fn new(name: impl Into<String>, spec: RingSpec) -> Self {
         let buckets = vec![BTreeSet::new(); spec.layout().len()];
+        let zero_bucket = spec.layout().bucket_of(0);
         RingSet {
             name: name.into(),
             spec,
             buckets,
+            empty: KeyBits::default(),
+            zero_bucket,
         }
     }
 
@@ -54,12 +170,19 @@ impl RingSet {
     }
 
     pub fn insert(&mut self, key: AgentKey, free: u64) {
+        if free == 0 {
+            self.empty.insert(key);
+            return;
+        }
         let b = self.bucket_of(free);
         self.buckets[b].insert((free, key));
     }
 
     /// Removes the agent filed under `free`; true if it was there.
     pub fn remove(&mut self, key: AgentKey, free: u64) -> bool {
+        if free == 0 {
+            return self.empty.remove(key);
+        }
         let b = self.bucket_of(free);
         self.buckets[b].remove(&(free, key))
     }
@@ -74,19 +197,37 @@ impl RingSet {
 
     /// True when the agent is filed in `bucket` under `free`.
     pub fn holds(&self, bucket: usize, key: AgentKey, free: u64) -> bool {
+        if free == 0 {
+            return bucket == self.zero_bucket && self.empty.contains(key);
+        }
         self.buckets
             .get(bucket)
             .is_some_and(|b| b.contains(&(free, key)))
     }
 
+    /// The agents with 0 free as `(0, key)` pairs if `bucket` is theirs (none otherwise).
+    fn empty_members(
+        &self,
+        bucket: usize,
+    ) -> impl DoubleEndedIterator<Item = (u64, AgentKey)> + '_ {
+        let keys = (bucket == self.zero_bucket).then(|| self.empty.iter());
+        keys.into_iter().flatten().map(|key| (0, key))
+    }
+
     /// The (free, agent) pairs of one bucket, smallest free first.
     pub fn members(&self, bucket: usize) -> impl DoubleEndedIterator<Item = (u64, AgentKey)> + '_ {
-        self.buckets.get(bucket).into_iter().flatten().copied()
+        let filed = self.buckets.get(bucket).into_iter().flatten().copied();
+        self.empty_members(bucket).chain(filed)
     }
 
     /// Number of agents in one bucket.
     pub fn count(&self, bucket: usize) -> usize {
-        self.buckets.get(bucket).map_or(0, BTreeSet::len)
+        let empty = if bucket == self.zero_bucket {
+            self.empty.len
+        } else {
+            0
+        };
+        empty + self.buckets.get(bucket).map_or(0, BTreeSet::len)
     }
 
     /// Best fit in one bucket: the agent with the smallest free amount ≥ `need` for which `fits`
@@ -98,6 +239,11 @@ impl RingSet {
         need: u64,
         fits: &dyn Fn(AgentKey) -> bool,
     ) -> Option<(u64, AgentKey)> {
+        if need == 0 {
+            if let Some(found) = self.empty_members(bucket).find(|(_, key)| fits(*key)) {
+                return Some(found);
+            }
+        }
         let set = self.buckets.get(bucket).filter(|b| !b.is_empty())?;
         set.range((need, 0)..).copied().find(|(_, key)| fits(*key))
     }
@@ -112,15 +258,25 @@ impl RingSet {
         need: u64,
         fits: &dyn Fn(AgentKey) -> bool,
     ) -> Option<(u64, AgentKey)> {
-        let set = self.buckets.get(bucket).filter(|b| !b.is_empty())?;
-        let (free, highest) = set
-            .range((need, 0)..)
-            .rev()
-            .copied()
-            .find(|(_, key)| fits(*key))?;
-        set.range((free, 0)..=(free, highest))
-            .copied()
-            .find(|(_, key)| fits(*key))
+        let filed = self
+            .buckets
+            .get(bucket)
+            .filter(|b| !b.is_empty())
+            .and_then(|set| {
+                let (free, highest) = set
+                    .range((need, 0)..)
+                    .rev()
+                    .copied()
+                    .find(|(_, key)| fits(*key))?;
+                set.range((free, 0)..=(free, highest))
+                    .copied()
+                    .find(|(_, key)| fits(*key))
+            });
+        if filed.is_some() || need > 0 {
+            return filed;
+        }
+        // Only agents with 0 free are left; among equals the lowest key.
+        self.empty_members(bucket).find(|(_, key)| fits(*key))
     }
 }
 
@@ -180,5 +336,46 @@ mod tests {
         assert_eq!(ring.count(3), 0);
         assert!(ring.holds(0, 5, 200));
         assert_eq!(ring.members(0).collect::<Vec<_>>(), [(200, 5), (500, 0)]);
+    }
+
+    #[test]
+    fn agents_with_nothing_free_are_first_in_bucket_zero() {
+        let mut ring = ring();
+        ring.relocate(3, 1800, 0);
+        for key in [70, 130, 64] {
+            ring.insert(key, 0);
+        }
+        assert_eq!(ring.count(0), 5);
+        assert_eq!(ring.count(1), 3);
+        assert!(ring.holds(0, 64, 0) && !ring.holds(1, 64, 0) && !ring.holds(0, 65, 0));
+        let expected = [(0, 3), (0, 64), (0, 70), (0, 130), (500, 0)];
+        assert_eq!(ring.members(0).collect::<Vec<_>>(), expected);
+        let mut backwards = expected.to_vec();
+        backwards.reverse();
+        assert_eq!(ring.members(0).rev().collect::<Vec<_>>(), backwards);
+        {
+            let mut both = ring.members(0);
+            assert_eq!(
+                (both.next(), both.next_back(), both.next_back(), both.next()),
+                (Some((0, 3)), Some((500, 0)), Some((0, 130)), Some((0, 64)))
+            );
+            assert_eq!((both.next(), both.next()), (Some((0, 70)), None));
+        }
+        let all = |_: AgentKey| true;
+        assert_eq!(ring.best_fit(0, 0, &all), Some((0, 3)));
+        assert_eq!(ring.best_fit(0, 0, &|k| k > 100), Some((0, 130)));
+        assert_eq!(ring.best_fit(0, 0, &|k| k == 0), Some((500, 0)));
+        assert_eq!(ring.best_fit(0, 1, &all), Some((500, 0)));
+        assert_eq!(ring.largest_fit(0, 0, &all), Some((500, 0)));
+        assert_eq!(ring.largest_fit(0, 0, &|k| k != 0), Some((0, 3)));
+        assert_eq!(ring.largest_fit(0, 1, &|k| k != 0), None);
+        assert!(ring.remove(64, 0) && !ring.remove(64, 0) && !ring.remove(9999, 0));
+        ring.relocate(130, 0, 2500);
+        assert_eq!(ring.count(0), 3);
+        assert!(ring.holds(2, 130, 2500));
+        assert_eq!(
+            ring.members(0).collect::<Vec<_>>(),
+            [(0, 3), (0, 70), (500, 0)]
+        );
     }
 }
