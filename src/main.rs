@@ -86,9 +86,19 @@ struct SimArgs {
     /// Directory for JSON, CSV and PNG/SVG plots (created if missing).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// How the paper's policies break exact score ties: first (lowest node index, like
+    /// Ringmaster's placers) or random (seeded, like the Kubernetes scheduler).
+    #[arg(long, value_enum, default_value_t = SimTies::First)]
+    ties: SimTies,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SimTies {
+    First,
+    Random,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -217,6 +227,10 @@ fn sim(args: SimArgs) -> ExitCode {
         nodes: args.nodes,
         tasks: args.tasks,
         rings: config.rings,
+        ties: match args.ties {
+            SimTies::First => sim::Ties::First,
+            SimTies::Random => sim::Ties::Random,
+        },
         policies,
         mode: match args.mode {
             SimMode::Replay => Mode::Replay,

@@ -29,6 +29,17 @@ use crate::placement::{Cluster, PlacementError, PlacerKind, RingsConfig};
 /// Above this many (node, shape) pairs the paper's policies score without a cache.
 const MAX_CACHE_ENTRIES: usize = 32 << 20;
 
+/// How the paper's policies choose among nodes with equal scores. `random` always picks
+/// uniformly among all fitting nodes, whatever this says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Ties {
+    /// The lowest node index (trace order), the tie rule of Ringmaster's own placers.
+    #[default]
+    First,
+    /// Uniformly at random (seeded), as the Kubernetes scheduler's host selection does.
+    Random,
+}
+
 /// A policy the simulator can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SimPolicy {
@@ -240,17 +251,20 @@ pub struct SimCluster<'w> {
     fragment_total: u64,
     usage: Usage,
     rng: ChaCha8Rng,
+    random_ties: bool,
 }
 
 impl<'w> SimCluster<'w> {
     /// A cluster of `nodes` (indices into the workload's nodes) running `policy`; `rings` lays
-    /// out the allocator's rings; `seed` drives random choices (ties, `random`).
+    /// out the allocator's rings; `ties` is the paper's policies' tie rule; `seed` drives random
+    /// choices (random ties, `random`).
     pub fn new(
         workload: &'w Workload,
         target: &'w TargetWorkload,
         nodes: &[usize],
         policy: SimPolicy,
         rings: &RingsConfig,
+        ties: Ties,
         seed: u64,
     ) -> Self {
         let states: Vec<NodeState> = nodes
@@ -304,6 +318,7 @@ impl<'w> SimCluster<'w> {
             node_fragment,
             usage,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            random_ties: ties == Ties::Random || policy == SimPolicy::Paper(PaperPolicy::Random),
         }
     }
 
@@ -347,6 +362,7 @@ impl<'w> SimCluster<'w> {
             allocator,
             node_fragment,
             rng,
+            random_ties,
             ..
         } = self;
         match *policy {
@@ -392,6 +408,9 @@ impl<'w> SimCluster<'w> {
                     match best {
                         Some((b, _)) if value > b => {}
                         Some((b, _)) if value == b => {
+                            if !*random_ties {
+                                continue;
+                            }
                             ties += 1;
                             if rng.random_range(0..ties) == 0 {
                                 best = Some((value, here));

@@ -14,7 +14,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::engine::{SimCluster, SimError, SimPolicy, Workload};
+use super::engine::{SimCluster, SimError, SimPolicy, Ties, Workload};
 use super::policies::TargetWorkload;
 use crate::placement::RingsConfig;
 
@@ -97,22 +97,35 @@ pub fn arrival_order(
     order
 }
 
-/// Runs one policy for one seed over the GPU nodes `nodes`.
-pub fn run_fill(
-    workload: &Workload,
-    target: &TargetWorkload,
-    nodes: &[usize],
-    policy: SimPolicy,
-    rings: &RingsConfig,
-    seed: u64,
-    inflation_pct: u32,
-) -> Result<FillRun, SimError> {
+/// What every `fill` run of a comparison shares.
+#[derive(Clone, Copy, Debug)]
+pub struct FillSetup<'a> {
+    pub workload: &'a Workload,
+    pub target: &'a TargetWorkload,
+    /// The GPU nodes ([`gpu_nodes`]).
+    pub nodes: &'a [usize],
+    pub rings: &'a RingsConfig,
+    pub ties: Ties,
+    pub inflation_pct: u32,
+}
+
+/// Runs one policy for one seed.
+pub fn run_fill(setup: &FillSetup, policy: SimPolicy, seed: u64) -> Result<FillRun, SimError> {
+    let FillSetup {
+        workload,
+        target,
+        nodes,
+        rings,
+        ties,
+        inflation_pct,
+    } = *setup;
     let mut cluster = SimCluster::new(
         workload,
         target,
         nodes,
         policy,
         rings,
+        ties,
         seed ^ PLACEMENT_STREAM,
     );
     let capacity = cluster.usage().gpu_total;

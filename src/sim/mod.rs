@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-pub use engine::{parse_policies, SimPolicy, Workload};
+pub use engine::{parse_policies, SimPolicy, Ties, Workload};
 use fill::{FillRun, FIRST_SEED};
 use replay::ReplayRun;
 use report::{FillSummary, ReplaySummary};
@@ -49,6 +49,8 @@ pub struct SimOptions {
     pub nodes: PathBuf,
     pub tasks: PathBuf,
     pub rings: RingsConfig,
+    /// Tie rule of the paper's policies.
+    pub ties: Ties,
     pub policies: Vec<SimPolicy>,
     pub mode: Mode,
     /// `fill`: seeds 42 … 42+seeds−1.
@@ -150,6 +152,14 @@ fn run_fill_mode(workload: &Workload, options: &SimOptions) -> Result<SimResults
         .iter()
         .flat_map(|&p| (0..u64::from(options.seeds)).map(move |i| (p, FIRST_SEED + i)))
         .collect();
+    let setup = fill::FillSetup {
+        workload,
+        target: &target,
+        nodes: &gpu_nodes,
+        rings: &options.rings,
+        ties: options.ties,
+        inflation_pct: options.inflation_pct,
+    };
     let bar = progress_bar(options.progress, jobs.len() as u64, "fill");
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<Option<Result<FillRun, String>>>> =
@@ -165,16 +175,8 @@ fn run_fill_mode(workload: &Workload, options: &SimOptions) -> Result<SimResults
                 let Some(&(policy, seed)) = jobs.get(i) else {
                     break;
                 };
-                let run = fill::run_fill(
-                    workload,
-                    &target,
-                    &gpu_nodes,
-                    policy,
-                    &options.rings,
-                    seed,
-                    options.inflation_pct,
-                )
-                .map_err(|e| format!("{policy}, seed {seed}: {e}"));
+                let run = fill::run_fill(&setup, policy, seed)
+                    .map_err(|e| format!("{policy}, seed {seed}: {e}"));
                 if let Ok(mut done) = done.lock() {
                     done[i] = Some(run);
                 }
@@ -206,7 +208,7 @@ fn run_replay_mode(workload: &Workload, options: &SimOptions) -> Result<SimResul
     for &policy in &options.policies {
         bar.set_message(format!("replay {policy}"));
         let start = Instant::now();
-        let run = replay::run_replay(workload, &target, policy, &options.rings)
+        let run = replay::run_replay(workload, &target, policy, &options.rings, options.ties)
             .map_err(|e| SimFailure::Run(format!("{policy}: {e}")))?;
         summaries.push(ReplaySummary::of(&run, start.elapsed().as_secs_f64()));
         runs.push(run);

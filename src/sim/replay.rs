@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::engine::{Placement, SimCluster, SimError, SimPolicy, Workload};
+use super::engine::{Placement, SimCluster, SimError, SimPolicy, Ties, Workload};
 use super::policies::TargetWorkload;
 use crate::placement::RingsConfig;
 
@@ -51,8 +51,19 @@ pub struct ReplayRun {
     pub wait_mean_s: f64,
     pub wait_p99_s: f64,
     pub timeline: Vec<TimelinePoint>,
+    /// Per task (trace order): where and when it started, if it did.
+    #[serde(skip)]
+    pub outcomes: Vec<Outcome>,
     #[serde(skip)]
     pub decision_ns: Vec<u32>,
+}
+
+/// Where and when one task ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Index into the trace's nodes; `None` if it never ran.
+    pub node: Option<usize>,
+    pub start: Option<u64>,
 }
 
 enum Running {
@@ -67,9 +78,10 @@ pub fn run_replay(
     target: &TargetWorkload,
     policy: SimPolicy,
     rings: &RingsConfig,
+    ties: Ties,
 ) -> Result<ReplayRun, SimError> {
     let all: Vec<usize> = (0..workload.nodes.len()).collect();
-    let mut cluster = SimCluster::new(workload, target, &all, policy, rings, PLACEMENT_SEED);
+    let mut cluster = SimCluster::new(workload, target, &all, policy, rings, ties, PLACEMENT_SEED);
     let tasks = &workload.tasks;
     let mut arrivals: Vec<usize> = (0..tasks.len()).collect();
     arrivals.sort_by_key(|&i| (tasks[i].creation, i));
@@ -86,6 +98,7 @@ pub fn run_replay(
     let mut leaving: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut waiting: BTreeMap<usize, usize> = BTreeMap::new(); // arrival seq → task
     let mut waits: Vec<u64> = Vec::with_capacity(tasks.len());
+    let mut outcomes = vec![Outcome::default(); tasks.len()];
     let mut decision_ns = Vec::with_capacity(tasks.len());
     let (mut at_once, mut after_wait, mut gave_up) = (0, 0, 0);
 
@@ -130,6 +143,10 @@ pub fn run_replay(
                         if let Some(q) = place(&mut cluster, w, &mut decision_ns) {
                             cluster.commit(workload.task_shape[w], q)?;
                             state[w] = Running::On(q);
+                            outcomes[w] = Outcome {
+                                node: Some(q.node),
+                                start: Some(now),
+                            };
                             waits.push(now - tasks[w].creation);
                             after_wait += 1;
                             placed.push(seq);
@@ -152,6 +169,10 @@ pub fn run_replay(
             Some(p) => {
                 cluster.commit(workload.task_shape[task], p)?;
                 state[task] = Running::On(p);
+                outcomes[task] = Outcome {
+                    node: Some(p.node),
+                    start: Some(now),
+                };
                 waits.push(0);
                 at_once += 1;
             }
@@ -179,6 +200,7 @@ pub fn run_replay(
         wait_mean_s,
         wait_p99_s: percentile(&waits, 0.99) as f64,
         timeline,
+        outcomes,
         decision_ns,
     })
 }
