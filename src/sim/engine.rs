@@ -45,6 +45,9 @@ pub enum Ties {
 pub enum SimPolicy {
     /// One of Ringmaster's placers, through the real allocator.
     Allocator(PlacerKind),
+    /// The same, through [`Cluster::place_sparing`] on `gpus`: tasks without GPUs first go to
+    /// nodes without free GPUs. Named `PLACER+spare-gpus`.
+    SparingGpus(PlacerKind),
     /// A policy of the ATC'23 paper (or `random`).
     Paper(PaperPolicy),
 }
@@ -55,6 +58,7 @@ impl SimPolicy {
         PlacerKind::ALL
             .iter()
             .map(|&k| SimPolicy::Allocator(k))
+            .chain([SimPolicy::SparingGpus(PlacerKind::Ring)])
             .chain(PaperPolicy::ALL.iter().map(|&p| SimPolicy::Paper(p)))
             .collect()
     }
@@ -62,6 +66,7 @@ impl SimPolicy {
     pub fn name(&self) -> String {
         match self {
             SimPolicy::Allocator(k) => k.to_string(),
+            SimPolicy::SparingGpus(k) => format!("{k}{SPARE_SUFFIX}"),
             SimPolicy::Paper(p) => p.name().to_string(),
         }
     }
@@ -72,6 +77,8 @@ impl fmt::Display for SimPolicy {
         f.write_str(&self.name())
     }
 }
+
+const SPARE_SUFFIX: &str = "+spare-gpus";
 
 /// A policy name that is neither a placer nor a paper policy.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -88,6 +95,12 @@ impl FromStr for SimPolicy {
     fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
         if let Ok(kind) = s.parse::<PlacerKind>() {
             return Ok(SimPolicy::Allocator(kind));
+        }
+        if let Some(kind) = s
+            .strip_suffix(SPARE_SUFFIX)
+            .and_then(|k| k.parse::<PlacerKind>().ok())
+        {
+            return Ok(SimPolicy::SparingGpus(kind));
         }
         s.parse::<PaperPolicy>()
             .map(SimPolicy::Paper)
@@ -277,7 +290,7 @@ impl<'w> SimCluster<'w> {
         let max_gpus = workload.shapes.iter().map(|s| s.num_gpu).max().unwrap_or(0);
         let kinds = vec![vec![0u32; 2 + max_gpus as usize]; states.len()];
         let allocator = match policy {
-            SimPolicy::Allocator(kind) => {
+            SimPolicy::Allocator(kind) | SimPolicy::SparingGpus(kind) => {
                 let mut cluster = Cluster::new(rings.clone(), kind);
                 for (i, s) in states.iter().enumerate() {
                     let key = cluster.add_agent(scalar(s.cpu_total, s.memory_total, s.gpu_total()));
@@ -366,9 +379,15 @@ impl<'w> SimCluster<'w> {
             ..
         } = self;
         match *policy {
-            SimPolicy::Allocator(_) => {
+            SimPolicy::Allocator(_) | SimPolicy::SparingGpus(_) => {
                 let (cluster, demands) = allocator.as_ref()?;
-                let decision = cluster.place(&demands[shape], &|key| nodes[key].fits(s))?;
+                let eligible = |key: usize| nodes[key].fits(s);
+                let decision = match policy {
+                    SimPolicy::SparingGpus(_) => {
+                        cluster.place_sparing(&demands[shape], &eligible, "gpus")?
+                    }
+                    _ => cluster.place(&demands[shape], &eligible)?,
+                };
                 let gpus = nodes.get(decision.agent)?.best_fit_gpus(s)?;
                 Some(Placement {
                     node: decision.agent,
