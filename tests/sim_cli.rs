@@ -83,7 +83,7 @@ fn bad_input_exits_2_with_a_clear_line() {
         (&["--seeds", "0"], "--seeds must be at least 1"),
         (
             &["--nodes", "tests/sim_data/tiny_tasks.csv"],
-            "unknown node list header",
+            "tiny_tasks.csv:2: unknown field `gpu_milli`",
         ),
         (&["--tasks", "tests/sim_data/nope.csv"], "cannot read"),
     ];
