@@ -1,11 +1,12 @@
 //! Ringmaster master crate: the pure placement library, its configuration, the master, local
-//! mode, and the dry-run.
+//! mode, the dry-run, and the trace-driven simulator.
 //!
 //! [`placement`] decides (no I/O); [`config`] reads the operator's YAML with errors that name
 //! file, line and key; [`master`] runs the offer cycle over the wire; [`local`] runs a master
 //! and agents in one process; [`dry_run`] runs placement over a scenario file for
 //! `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:` section); [`status`]
-//! renders the master's `/state` for `ringmaster status`.
+//! renders the master's `/state` for `ringmaster status`; [`sim`] replays real traces through
+//! the same placement code for `ringmaster sim`.
 
 pub mod config;
 pub mod dry_run;
@@ -13,4 +14,5 @@ pub mod dry_run_batch;
 pub mod local;
 pub mod master;
 pub mod placement;
+pub mod sim;
 pub mod status;

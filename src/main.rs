@@ -1,5 +1,6 @@
 //! The `ringmaster` command: the master (`serve`), local mode (`local`), the dry-run
-//! placement tool (`place`) and the operator view (`status`). Thin: parse arguments, call the library, print, set the exit code.
+//! placement tool (`place`), the operator view (`status`) and the trace-driven simulator
+//! (`sim`). Thin: parse arguments, call the library, print, set the exit code.
 //!
 //! Exit codes: 0 success; 1 a runtime failure; 2 bad input (arguments, config or scenario),
 //! with one line on stderr naming the file, line and field.
@@ -76,6 +77,56 @@ enum Command {
     },
     /// Dry-run placement: where would a scenario's requests go? One JSON object per line.
     Place(PlaceArgs),
+    /// Trace-driven simulation: compare placement policies on a real trace (see docs/simulator.md).
+    Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+struct SimArgs {
+    /// Node list (openb `sn,cpu_milli,memory_mib,gpu,model` or the generic format), CSV or YAML.
+    #[arg(long, value_name = "NODES.csv")]
+    nodes: PathBuf,
+    /// Task list (openb pod list or the generic format), CSV or YAML.
+    #[arg(long, value_name = "TASKS.csv")]
+    tasks: PathBuf,
+    /// Master config YAML: its rings lay out the allocator's buckets.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Policies, comma-separated, or `all`: Ringmaster's placers (ring, first-fit, …) and
+    /// random, dot-product, gpu-clustering, gpu-packing, best-fit, fgd.
+    #[arg(long, value_name = "P[,P2,…]", default_value = "all")]
+    placer: String,
+    /// replay: the trace's arrivals and departures; fill: the ATC'23 paper's protocol.
+    #[arg(long, value_enum, default_value_t = SimMode::Fill)]
+    mode: SimMode,
+    /// fill: number of seeds (42, 43, …).
+    #[arg(long, default_value_t = 10)]
+    seeds: u32,
+    /// fill: stop when this percent of GPU capacity has arrived.
+    #[arg(long, default_value_t = ringmaster::sim::fill::DEFAULT_INFLATION_PCT)]
+    inflation: u32,
+    /// Directory for JSON, CSV and PNG/SVG plots (created if missing).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// How the paper's policies break exact score ties: first (lowest node index, like
+    /// Ringmaster's placers) or random (seeded, like the Kubernetes scheduler).
+    #[arg(long, value_enum, default_value_t = SimTies::First)]
+    ties: SimTies,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SimTies {
+    First,
+    Random,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SimMode {
+    Replay,
+    Fill,
 }
 
 #[derive(Debug, Args)]
@@ -203,6 +254,7 @@ fn main() -> ExitCode {
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
             ExitCode::SUCCESS
         }
+        Command::Sim(args) => sim(args),
         Command::Place(args) => {
             match ringmaster::dry_run::place(&args.scenario, args.config.as_deref(), args.placer) {
                 Ok(lines) => {
@@ -216,6 +268,47 @@ fn main() -> ExitCode {
                 }
                 Err(err) => bad_input(&err.to_string()),
             }
+        }
+    }
+}
+
+fn sim(args: SimArgs) -> ExitCode {
+    use ringmaster::sim::{self, Mode, SimFailure, SimOptions};
+    let config = match load_config(args.config.as_ref()) {
+        Ok(c) => c,
+        Err(e) => return bad_input(&e),
+    };
+    let policies = match sim::parse_policies(&args.placer) {
+        Ok(p) => p,
+        Err(e) => return bad_input(&e.to_string()),
+    };
+    let options = SimOptions {
+        nodes: args.nodes,
+        tasks: args.tasks,
+        rings: config.rings,
+        ties: match args.ties {
+            SimTies::First => sim::Ties::First,
+            SimTies::Random => sim::Ties::Random,
+        },
+        policies,
+        mode: match args.mode {
+            SimMode::Replay => Mode::Replay,
+            SimMode::Fill => Mode::Fill,
+        },
+        seeds: args.seeds,
+        inflation_pct: args.inflation,
+        out: args.out,
+        progress: !args.quiet,
+    };
+    match sim::run(&options) {
+        Ok(results) => {
+            print!("{}", results.table(options.inflation_pct));
+            ExitCode::SUCCESS
+        }
+        Err(SimFailure::Input(e)) => bad_input(&e),
+        Err(SimFailure::Run(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
         }
     }
 }

@@ -428,6 +428,30 @@ impl Cluster {
             .place_in(self, demand, eligible, context)
     }
 
+    /// [`place`](Cluster::place), but a demand that asks for none of `spare` (e.g. `gpus`) first
+    /// goes only to agents with none of it free, so tasks that do not need a scarce device do not
+    /// use up the cpu and memory beside it; if no such agent fits, any eligible agent. Two ring
+    /// searches at most, so still no scan.
+    pub fn place_sparing(
+        &self,
+        demand: &Resources,
+        eligible: &dyn Fn(AgentKey) -> bool,
+        spare: &str,
+    ) -> Option<Decision> {
+        if demand.milli(spare) == 0 {
+            let without = |key: AgentKey| {
+                self.agents
+                    .get(key)
+                    .is_some_and(|a| a.free.milli(spare) == 0)
+                    && eligible(key)
+            };
+            if let Some(d) = self.place(demand, &without) {
+                return Some(d);
+            }
+        }
+        self.place(demand, eligible)
+    }
+
     /// Same as [`place`](Cluster::place) with another placer (for comparisons).
     pub fn place_with(
         &self,
@@ -569,6 +593,34 @@ mod tests {
             by_take_all.take_all(7, &mut taken),
             Err(PlacementError::UnknownAgent(7))
         );
+    }
+
+    #[test]
+    fn sparing_keeps_gpu_agents_for_gpu_demands() {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        let gpu = cluster.add_agent(r("cpus:4;mem:1024;gpus:1"));
+        let plain = cluster.add_agent(r("cpus:8;mem:1024"));
+        let cpu_task = r("cpus:3;mem:10");
+        // Plain best fit takes the GPU agent (least cpu left); sparing takes the other.
+        assert_eq!(cluster.place(&cpu_task, &|_| true).unwrap().agent, gpu);
+        assert_eq!(
+            cluster
+                .place_sparing(&cpu_task, &|_| true, "gpus")
+                .unwrap()
+                .agent,
+            plain
+        );
+        // Nothing without free GPUs fits: fall back to any agent.
+        assert_eq!(
+            cluster
+                .place_sparing(&r("cpus:3;mem:10"), &|k| k == gpu, "gpus")
+                .unwrap()
+                .agent,
+            gpu
+        );
+        // A GPU demand is placed as usual.
+        let d = cluster.place_sparing(&r("cpus:1;gpus:1"), &|_| true, "gpus");
+        assert_eq!(d.unwrap().agent, gpu);
     }
 
     #[test]

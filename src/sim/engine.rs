@@ -1,0 +1,500 @@
+//! The simulated cluster: per-GPU node state, the real allocator for Ringmaster's placers, and
+//! one placement decision at a time for any policy.
+//!
+//! Ringmaster's placers (`ring`, `first-fit`, `linear-best-fit`, and every other
+//! [`PlacerKind`]) run through [`Cluster::place`] — the same code the master runs — over a
+//! scalar view of each node (`cpus`, `mem`, and `gpus` = its total free milli-GPU, exact in
+//! milli fixed point). The per-GPU check (enough GPUs with enough free milli, the GPU model) is
+//! the `eligible` filter, and the GPUs inside the chosen node are picked by best fit. The paper's
+//! policies ([`PaperPolicy`]) score nodes from the same state; their scores are cached per
+//! (node, task shape) and recomputed only when the node changed.
+//!
+//! The cluster also keeps, per node, its expected GPU fragment against the target workload
+//! ([`TargetWorkload::node_fragment`]), updated on every change, so the fragmented share of the
+//! cluster is always at hand.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rand::Rng;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use ringmaster_proto::resources::{Resources, MILLI};
+
+use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape};
+use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
+use super::trace::{Node, Task, GPU_MILLI};
+use crate::placement::{Cluster, PlacementError, PlacerKind, RingsConfig};
+
+/// Above this many (node, shape) pairs the paper's policies score without a cache.
+const MAX_CACHE_ENTRIES: usize = 32 << 20;
+
+/// How the paper's policies choose among nodes with equal scores. `random` always picks
+/// uniformly among all fitting nodes, whatever this says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Ties {
+    /// The lowest node index (trace order), the tie rule of Ringmaster's own placers.
+    #[default]
+    First,
+    /// Uniformly at random (seeded), as the Kubernetes scheduler's host selection does.
+    Random,
+}
+
+/// A policy the simulator can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimPolicy {
+    /// One of Ringmaster's placers, through the real allocator.
+    Allocator(PlacerKind),
+    /// The same, through [`Cluster::place_sparing`] on `gpus`: tasks without GPUs first go to
+    /// nodes without free GPUs. Named `PLACER+spare-gpus`.
+    SparingGpus(PlacerKind),
+    /// A policy of the ATC'23 paper (or `random`).
+    Paper(PaperPolicy),
+}
+
+impl SimPolicy {
+    /// Every policy: Ringmaster's placers first, then the paper's.
+    pub fn all() -> Vec<SimPolicy> {
+        PlacerKind::ALL
+            .iter()
+            .map(|&k| SimPolicy::Allocator(k))
+            .chain([SimPolicy::SparingGpus(PlacerKind::Ring)])
+            .chain(PaperPolicy::ALL.iter().map(|&p| SimPolicy::Paper(p)))
+            .collect()
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            SimPolicy::Allocator(k) => k.to_string(),
+            SimPolicy::SparingGpus(k) => format!("{k}{SPARE_SUFFIX}"),
+            SimPolicy::Paper(p) => p.name().to_string(),
+        }
+    }
+}
+
+impl fmt::Display for SimPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+const SPARE_SUFFIX: &str = "+spare-gpus";
+
+/// A policy name that is neither a placer nor a paper policy.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy `{0}` (expected `all` or one of: {names})", names = policy_names().join(", "))]
+pub struct UnknownPolicy(pub String);
+
+/// Every policy name, in [`SimPolicy::all`] order.
+pub fn policy_names() -> Vec<String> {
+    SimPolicy::all().iter().map(SimPolicy::name).collect()
+}
+
+impl FromStr for SimPolicy {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
+        if let Ok(kind) = s.parse::<PlacerKind>() {
+            return Ok(SimPolicy::Allocator(kind));
+        }
+        if let Some(kind) = s
+            .strip_suffix(SPARE_SUFFIX)
+            .and_then(|k| k.parse::<PlacerKind>().ok())
+        {
+            return Ok(SimPolicy::SparingGpus(kind));
+        }
+        s.parse::<PaperPolicy>()
+            .map(SimPolicy::Paper)
+            .map_err(|()| UnknownPolicy(s.to_string()))
+    }
+}
+
+/// `p1,p2,…` or `all`, without repeats.
+pub fn parse_policies(list: &str) -> Result<Vec<SimPolicy>, UnknownPolicy> {
+    let mut out: Vec<SimPolicy> = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let add = if name == "all" {
+            SimPolicy::all()
+        } else {
+            vec![name.parse()?]
+        };
+        for p in add {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(UnknownPolicy(list.to_string()));
+    }
+    Ok(out)
+}
+
+/// The trace with task shapes interned and GPU models numbered.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub nodes: Vec<Node>,
+    pub tasks: Vec<Task>,
+    /// Distinct shapes of the tasks.
+    pub shapes: Vec<Shape>,
+    /// Shape index of each task.
+    pub task_shape: Vec<usize>,
+    /// GPU model names; a node's or shape's model index points here.
+    pub models: Vec<String>,
+}
+
+/// More distinct GPU models than a 64-bit mask can name.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the trace names {0} GPU models; at most 64 are supported")]
+pub struct TooManyModels(pub usize);
+
+impl Workload {
+    pub fn new(nodes: Vec<Node>, tasks: Vec<Task>) -> Result<Self, TooManyModels> {
+        let mut models: Vec<String> = Vec::new();
+        let model_index = |name: &str, models: &mut Vec<String>| -> usize {
+            match models.iter().position(|m| m == name) {
+                Some(i) => i,
+                None => {
+                    models.push(name.to_string());
+                    models.len() - 1
+                }
+            }
+        };
+        for n in &nodes {
+            if !n.model.is_empty() {
+                model_index(&n.model, &mut models);
+            }
+        }
+        let mut shapes: Vec<Shape> = Vec::new();
+        let mut index: std::collections::HashMap<Shape, usize> = Default::default();
+        let mut task_shape = Vec::with_capacity(tasks.len());
+        for t in &tasks {
+            let mut mask = 0u64;
+            if t.num_gpu > 0 {
+                for m in &t.gpu_spec {
+                    let i = model_index(m, &mut models);
+                    if i < 64 {
+                        mask |= 1 << i;
+                    }
+                }
+            }
+            let shape = Shape {
+                cpu_milli: t.cpu_milli,
+                memory_mib: t.memory_mib,
+                num_gpu: t.num_gpu,
+                gpu_milli: t.gpu_milli,
+                models: mask,
+            };
+            let id = *index.entry(shape.clone()).or_insert_with(|| {
+                shapes.push(shape);
+                shapes.len() - 1
+            });
+            task_shape.push(id);
+        }
+        if models.len() > 64 {
+            return Err(TooManyModels(models.len()));
+        }
+        Ok(Workload {
+            nodes,
+            tasks,
+            shapes,
+            task_shape,
+            models,
+        })
+    }
+
+    /// The target workload of FGD and of the fragmentation metric: the trace's task shapes.
+    pub fn target(&self) -> TargetWorkload {
+        TargetWorkload::from_tasks(self.task_shape.iter().map(|&s| &self.shapes[s]))
+    }
+
+    /// The model index of a node.
+    pub fn node_model(&self, node: &Node) -> Option<u32> {
+        self.models
+            .iter()
+            .position(|m| *m == node.model && !node.model.is_empty())
+            .map(|i| i as u32)
+    }
+}
+
+/// Where a task went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Index into the simulated nodes.
+    pub node: usize,
+    pub gpus: GpuPick,
+}
+
+/// The simulator's own accounting disagreed with itself (a bug, never bad input).
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Node(#[from] NodeAccountingError),
+    #[error("allocator: {0}")]
+    Allocator(#[from] PlacementError),
+}
+
+/// Used and total amounts, for utilisation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub cpu_used: u64,
+    pub cpu_total: u64,
+    pub memory_used: u64,
+    pub memory_total: u64,
+    pub gpu_used: u64,
+    pub gpu_total: u64,
+}
+
+#[derive(Clone, Copy, Default)]
+struct CacheEntry {
+    generation: u32,
+    value: Option<(i64, GpuPick)>,
+}
+
+/// A simulated cluster running one policy.
+pub struct SimCluster<'w> {
+    workload: &'w Workload,
+    target: &'w TargetWorkload,
+    policy: SimPolicy,
+    nodes: Vec<NodeState>,
+    kinds: Vec<Vec<u32>>,
+    generation: Vec<u32>,
+    cache: Option<Vec<CacheEntry>>,
+    allocator: Option<(Cluster, Vec<Resources>)>,
+    node_fragment: Vec<u64>,
+    fragment_total: u64,
+    usage: Usage,
+    rng: ChaCha8Rng,
+    random_ties: bool,
+}
+
+impl<'w> SimCluster<'w> {
+    /// A cluster of `nodes` (indices into the workload's nodes) running `policy`; `rings` lays
+    /// out the allocator's rings; `ties` is the paper's policies' tie rule; `seed` drives random
+    /// choices (random ties, `random`).
+    pub fn new(
+        workload: &'w Workload,
+        target: &'w TargetWorkload,
+        nodes: &[usize],
+        policy: SimPolicy,
+        rings: &RingsConfig,
+        ties: Ties,
+        seed: u64,
+    ) -> Self {
+        let states: Vec<NodeState> = nodes
+            .iter()
+            .map(|&i| {
+                let n = &workload.nodes[i];
+                NodeState::new(n.cpu_milli, n.memory_mib, n.gpus, workload.node_model(n))
+            })
+            .collect();
+        let max_gpus = workload.shapes.iter().map(|s| s.num_gpu).max().unwrap_or(0);
+        let kinds = vec![vec![0u32; 2 + max_gpus as usize]; states.len()];
+        let allocator = match policy {
+            SimPolicy::Allocator(kind) | SimPolicy::SparingGpus(kind) => {
+                let mut cluster = Cluster::new(rings.clone(), kind);
+                for (i, s) in states.iter().enumerate() {
+                    let key = cluster.add_agent(scalar(s.cpu_total, s.memory_total, s.gpu_total()));
+                    debug_assert_eq!(key, i, "agent keys follow node order");
+                }
+                let demands = workload
+                    .shapes
+                    .iter()
+                    .map(|s| scalar(s.cpu_milli, s.memory_mib, s.gpu_total()))
+                    .collect();
+                Some((cluster, demands))
+            }
+            SimPolicy::Paper(_) => None,
+        };
+        let entries = states.len().saturating_mul(workload.shapes.len());
+        let cache = (matches!(policy, SimPolicy::Paper(_)) && entries <= MAX_CACHE_ENTRIES)
+            .then(|| vec![CacheEntry::default(); entries]);
+        let node_fragment: Vec<u64> = states
+            .iter()
+            .map(|s| target.node_fragment(s.cpu_free, &s.gpu_free, s.model))
+            .collect();
+        let usage = Usage {
+            cpu_total: states.iter().map(|s| s.cpu_total).sum(),
+            memory_total: states.iter().map(|s| s.memory_total).sum(),
+            gpu_total: states.iter().map(|s| s.gpu_total()).sum(),
+            ..Usage::default()
+        };
+        SimCluster {
+            workload,
+            target,
+            policy,
+            generation: vec![1; states.len()],
+            nodes: states,
+            kinds,
+            cache,
+            allocator,
+            fragment_total: node_fragment.iter().sum(),
+            node_fragment,
+            usage,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            random_ties: ties == Ties::Random || policy == SimPolicy::Paper(PaperPolicy::Random),
+        }
+    }
+
+    pub fn policy(&self) -> SimPolicy {
+        self.policy
+    }
+
+    pub fn nodes(&self) -> &[NodeState] {
+        &self.nodes
+    }
+
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Expected fragmented GPU (milli) over the whole cluster against the target workload.
+    pub fn fragmented_milli(&self) -> f64 {
+        match self.target.total_weight() {
+            0 => 0.0,
+            w => self.fragment_total as f64 / w as f64,
+        }
+    }
+
+    /// Whether one node could take a task of this shape now.
+    pub fn fits(&self, node: usize, shape: usize) -> bool {
+        self.nodes[node].fits(&self.workload.shapes[shape])
+    }
+
+    /// Picks a node and GPUs for a task of shape `shape`, changing nothing but the random
+    /// generator and score cache. `None` when nothing fits.
+    pub fn decide(&mut self, shape: usize) -> Option<Placement> {
+        let workload = self.workload;
+        let s = &workload.shapes[shape];
+        let SimCluster {
+            target,
+            policy,
+            nodes,
+            kinds,
+            generation,
+            cache,
+            allocator,
+            node_fragment,
+            rng,
+            random_ties,
+            ..
+        } = self;
+        match *policy {
+            SimPolicy::Allocator(_) | SimPolicy::SparingGpus(_) => {
+                let (cluster, demands) = allocator.as_ref()?;
+                let eligible = |key: usize| nodes[key].fits(s);
+                let decision = match policy {
+                    SimPolicy::SparingGpus(_) => {
+                        cluster.place_sparing(&demands[shape], &eligible, "gpus")?
+                    }
+                    _ => cluster.place(&demands[shape], &eligible)?,
+                };
+                let gpus = nodes.get(decision.agent)?.best_fit_gpus(s)?;
+                Some(Placement {
+                    node: decision.agent,
+                    gpus,
+                })
+            }
+            SimPolicy::Paper(policy) => {
+                let shapes = workload.shapes.len();
+                let mut best: Option<(i64, Placement)> = None;
+                let mut ties = 0u32;
+                for node in 0..nodes.len() {
+                    let compute = || {
+                        score(
+                            policy,
+                            &NodeView {
+                                state: &nodes[node],
+                                kinds: &kinds[node],
+                                fragment: node_fragment[node],
+                            },
+                            s,
+                            target,
+                        )
+                    };
+                    let value = match cache.as_mut() {
+                        Some(cache) => {
+                            let entry = &mut cache[node * shapes + shape];
+                            if entry.generation != generation[node] {
+                                entry.value = compute();
+                                entry.generation = generation[node];
+                            }
+                            entry.value
+                        }
+                        None => compute(),
+                    };
+                    let Some((value, gpus)) = value else { continue };
+                    let here = Placement { node, gpus };
+                    match best {
+                        Some((b, _)) if value > b => {}
+                        Some((b, _)) if value == b => {
+                            if !*random_ties {
+                                continue;
+                            }
+                            ties += 1;
+                            if rng.random_range(0..ties) == 0 {
+                                best = Some((value, here));
+                            }
+                        }
+                        _ => {
+                            best = Some((value, here));
+                            ties = 1;
+                        }
+                    }
+                }
+                best.map(|(_, p)| p)
+            }
+        }
+    }
+
+    /// Runs a task of `shape` at `placement`.
+    pub fn commit(&mut self, shape: usize, placement: Placement) -> Result<(), SimError> {
+        let workload = self.workload;
+        let s = &workload.shapes[shape];
+        self.nodes[placement.node].take(s, placement.gpus)?;
+        if let Some((cluster, demands)) = self.allocator.as_mut() {
+            cluster.take(placement.node, &demands[shape])?;
+        }
+        self.kinds[placement.node][kind(s)] += 1;
+        self.usage.cpu_used += s.cpu_milli;
+        self.usage.memory_used += s.memory_mib;
+        self.usage.gpu_used += s.gpu_total();
+        self.changed(placement.node);
+        Ok(())
+    }
+
+    /// Ends a task of `shape` that ran at `placement`.
+    pub fn release(&mut self, shape: usize, placement: Placement) -> Result<(), SimError> {
+        let workload = self.workload;
+        let s = &workload.shapes[shape];
+        self.nodes[placement.node].give_back(s, placement.gpus)?;
+        if let Some((cluster, demands)) = self.allocator.as_mut() {
+            cluster.give_back(placement.node, &demands[shape])?;
+        }
+        let count = &mut self.kinds[placement.node][kind(s)];
+        *count = count.saturating_sub(1);
+        self.usage.cpu_used -= s.cpu_milli;
+        self.usage.memory_used -= s.memory_mib;
+        self.usage.gpu_used -= s.gpu_total();
+        self.changed(placement.node);
+        Ok(())
+    }
+
+    fn changed(&mut self, node: usize) {
+        self.generation[node] = self.generation[node].wrapping_add(1).max(1);
+        let n = &self.nodes[node];
+        let fragment = self.target.node_fragment(n.cpu_free, &n.gpu_free, n.model);
+        self.fragment_total = self.fragment_total - self.node_fragment[node] + fragment;
+        self.node_fragment[node] = fragment;
+    }
+}
+
+/// The allocator's scalar view: `cpus`, `mem` (MiB) and `gpus` (milli-GPU as GPU units).
+fn scalar(cpu_milli: u64, memory_mib: u64, gpu_milli: u64) -> Resources {
+    debug_assert_eq!(u64::from(GPU_MILLI), MILLI);
+    Resources::from_milli([
+        ("cpus", cpu_milli),
+        ("mem", memory_mib.saturating_mul(MILLI)),
+        ("gpus", gpu_milli),
+    ])
+    .unwrap_or_default()
+}

@@ -1,0 +1,259 @@
+//! One node's free resources with per-GPU detail, and task shapes as the simulator sees them.
+//!
+//! The allocator's scalar view (`gpus` = the node's total free milli-GPU) cannot tell a node with
+//! one free GPU from one with two half-used GPUs; a task asking for a whole GPU fits only the
+//! first. [`NodeState`] keeps the free milli of each GPU, so "fits" can be checked per GPU and
+//! the GPUs inside the chosen node picked by best fit (the least free GPU that still holds the
+//! request), the in-node rule of the paper's BestFit and of Kubernetes GPU-share schedulers.
+
+use super::trace::GPU_MILLI;
+
+/// What one task needs, in the units the simulator compares. Tasks with equal shapes are
+/// interchangeable for placement, so scores are cached per shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub num_gpu: u32,
+    /// Milli-GPU wanted on each GPU (0 for CPU-only tasks).
+    pub gpu_milli: u32,
+    /// Bit i set = may run on GPU model i; 0 = any model.
+    pub models: u64,
+}
+
+impl Shape {
+    /// Total milli-GPU asked for.
+    pub fn gpu_total(&self) -> u64 {
+        u64::from(self.num_gpu) * u64::from(self.gpu_milli)
+    }
+
+    /// A share of one GPU (less than a whole one).
+    pub fn is_shared(&self) -> bool {
+        self.num_gpu == 1 && self.gpu_milli < GPU_MILLI
+    }
+}
+
+/// The GPUs a task got on its node: bit i = GPU i.
+pub type GpuPick = u64;
+
+/// One node: totals, free amounts, the free milli of each GPU, and its GPU model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeState {
+    pub cpu_total: u64,
+    pub memory_total: u64,
+    pub cpu_free: u64,
+    pub memory_free: u64,
+    /// Free milli-GPU of each GPU (0..=1000).
+    pub gpu_free: Vec<u32>,
+    /// Index of the GPU model (`None` without a known model).
+    pub model: Option<u32>,
+}
+
+/// A change that would over-commit a node or give back more than it has (a simulator bug).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node over-committed or over-released: {0}")]
+pub struct NodeAccountingError(pub &'static str);
+
+impl NodeState {
+    pub fn new(cpu_milli: u64, memory_mib: u64, gpus: u32, model: Option<u32>) -> Self {
+        NodeState {
+            cpu_total: cpu_milli,
+            memory_total: memory_mib,
+            cpu_free: cpu_milli,
+            memory_free: memory_mib,
+            gpu_free: vec![GPU_MILLI; gpus as usize],
+            model,
+        }
+    }
+
+    pub fn gpu_total(&self) -> u64 {
+        self.gpu_free.len() as u64 * u64::from(GPU_MILLI)
+    }
+
+    pub fn gpu_free_total(&self) -> u64 {
+        self.gpu_free.iter().map(|&g| u64::from(g)).sum()
+    }
+
+    /// No GPU has anything allocated.
+    pub fn gpus_idle(&self) -> bool {
+        self.gpu_free.iter().all(|&g| g == GPU_MILLI)
+    }
+
+    /// The model constraint allows this node.
+    pub fn model_allowed(&self, shape: &Shape) -> bool {
+        shape.models == 0
+            || self
+                .model
+                .is_some_and(|m| m < 64 && shape.models & (1 << m) != 0)
+    }
+
+    /// CPU, memory, model, and `num_gpu` GPUs each with at least `gpu_milli` free.
+    pub fn fits(&self, shape: &Shape) -> bool {
+        if self.cpu_free < shape.cpu_milli || self.memory_free < shape.memory_mib {
+            return false;
+        }
+        if shape.num_gpu == 0 {
+            return true;
+        }
+        self.model_allowed(shape)
+            && self
+                .gpu_free
+                .iter()
+                .filter(|&&g| g >= shape.gpu_milli)
+                .count()
+                >= shape.num_gpu as usize
+    }
+
+    /// Best fit inside the node: the `num_gpu` GPUs with the least free milli that still hold
+    /// `gpu_milli` (ties: lowest index). `None` when the node does not fit the shape.
+    pub fn best_fit_gpus(&self, shape: &Shape) -> Option<GpuPick> {
+        if !self.fits(shape) {
+            return None;
+        }
+        Some(self.best_fit_gpus_unchecked(shape))
+    }
+
+    /// [`best_fit_gpus`](Self::best_fit_gpus) for a shape known to fit.
+    pub fn best_fit_gpus_unchecked(&self, shape: &Shape) -> GpuPick {
+        let need = shape.num_gpu as usize;
+        if need == 0 {
+            return 0;
+        }
+        let mut candidates: Vec<(u32, usize)> = self
+            .gpu_free
+            .iter()
+            .enumerate()
+            .filter(|(_, &g)| g >= shape.gpu_milli)
+            .map(|(i, &g)| (g, i))
+            .collect();
+        candidates.sort_unstable();
+        candidates
+            .iter()
+            .take(need)
+            .fold(0, |mask, &(_, i)| mask | (1u64 << i))
+    }
+
+    /// Takes the shape off the node, `gpu_milli` from each GPU in `pick`.
+    pub fn take(&mut self, shape: &Shape, pick: GpuPick) -> Result<(), NodeAccountingError> {
+        if pick.count_ones() != shape.num_gpu {
+            return Err(NodeAccountingError("GPU pick does not match the task"));
+        }
+        if self.cpu_free < shape.cpu_milli || self.memory_free < shape.memory_mib {
+            return Err(NodeAccountingError("cpu or memory"));
+        }
+        for i in bits(pick) {
+            if self.gpu_free.get(i).is_none_or(|&g| g < shape.gpu_milli) {
+                return Err(NodeAccountingError("GPU"));
+            }
+        }
+        self.cpu_free -= shape.cpu_milli;
+        self.memory_free -= shape.memory_mib;
+        for i in bits(pick) {
+            self.gpu_free[i] -= shape.gpu_milli;
+        }
+        Ok(())
+    }
+
+    /// Gives back what [`take`](Self::take) took.
+    pub fn give_back(&mut self, shape: &Shape, pick: GpuPick) -> Result<(), NodeAccountingError> {
+        if self.cpu_free + shape.cpu_milli > self.cpu_total
+            || self.memory_free + shape.memory_mib > self.memory_total
+        {
+            return Err(NodeAccountingError("cpu or memory above total"));
+        }
+        for i in bits(pick) {
+            if self
+                .gpu_free
+                .get(i)
+                .is_none_or(|&g| g + shape.gpu_milli > GPU_MILLI)
+            {
+                return Err(NodeAccountingError("GPU above total"));
+            }
+        }
+        self.cpu_free += shape.cpu_milli;
+        self.memory_free += shape.memory_mib;
+        for i in bits(pick) {
+            self.gpu_free[i] += shape.gpu_milli;
+        }
+        Ok(())
+    }
+}
+
+/// The indices of the set bits, lowest first.
+pub fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            i
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(cpu: u64, num_gpu: u32, gpu_milli: u32) -> Shape {
+        Shape {
+            cpu_milli: cpu,
+            memory_mib: 0,
+            num_gpu,
+            gpu_milli,
+            models: 0,
+        }
+    }
+
+    #[test]
+    fn whole_gpus_need_wholly_free_gpus() {
+        let mut node = NodeState::new(8000, 1000, 2, None);
+        node.take(&shape(1000, 1, 500), 0b01).unwrap();
+        node.take(&shape(1000, 1, 500), 0b10).unwrap();
+        // 1000 milli free in total, but on two GPUs: a whole GPU does not fit.
+        assert_eq!(node.gpu_free_total(), 1000);
+        assert!(!node.fits(&shape(1000, 1, 1000)));
+        assert!(node.fits(&shape(1000, 1, 500)));
+        assert!(!node.fits(&shape(1000, 2, 600)));
+    }
+
+    #[test]
+    fn best_fit_picks_the_least_free_gpu_that_holds_the_share() {
+        let mut node = NodeState::new(8000, 1000, 4, None);
+        node.take(&shape(0, 1, 300), 0b0001).unwrap(); // 700
+        node.take(&shape(0, 1, 600), 0b0010).unwrap(); // 400
+        node.take(&shape(0, 1, 900), 0b0100).unwrap(); // 100
+        assert_eq!(node.best_fit_gpus(&shape(0, 1, 350)), Some(0b0010));
+        assert_eq!(node.best_fit_gpus(&shape(0, 1, 500)), Some(0b0001));
+        assert_eq!(node.best_fit_gpus(&shape(0, 1, 1000)), Some(0b1000));
+        assert_eq!(node.best_fit_gpus(&shape(0, 2, 400)), Some(0b0011));
+        assert_eq!(node.best_fit_gpus(&shape(0, 0, 0)), Some(0));
+        assert_eq!(node.best_fit_gpus(&shape(9000, 0, 0)), None);
+    }
+
+    #[test]
+    fn take_and_give_back_refuse_over_commit() {
+        let mut node = NodeState::new(2000, 10, 1, Some(0));
+        let s = shape(1500, 1, 800);
+        node.take(&s, 1).unwrap();
+        assert!(node.take(&s, 1).is_err());
+        assert!(node.take(&shape(100, 1, 300), 1).is_err());
+        assert!(node.take(&shape(100, 1, 100), 0b10).is_err());
+        node.give_back(&s, 1).unwrap();
+        assert!(node.give_back(&s, 1).is_err());
+        assert_eq!(node, NodeState::new(2000, 10, 1, Some(0)));
+    }
+
+    #[test]
+    fn model_constraint() {
+        let node = NodeState::new(2000, 10, 1, Some(2));
+        let mut s = shape(1, 1, 100);
+        s.models = 0b100;
+        assert!(node.fits(&s));
+        s.models = 0b011;
+        assert!(!node.fits(&s));
+        s.num_gpu = 0;
+        s.gpu_milli = 0;
+        assert!(node.fits(&s), "CPU-only tasks ignore the GPU model");
+        assert_eq!(bits(0b1010).collect::<Vec<_>>(), [1, 3]);
+    }
+}

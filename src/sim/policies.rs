@@ -1,0 +1,484 @@
+//! The GPU-aware placement policies of the ATC'23 paper, reimplemented from their published
+//! definitions, over the simulator's per-GPU node state.
+//!
+//! Source: Qizhen Weng, Lingyun Yang, Yinghao Yu, Wei Wang, Xiaochuan Tang, Guodong Yang,
+//! Liping Zhang, "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation
+//! Gradient Descent", USENIX ATC 2023, section 5 (baselines) and section 4 (FGD); restated in
+//! SPEC.md ("Comparing with the ATC'23 paper"). Nothing here is copied from the authors' code.
+//!
+//! Every policy is a score per (node, task shape) — lower is better — plus the GPUs it would
+//! use on that node; the simulator takes the lowest score over fitting nodes and breaks exact
+//! ties uniformly at random with its seeded generator, as the Kubernetes scheduler the paper
+//! builds on does. Scores are exact integers so ties are real ties. A score depends only on the
+//! node's state and the task's shape, which lets the simulator cache it per node until the node
+//! changes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use super::gpu::{GpuPick, NodeState, Shape};
+use super::trace::GPU_MILLI;
+
+/// CPU normaliser of the paper's BestFit and DotProd (milli-CPU of its largest node).
+pub const CPU_NORM: i64 = 128_000;
+/// GPU normaliser (milli-GPU of an 8-GPU node).
+pub const GPU_NORM: i64 = 8_000;
+/// FGD keeps the most frequent task shapes that together cover this share of the tasks.
+pub const TARGET_COVERAGE: f64 = 0.95;
+
+/// The paper's policies, and `random`, the baseline every comparison needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PaperPolicy {
+    /// A fitting node chosen uniformly at random.
+    Random,
+    /// The least dot product of the node's free (cpu, GPU) vector and the task's request.
+    DotProd,
+    /// Nodes running only the task's GPU kind first, then nodes including it, then idle ones.
+    GpuClustering,
+    /// Partly used GPUs first, then used nodes with free GPUs, then idle nodes.
+    GpuPacking,
+    /// The least weighted leftover of cpu and GPU.
+    BestFit,
+    /// Fragmentation gradient descent: the least growth of expected GPU fragmentation.
+    Fgd,
+}
+
+impl PaperPolicy {
+    pub const ALL: [PaperPolicy; 6] = [
+        PaperPolicy::Random,
+        PaperPolicy::DotProd,
+        PaperPolicy::GpuClustering,
+        PaperPolicy::GpuPacking,
+        PaperPolicy::BestFit,
+        PaperPolicy::Fgd,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PaperPolicy::Random => "random",
+            PaperPolicy::DotProd => "dot-product",
+            PaperPolicy::GpuClustering => "gpu-clustering",
+            PaperPolicy::GpuPacking => "gpu-packing",
+            PaperPolicy::BestFit => "best-fit",
+            PaperPolicy::Fgd => "fgd",
+        }
+    }
+}
+
+impl fmt::Display for PaperPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PaperPolicy {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        PaperPolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or(())
+    }
+}
+
+/// A task's GPU kind for GpuClustering: 0 CPU-only, 1 a shared GPU, 1 + k for k whole GPUs.
+pub fn kind(shape: &Shape) -> usize {
+    match shape.num_gpu {
+        0 => 0,
+        _ if shape.is_shared() => 1,
+        k => 1 + k as usize,
+    }
+}
+
+/// One shape of the target workload: what FGD expects to arrive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TargetShape {
+    cpu_milli: u64,
+    num_gpu: u32,
+    gpu_milli: u32,
+    models: u64,
+    /// How many tasks of the trace have this shape.
+    weight: u64,
+}
+
+/// The target workload of FGD: the trace's most frequent task shapes (cpu, GPU count, milli per
+/// GPU, GPU models; memory is not part of it, as in the paper) covering ≥ 95 % of its tasks,
+/// each weighted by its frequency.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetWorkload {
+    shapes: Vec<TargetShape>,
+    total_weight: u64,
+}
+
+impl TargetWorkload {
+    /// From the shapes of every task (one entry per task).
+    pub fn from_tasks<'a>(tasks: impl IntoIterator<Item = &'a Shape>) -> Self {
+        let mut counts: HashMap<(u64, u32, u32, u64), u64> = HashMap::new();
+        let mut all = 0u64;
+        for s in tasks {
+            *counts
+                .entry((s.cpu_milli, s.num_gpu, s.gpu_milli, s.models))
+                .or_default() += 1;
+            all += 1;
+        }
+        let mut sorted: Vec<_> = counts.into_iter().collect();
+        // Most frequent first; equal counts in a fixed order so the target is deterministic.
+        sorted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut shapes = Vec::new();
+        let mut covered = 0u64;
+        for ((cpu_milli, num_gpu, gpu_milli, models), weight) in sorted {
+            if covered as f64 >= TARGET_COVERAGE * all as f64 {
+                break;
+            }
+            covered += weight;
+            shapes.push(TargetShape {
+                cpu_milli,
+                num_gpu,
+                gpu_milli,
+                models,
+                weight,
+            });
+        }
+        TargetWorkload {
+            shapes,
+            total_weight: covered,
+        }
+    }
+
+    /// Number of shapes kept.
+    pub fn len(&self) -> usize {
+        self.shapes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shapes.is_empty()
+    }
+
+    /// Sum of the kept shapes' weights (the divisor of [`node_fragment`](Self::node_fragment)).
+    pub fn total_weight(&self) -> u64 {
+        self.total_weight
+    }
+
+    /// The node's expected GPU fragment, weighted: Σ over target shapes of weight × fragment,
+    /// where a shape's fragment is
+    /// - all free GPU milli when the shape asks for no GPU (it can use none of it), or does not
+    ///   fit the node (cpu, GPU model, or too few GPUs with its per-GPU share free);
+    /// - else the free milli on GPUs with less free than its per-GPU share.
+    ///
+    /// Divide by [`total_weight`](Self::total_weight) for milli-GPU.
+    pub fn node_fragment(&self, cpu_free: u64, gpu_free: &[u32], model: Option<u32>) -> u64 {
+        if gpu_free.is_empty() {
+            return 0;
+        }
+        let total: u64 = gpu_free.iter().map(|&g| u64::from(g)).sum();
+        if total == 0 {
+            return 0;
+        }
+        let mut weighted = 0u64;
+        for s in &self.shapes {
+            let model_ok =
+                s.models == 0 || model.is_some_and(|m| m < 64 && s.models & (1 << m) != 0);
+            let fragment = if s.num_gpu == 0 || cpu_free < s.cpu_milli || !model_ok {
+                total
+            } else {
+                let mut usable = 0u32;
+                let mut stranded = 0u64;
+                for &g in gpu_free {
+                    if g >= s.gpu_milli {
+                        usable += 1;
+                    } else {
+                        stranded += u64::from(g);
+                    }
+                }
+                if usable >= s.num_gpu {
+                    stranded
+                } else {
+                    total
+                }
+            };
+            weighted += s.weight * fragment;
+        }
+        weighted
+    }
+}
+
+/// What a node looks like to a scoring policy.
+pub struct NodeView<'a> {
+    pub state: &'a NodeState,
+    /// Tasks running on the node per [`kind`].
+    pub kinds: &'a [u32],
+    /// The node's current weighted fragment ([`TargetWorkload::node_fragment`]).
+    pub fragment: u64,
+}
+
+/// The policy's score of placing `shape` on the node (lower is better) and the GPUs it would
+/// use; `None` when the shape does not fit.
+pub fn score(
+    policy: PaperPolicy,
+    node: &NodeView,
+    shape: &Shape,
+    target: &TargetWorkload,
+) -> Option<(i64, GpuPick)> {
+    let state = node.state;
+    if !state.fits(shape) {
+        return None;
+    }
+    if policy == PaperPolicy::Fgd {
+        return Some(fgd(node, shape, target));
+    }
+    let pick = state.best_fit_gpus_unchecked(shape);
+    let cpu_free = state.cpu_free as i64;
+    let gpu_free = state.gpu_free_total() as i64;
+    let score = match policy {
+        PaperPolicy::Random => 0,
+        PaperPolicy::BestFit => {
+            // 0.5·cpu_left/CPU_NORM + 0.5·gpu_left/GPU_NORM, scaled by 2·CPU_NORM·GPU_NORM.
+            (cpu_free - shape.cpu_milli as i64) * GPU_NORM
+                + (gpu_free - shape.gpu_total() as i64) * CPU_NORM
+        }
+        PaperPolicy::DotProd => {
+            // cpu_free·cpu_req/CPU_NORM² + gpu_free·gpu_req/GPU_NORM², scaled by CPU_NORM².
+            let ratio = (CPU_NORM / GPU_NORM) * (CPU_NORM / GPU_NORM);
+            cpu_free.saturating_mul(shape.cpu_milli as i64)
+                + gpu_free
+                    .saturating_mul(shape.gpu_total() as i64)
+                    .saturating_mul(ratio)
+        }
+        PaperPolicy::GpuPacking => {
+            let partly_used = state
+                .gpu_free
+                .iter()
+                .any(|&g| g < GPU_MILLI && g >= shape.gpu_milli && shape.num_gpu > 0);
+            if shape.is_shared() && partly_used {
+                0
+            } else if !state.gpus_idle() {
+                1
+            } else {
+                2
+            }
+        }
+        PaperPolicy::GpuClustering => {
+            let own = kind(shape);
+            if own == 0 {
+                0
+            } else {
+                let gpu_kinds = &node.kinds[1..];
+                let running = gpu_kinds.iter().filter(|&&c| c > 0).count();
+                let has_own = node.kinds.get(own).is_some_and(|&c| c > 0);
+                match (running, has_own) {
+                    (1, true) => 0,
+                    (_, true) => 1,
+                    (0, _) => 2,
+                    _ => 3,
+                }
+            }
+        }
+        PaperPolicy::Fgd => unreachable!("handled above"),
+    };
+    Some((score, pick))
+}
+
+/// FGD for one node: try every distinct way to place the task on its GPUs (for a shared GPU,
+/// each distinct free amount that holds it; whole GPUs are interchangeable) and keep the one
+/// whose fragment after placement grows least.
+fn fgd(node: &NodeView, shape: &Shape, target: &TargetWorkload) -> (i64, GpuPick) {
+    let state = node.state;
+    let cpu_after = state.cpu_free - shape.cpu_milli;
+    let mut after = [0u32; 64];
+    let after = &mut after[..state.gpu_free.len()];
+    let mut candidates: Vec<GpuPick> = Vec::with_capacity(state.gpu_free.len());
+    if shape.is_shared() {
+        let mut seen: Vec<u32> = Vec::with_capacity(state.gpu_free.len());
+        for (i, &g) in state.gpu_free.iter().enumerate() {
+            if g >= shape.gpu_milli && !seen.contains(&g) {
+                seen.push(g);
+                candidates.push(1 << i);
+            }
+        }
+    } else {
+        candidates.push(state.best_fit_gpus_unchecked(shape));
+    }
+    let mut best: Option<(i64, GpuPick)> = None;
+    for pick in candidates {
+        after.copy_from_slice(&state.gpu_free);
+        for i in super::gpu::bits(pick) {
+            after[i] -= shape.gpu_milli;
+        }
+        let fragment = target.node_fragment(cpu_after, after, state.model);
+        let delta = fragment as i64 - node.fragment as i64;
+        if best.is_none_or(|(b, _)| delta < b) {
+            best = Some((delta, pick));
+        }
+    }
+    best.unwrap_or((0, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(cpu: u64, num_gpu: u32, gpu_milli: u32) -> Shape {
+        Shape {
+            cpu_milli: cpu,
+            memory_mib: 0,
+            num_gpu,
+            gpu_milli,
+            models: 0,
+        }
+    }
+
+    fn node(cpu_free: u64, gpu_free: &[u32]) -> NodeState {
+        let mut n = NodeState::new(96_000, 1000, gpu_free.len() as u32, None);
+        n.cpu_free = cpu_free;
+        n.gpu_free = gpu_free.to_vec();
+        n
+    }
+
+    #[test]
+    fn target_keeps_the_frequent_shapes_covering_95_percent() {
+        let mut tasks = vec![shape(1000, 1, 500); 90];
+        tasks.extend(vec![shape(2000, 1, 1000); 6]);
+        tasks.extend(vec![shape(3000, 2, 1000); 4]);
+        let target = TargetWorkload::from_tasks(&tasks);
+        // 90 % < 95 %: keep the second shape too (96 %), then stop.
+        assert_eq!(target.len(), 2);
+        assert_eq!(target.total_weight(), 96);
+    }
+
+    /// Hand-computed fragments: target = 1 shape "1 cpu, half a GPU" (weight 1) plus one
+    /// CPU-only shape (weight 1).
+    #[test]
+    fn node_fragment_by_hand() {
+        let mut tasks = vec![shape(1000, 1, 500)];
+        tasks.push(shape(1000, 0, 0));
+        let target = TargetWorkload::from_tasks(&tasks);
+        assert_eq!(target.total_weight(), 2);
+        // GPUs 1000, 300: the half-GPU shape strands 300; the CPU-only shape strands all 1300.
+        assert_eq!(target.node_fragment(8000, &[1000, 300], None), 300 + 1300);
+        // Not enough cpu for the half-GPU shape: everything is a fragment for both.
+        assert_eq!(target.node_fragment(500, &[1000, 300], None), 2600);
+        assert_eq!(target.node_fragment(8000, &[], None), 0);
+    }
+
+    #[test]
+    fn best_fit_and_dot_product_scores() {
+        let s = shape(4000, 1, 500);
+        let target = TargetWorkload::from_tasks([&s]);
+        let n = node(10_000, &[1000, 700]);
+        let view = NodeView {
+            state: &n,
+            kinds: &[0; 4],
+            fragment: 0,
+        };
+        // cpu left 6000, gpu left 1200.
+        assert_eq!(
+            score(PaperPolicy::BestFit, &view, &s, &target),
+            Some((6000 * 8000 + 1200 * 128_000, 0b10))
+        );
+        assert_eq!(
+            score(PaperPolicy::DotProd, &view, &s, &target),
+            Some((10_000 * 4000 + 1700 * 500 * 256, 0b10))
+        );
+        assert_eq!(
+            score(PaperPolicy::Random, &view, &shape(20_000, 0, 0), &target),
+            None
+        );
+    }
+
+    #[test]
+    fn packing_and_clustering_tiers() {
+        let target = TargetWorkload::from_tasks([&shape(1, 1, 500)]);
+        let shared = shape(1000, 1, 500);
+        let whole = shape(1000, 1, 1000);
+        let partly = node(8000, &[600, 1000]);
+        let full_used = node(8000, &[0, 1000]);
+        let idle = node(8000, &[1000, 1000]);
+        let tier = |n: &NodeState, s: &Shape, kinds: &[u32], p| {
+            score(
+                p,
+                &NodeView {
+                    state: n,
+                    kinds,
+                    fragment: 0,
+                },
+                s,
+                &target,
+            )
+            .unwrap()
+            .0
+        };
+        let none = [0u32; 4];
+        assert_eq!(tier(&partly, &shared, &none, PaperPolicy::GpuPacking), 0);
+        assert_eq!(tier(&full_used, &shared, &none, PaperPolicy::GpuPacking), 1);
+        assert_eq!(tier(&idle, &shared, &none, PaperPolicy::GpuPacking), 2);
+        assert_eq!(tier(&partly, &whole, &none, PaperPolicy::GpuPacking), 1);
+        // kinds: [cpu-only, shared, 1 GPU, 2 GPUs]
+        let c = PaperPolicy::GpuClustering;
+        assert_eq!(tier(&idle, &shared, &[0, 2, 0, 0], c), 0);
+        assert_eq!(tier(&idle, &shared, &[0, 2, 1, 0], c), 1);
+        assert_eq!(tier(&idle, &shared, &[3, 0, 0, 0], c), 2);
+        assert_eq!(tier(&idle, &shared, &[0, 0, 1, 0], c), 3);
+    }
+
+    #[test]
+    fn fgd_prefers_the_gpu_that_strands_least() {
+        // Target: half GPUs only. Node GPUs free 1000, 600. A 0.5 task on the 600 GPU leaves
+        // 100 stranded (fragment 100); on the 1000 GPU it leaves 500 + 600, nothing stranded
+        // for a 0.5 shape (fragment 0). FGD takes the whole GPU.
+        let s = shape(1000, 1, 500);
+        let target = TargetWorkload::from_tasks([&s]);
+        let n = node(8000, &[1000, 600]);
+        let before = target.node_fragment(8000, &n.gpu_free, None);
+        assert_eq!(before, 0);
+        let view = NodeView {
+            state: &n,
+            kinds: &[0; 4],
+            fragment: before,
+        };
+        assert_eq!(score(PaperPolicy::Fgd, &view, &s, &target), Some((0, 0b01)));
+        // A 0.4 task: on 600 leaves 200 (< 500: stranded 200), on 1000 leaves 600 (fine): 0.
+        let s4 = shape(1000, 1, 400);
+        assert_eq!(
+            score(PaperPolicy::Fgd, &view, &s4, &target),
+            Some((0, 0b01))
+        );
+        // A 0.1 task: on 600 leaves 500 (fits a 0.5) → 0; on 1000 leaves 900 → 0: tie, first.
+        let s1 = shape(1000, 1, 100);
+        assert_eq!(
+            score(PaperPolicy::Fgd, &view, &s1, &target),
+            Some((0, 0b01))
+        );
+        // A 0.2 task: on 600 leaves 400 → stranded 400; on 1000 leaves 800 → 0.
+        let s2 = shape(1000, 1, 200);
+        assert_eq!(
+            score(PaperPolicy::Fgd, &view, &s2, &target),
+            Some((0, 0b01))
+        );
+        let n2 = node(8000, &[700, 600]);
+        let view2 = NodeView {
+            state: &n2,
+            kinds: &[0; 4],
+            fragment: 0,
+        };
+        // 0.2 on 700 leaves 500 (fits) → 0; on 600 leaves 400 → 400. Picks GPU 0.
+        assert_eq!(
+            score(PaperPolicy::Fgd, &view2, &s2, &target),
+            Some((0, 0b01))
+        );
+        // 0.3 on 700 leaves 400 → 400 stranded; on 600 leaves 300 → 300 stranded. Picks GPU 1.
+        let s3 = shape(1000, 1, 300);
+        assert_eq!(
+            score(PaperPolicy::Fgd, &view2, &s3, &target),
+            Some((300, 0b10))
+        );
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for p in PaperPolicy::ALL {
+            assert_eq!(p.name().parse::<PaperPolicy>(), Ok(p));
+        }
+        assert_eq!("ring".parse::<PaperPolicy>(), Err(()));
+    }
+}
