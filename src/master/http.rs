@@ -154,7 +154,11 @@ pub fn http_address(listen: &str, flag: Option<&str>) -> Result<Option<String>, 
                     format!("--listen {listen}: no port after {p} for HTTP; pass --http HOST:PORT")
                 })?,
             };
-            let loopback = if host.starts_with('[') { "[::1]" } else { "127.0.0.1" };
+            let loopback = if host.starts_with('[') {
+                "[::1]"
+            } else {
+                "127.0.0.1"
+            };
             Ok(Some(format!("{loopback}:{http_port}")))
         }
     }
