@@ -181,7 +181,8 @@ pub struct TaskPriority {
 }
 
 /// The SPEC's rule: the user's priority if `resources` fit the user's remaining quota in
-/// `partition` (quota − `ledger`'s usage there), else the base priority.
+/// `partition` (quota − `ledger`'s usage there), else the base priority. Only the dimensions
+/// the quota names count: a `gpus:4` quota does not limit cpus.
 pub fn task_priority(
     config: &PriorityConfig,
     ledger: &QuotaLedger,
@@ -201,7 +202,13 @@ pub fn task_priority(
     };
     let used = ledger.used(user, partition);
     let remaining = grant.quota.saturating_sub(&used);
-    if remaining.contains(resources) {
+    // Dimensions the quota does not name are not limited by it (`gpus:4` says nothing of cpus).
+    let limited = |name: &str| grant.quota.milli(name) > 0;
+    let short = resources
+        .iter()
+        .find(|(name, m)| limited(name) && remaining.milli(name) < *m)
+        .map(|(name, _)| name.to_string());
+    let Some(short) = short else {
         return TaskPriority {
             priority: grant.priority,
             at_user_priority: true,
@@ -212,13 +219,8 @@ pub fn task_priority(
                 p = grant.priority
             ),
         };
-    }
+    };
     // Name the first dimension that does not fit, as people read quotas per resource.
-    let short = resources
-        .iter()
-        .find(|(name, m)| remaining.milli(name) < *m)
-        .map(|(name, _)| name.to_string())
-        .unwrap_or_default();
     let one = |r: &Resources| {
         let only = Resources::from_milli([(short.as_str(), r.milli(&short))]).unwrap_or_default();
         display(&only)
@@ -410,6 +412,9 @@ mod tests {
             task_priority(&cfg, &ledger, "alice", "gpu", &four).priority,
             5
         );
+        // Dimensions the quota does not name are not limited.
+        let p = task_priority(&cfg, &ledger, "alice", "gpu", &r("cpus:64;gpus:4"));
+        assert!(p.at_user_priority, "{}", p.reason);
         // Another partition, or another user, has its own quota (or none).
         assert_eq!(
             task_priority(&cfg, &ledger, "alice", "default", &four).priority,
