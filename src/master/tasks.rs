@@ -102,8 +102,8 @@ impl MasterState {
         }
         let agent_id = task.agent.clone();
         // A preempted task ends KILLED with reason `preempted`, whatever the agent says
-        // (the process may report a signal exit or another reason).
-        let (state, reason) = if task.preempted {
+        // (the process may report a signal exit or another reason); LOST stays LOST.
+        let (state, reason) = if task.preempted && state != TaskState::TaskLost {
             (TaskState::TaskKilled, "preempted")
         } else {
             (state, reason)
