@@ -130,6 +130,38 @@ async fn higher_priority_demand_preempts_and_gets_the_agent() {
     assert_eq!(priority("low-1"), Some(0));
     assert_eq!(priority("high-1"), Some(10));
     assert_eq!(s.counters.preemptions, 1);
+
+    // alice's quota (gpus:4) is in use: her next task would run at base. When high-1 ends the
+    // quota returns and the next task runs at priority 10 again.
+    gpu.report(&run[0], TaskState::TaskRunning, "u3").await;
+    high.expect_state("high-1", TaskState::TaskRunning).await;
+    high.demand("cpus:1;gpus:4", 1).await;
+    let offers = high.expect_offers().await;
+    high.accept(
+        &offers[0].offer_id,
+        vec![task("high-2", "cpus:1;gpus:4", "sleep 600")],
+    )
+    .await;
+    let run2 = gpu.expect_run().await;
+    gpu.report(&run[0], TaskState::TaskFinished, "u4").await;
+    high.expect_state("high-1", TaskState::TaskFinished).await;
+    gpu.report(&run2[0], TaskState::TaskFinished, "u5").await;
+    high.expect_state("high-2", TaskState::TaskFinished).await;
+    let offers = high.expect_offers().await;
+    high.accept(
+        &offers[0].offer_id,
+        vec![task("high-3", "cpus:1;gpus:4", "sleep 600")],
+    )
+    .await;
+    gpu.expect_run().await;
+    let s = master.snapshot().await.unwrap();
+    let priority = |id: &str| s.tasks.iter().find(|t| t.id == id).unwrap().priority;
+    assert_eq!(priority("high-2"), Some(0), "over quota while high-1 ran");
+    assert_eq!(
+        priority("high-3"),
+        Some(10),
+        "quota returned when high-1 ended"
+    );
     master.shutdown().await;
 }
 
