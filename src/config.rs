@@ -19,6 +19,11 @@
 //!   agent_timeout: 15s
 //! matching:               # batch matching scores (docs/batch.md); each optional
 //!   { a: 0.5, b: 0.5, c: -1.0, d: -0.1, e: 1.0 }
+//! priorities:             # SPEC seed 003, see docs/priorities.md; all optional
+//!   base: 0               # the priority of tasks beyond their user's quota
+//!   partitions: [default, gpu]
+//!   users:
+//!     alice: { gpu: { priority: 10, quota: "gpus:4" } }
 //! ```
 
 use std::collections::BTreeMap;
@@ -33,7 +38,11 @@ use serde::Deserialize;
 
 use crate::placement::balance::BalanceSettingsError;
 use crate::placement::matching::MatchingCoefficients;
-use crate::placement::{BalanceSettings, PlacerKind, Resources, RingLayout, RingSpec, RingsConfig};
+use crate::placement::priority::PriorityConfigError;
+use crate::placement::{
+    BalanceSettings, PlacerKind, PriorityConfig, Resources, RingLayout, RingSpec, RingsConfig,
+    UserGrant,
+};
 use ringmaster_proto::resources::MILLI;
 
 /// A configuration or scenario error, located as precisely as the text allows.
@@ -471,6 +480,7 @@ struct RawConfig {
     rings: Option<RawRings>,
     master: Option<RawMaster>,
     matching: Option<RawMatching>,
+    priorities: Option<RawPriorities>,
 }
 
 /// The `matching:` section: coefficients of the batch-matching scores.
@@ -515,6 +525,87 @@ pub fn apply_matching(
     Ok(())
 }
 
+/// The `priorities:` section as written (checked after parsing, with its lines).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPriorities {
+    base: Option<serde_yaml::Value>,
+    partitions: Option<Vec<String>>,
+    #[serde(default)]
+    users: BTreeMap<String, BTreeMap<String, RawGrant>>,
+}
+
+/// One user's priority and quota in one partition.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGrant {
+    priority: serde_yaml::Value,
+    quota: String,
+}
+
+fn integer(value: &serde_yaml::Value) -> Result<i64, String> {
+    match value {
+        serde_yaml::Value::Number(n) => n
+            .as_i64()
+            .ok_or_else(|| format!("{n} is not a whole number in range")),
+        other => Err(format!(
+            "expected a whole number, found {}",
+            describe(other)
+        )),
+    }
+}
+
+/// Reads a `priorities:` section found at `at` in `source`.
+pub fn apply_priorities(
+    source: &YamlSource,
+    at: &[Seg],
+    raw: &RawPriorities,
+) -> Result<PriorityConfig, ConfigError> {
+    let path = |keys: &[&str]| -> Vec<Seg> {
+        let mut p = at.to_vec();
+        p.extend(keys.iter().map(|k| Seg::Key(k.to_string())));
+        p
+    };
+    let base = match &raw.base {
+        None => 0,
+        Some(v) => integer(v).map_err(|e| source.error(&path(&["base"]), e))?,
+    };
+    let mut users: BTreeMap<String, BTreeMap<String, UserGrant>> = BTreeMap::new();
+    for (user, grants) in &raw.users {
+        for (partition, grant) in grants {
+            let priority = integer(&grant.priority)
+                .map_err(|e| source.error(&path(&["users", user, partition, "priority"]), e))?;
+            let quota = Resources::parse(&grant.quota).map_err(|e| {
+                source.error(
+                    &path(&["users", user, partition, "quota"]),
+                    format!(
+                        "`{}` is not a resource list like gpus:4;cpus:8: {e}",
+                        grant.quota
+                    ),
+                )
+            })?;
+            users
+                .entry(user.clone())
+                .or_default()
+                .insert(partition.clone(), UserGrant { priority, quota });
+        }
+    }
+    let partitions = raw.partitions.clone().unwrap_or_default();
+    PriorityConfig::new(base, partitions, users).map_err(|e| {
+        let at = match &e {
+            PriorityConfigError::UnknownPartition {
+                user, partition, ..
+            } => path(&["users", user, partition]),
+            PriorityConfigError::NotAboveBase {
+                user, partition, ..
+            } => path(&["users", user, partition, "priority"]),
+            PriorityConfigError::DuplicatePartition(_)
+            | PriorityConfigError::BadPartitionName(_) => path(&["partitions"]),
+        };
+        source.error(&at, e.to_string())
+    })
+}
+
 /// The whole configuration file; every section is optional.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Config {
@@ -525,6 +616,8 @@ pub struct Config {
     pub master: MasterConfig,
     /// Coefficients of the batch-matching scores.
     pub matching: MatchingCoefficients,
+    /// User priorities, quotas and partitions (no users: everything at base, no preemption).
+    pub priorities: PriorityConfig,
 }
 
 /// The `balance:` section as written (checked after parsing, with its lines).
@@ -643,6 +736,9 @@ impl Config {
         if let Some(m) = &raw.matching {
             apply_matching(&source, &["matching".into()], m, &mut config.matching)?;
         }
+        if let Some(p) = &raw.priorities {
+            config.priorities = apply_priorities(&source, &["priorities".into()], p)?;
+        }
         if let Some(m) = &raw.master {
             let out = &mut config.master;
             let durations: [(&str, &Option<String>, &mut Duration); 6] = [
@@ -760,6 +856,42 @@ matching: { a: 0.7, d: -1 }
                 ..MatchingCoefficients::default()
             }
         );
+    }
+
+    #[test]
+    fn reads_priorities_and_locates_their_errors() {
+        let text = "priorities:\n  base: -1\n  partitions: [default, gpu]\n  users:\n    alice:\n      gpu: { priority: 10, quota: \"gpus:4\" }\n";
+        let config = Config::from_yaml(text, "c.yaml").unwrap();
+        let p = &config.priorities;
+        assert_eq!(p.base(), -1);
+        assert_eq!(p.partitions(), ["default", "gpu"]);
+        let grant = p.grant("alice", "gpu").unwrap();
+        assert_eq!(
+            (grant.priority, grant.quota.to_string()),
+            (10, "gpus:4".to_string())
+        );
+        let cases = [
+            (
+                "priorities:\n  users:\n    alice:\n      gpu: { priority: 10, quota: \"gpus:4\" }\n",
+                "c.yaml:4: priorities.users.alice.gpu: partition \"gpu\" is not among the partitions [\"default\"]",
+            ),
+            (
+                "priorities:\n  base: 5\n  users:\n    alice:\n      default: { priority: 5, quota: \"gpus:4\" }\n",
+                "c.yaml:5: priorities.users.alice.default.priority: priority 5 must be above the base priority 5",
+            ),
+            (
+                "priorities:\n  users:\n    alice:\n      default:\n        priority: 3\n        quota: \"gpus:x\"\n",
+                "c.yaml:6: priorities.users.alice.default.quota: `gpus:x` is not a resource list",
+            ),
+            (
+                "priorities:\n  base: high\n",
+                "c.yaml:2: priorities.base: expected a whole number, found the string `high`",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = Config::from_yaml(text, "c.yaml").unwrap_err().to_string();
+            assert!(err.starts_with(want), "{err}\nwanted {want}");
+        }
     }
 
     #[test]

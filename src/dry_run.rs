@@ -22,6 +22,15 @@
 //! requests:
 //!   - { framework: A, resources: "cpus:1;mem:4096", count: 10 }
 //! ```
+//!
+//! With a `priorities:` section (same shape as the config's, replacing it) or `running:` tasks,
+//! the run follows SPEC seed 003 instead (docs/priorities.md): agents may name a `partition`,
+//! frameworks a `user` and a `partition`; `running:` tasks (`{ id, agent, resources, user,
+//! partition, priority, started }`, priority computed from the user's quota when omitted,
+//! `started` defaulting to file order) hold their agents first. Then one copy at a time, the
+//! request with the highest priority (then lowest DRF share, then file order) is placed, or
+//! preempts lower-priority tasks on one agent (a `{"preempted":[…]}` line per eviction), or
+//! waits. Placement lines then carry the task's `id` and `priority`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -30,11 +39,13 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::config::{
-    apply_balance, apply_rings, whole_number, ConfigError, RawBalance, RawRings, Seg, YamlSource,
+    apply_balance, apply_priorities, apply_rings, whole_number, ConfigError, RawBalance,
+    RawPriorities, RawRings, Seg, YamlSource,
 };
 use crate::placement::{
-    allocate_in, BalanceSettings, Cluster, DrfSorter, Grant, PlacementContext, PlacerKind, Request,
-    Resources, RingsConfig,
+    allocate_in, plan_preemption, task_priority, BalanceSettings, Cluster, DrfSorter, Grant,
+    PlacementContext, PlacerKind, Priority, PriorityConfig, QuotaLedger, Request, Resources,
+    RingsConfig, RunningTask, DEFAULT_PARTITION,
 };
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +53,9 @@ use crate::placement::{
 struct RawScenario {
     rings: Option<RawRings>,
     balance: Option<RawBalance>,
+    priorities: Option<RawPriorities>,
+    #[serde(default)]
+    running: Vec<RawRunning>,
     #[serde(default)]
     agents: Vec<RawAgent>,
     #[serde(default)]
@@ -60,6 +74,19 @@ struct RawAgent {
     cpu_speed: Option<serde_yaml::Value>,
     net_rate: Option<serde_yaml::Value>,
     unit_cost: Option<serde_yaml::Value>,
+    partition: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRunning {
+    id: String,
+    agent: String,
+    resources: String,
+    user: Option<String>,
+    partition: Option<String>,
+    priority: Option<i64>,
+    started: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -67,6 +94,8 @@ struct RawAgent {
 struct RawFramework {
     name: String,
     weight: Option<serde_yaml::Value>,
+    user: Option<String>,
+    partition: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,6 +122,33 @@ pub struct Scenario {
         crate::dry_run_batch::BatchSection,
         Vec<crate::placement::matching::AgentProfile>,
     )>,
+    /// Set when the scenario uses priorities (a `priorities:` section or `running:` tasks).
+    pub priorities: Option<PriorityScenario>,
+}
+
+/// The seed-003 parts of a scenario.
+#[derive(Clone, Debug, Default)]
+pub struct PriorityScenario {
+    pub config: PriorityConfig,
+    /// Partition of each agent, in `agents` order.
+    pub agent_partitions: Vec<String>,
+    /// (user, partition) of each framework, in `frameworks` order.
+    pub framework_users: Vec<(String, String)>,
+    pub running: Vec<ScenarioTask>,
+}
+
+/// A task already running when the scenario starts.
+#[derive(Clone, Debug)]
+pub struct ScenarioTask {
+    pub id: String,
+    /// Index into `agents`.
+    pub agent: usize,
+    pub resources: Resources,
+    pub user: String,
+    pub partition: String,
+    /// `None`: computed from the user's quota, in `started` order.
+    pub priority: Option<Priority>,
+    pub started: u64,
 }
 
 impl Scenario {
@@ -102,6 +158,17 @@ impl Scenario {
         rings: RingsConfig,
         balance: BalanceSettings,
     ) -> Result<Scenario, ConfigError> {
+        Self::load_with(path, rings, balance, &PriorityConfig::default())
+    }
+
+    /// [`load`](Scenario::load) with the config's priorities (used when the scenario has
+    /// `running:` tasks but no `priorities:` section of its own).
+    pub fn load_with(
+        path: &Path,
+        rings: RingsConfig,
+        balance: BalanceSettings,
+        priority_config: &PriorityConfig,
+    ) -> Result<Scenario, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
@@ -109,14 +176,24 @@ impl Scenario {
             key: String::new(),
             message: format!("cannot read: {e}"),
         })?;
-        Scenario::from_yaml(&text, &file, rings, balance)
+        Scenario::from_yaml_with(&text, &file, rings, balance, priority_config)
     }
 
     pub fn from_yaml(
         text: &str,
         file: &str,
+        rings: RingsConfig,
+        balance: BalanceSettings,
+    ) -> Result<Scenario, ConfigError> {
+        Self::from_yaml_with(text, file, rings, balance, &PriorityConfig::default())
+    }
+
+    pub fn from_yaml_with(
+        text: &str,
+        file: &str,
         mut rings: RingsConfig,
         mut balance: BalanceSettings,
+        priority_config: &PriorityConfig,
     ) -> Result<Scenario, ConfigError> {
         let source = YamlSource { text, file };
         let raw: RawScenario = source.parse()?;
@@ -222,6 +299,59 @@ impl Scenario {
             }
             None => None,
         };
+        let priorities = if raw.priorities.is_some() || !raw.running.is_empty() {
+            let config = match &raw.priorities {
+                Some(p) => apply_priorities(&source, &["priorities".into()], p)?,
+                None => priority_config.clone(),
+            };
+            let partition_of =
+                |path: Vec<Seg>, p: &Option<String>| -> Result<String, ConfigError> {
+                    let p = p.clone().unwrap_or_else(|| DEFAULT_PARTITION.to_string());
+                    if config.partitions().contains(&p) {
+                        Ok(p)
+                    } else {
+                        Err(source.error(
+                            &path,
+                            format!("partition `{p}` is not among {:?}", config.partitions()),
+                        ))
+                    }
+                };
+            let mut agent_partitions = Vec::new();
+            for (i, a) in raw.agents.iter().enumerate() {
+                agent_partitions.push(partition_of(at("agents", i, "partition"), &a.partition)?);
+            }
+            let mut framework_users = Vec::new();
+            for (i, f) in raw.frameworks.iter().enumerate() {
+                let partition = partition_of(at("frameworks", i, "partition"), &f.partition)?;
+                framework_users.push((f.user.clone().unwrap_or_else(|| f.name.clone()), partition));
+            }
+            let mut running = Vec::new();
+            for (i, t) in raw.running.iter().enumerate() {
+                let Some(&agent) = agent_ids.get(t.agent.as_str()) else {
+                    return Err(source.error(
+                        &at("running", i, "agent"),
+                        format!("unknown agent `{}` (not under `agents`)", t.agent),
+                    ));
+                };
+                running.push(ScenarioTask {
+                    id: t.id.clone(),
+                    agent,
+                    resources: resources(&at("running", i, "resources"), &t.resources)?,
+                    user: t.user.clone().unwrap_or_default(),
+                    partition: partition_of(at("running", i, "partition"), &t.partition)?,
+                    priority: t.priority,
+                    started: t.started.unwrap_or(i as u64 + 1),
+                });
+            }
+            Some(PriorityScenario {
+                config,
+                agent_partitions,
+                framework_users,
+                running,
+            })
+        } else {
+            None
+        };
         Ok(Scenario {
             rings,
             balance,
@@ -229,6 +359,7 @@ impl Scenario {
             frameworks,
             requests,
             batch,
+            priorities,
         })
     }
 }
@@ -242,6 +373,11 @@ pub struct Placed {
     pub phase: Option<String>,
     pub bucket: Option<usize>,
     pub resources: String,
+    /// Only with priorities: the placed task's id (`framework/n`) and priority.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
     /// Only for the balance placer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub balance: Option<BalanceLine>,
@@ -284,10 +420,37 @@ impl Serialize for Shares {
     }
 }
 
+/// One evicted task.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Victim {
+    pub id: String,
+    pub agent: String,
+    pub priority: Priority,
+    pub resources: String,
+}
+
+/// One preemption: the victims (all on one agent, in eviction order) and who evicted them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Preempted {
+    pub preempted: Vec<Victim>,
+    pub by: String,
+    pub priority: Priority,
+}
+
+/// A placement or a preemption, in the order they happened.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Placed(Placed),
+    Preempted(Preempted),
+}
+
 /// The outcome of a dry run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DryRun {
     pub placed: Vec<Placed>,
+    /// With priorities: placements and preemptions interleaved (`placed` holds the same
+    /// placements); empty otherwise.
+    pub events: Vec<Event>,
     pub unplaced: Vec<Unplaced>,
     pub agents: Vec<AgentFree>,
     pub shares: Shares,
@@ -306,7 +469,17 @@ impl DryRun {
             shares: &'a Shares,
         }
         let json = |v: &dyn erased::Json| v.to_json();
-        let mut lines: Vec<String> = self.placed.iter().map(|p| json(p)).collect();
+        let mut lines: Vec<String> = if self.events.is_empty() {
+            self.placed.iter().map(|p| json(p)).collect()
+        } else {
+            self.events
+                .iter()
+                .map(|e| match e {
+                    Event::Placed(p) => json(p),
+                    Event::Preempted(p) => json(p),
+                })
+                .collect()
+        };
         lines.push(json(&UnplacedLine {
             unplaced: &self.unplaced,
         }));
@@ -336,6 +509,9 @@ fn four_decimals(x: f64) -> f64 {
 
 /// Places the scenario's requests with `placer`.
 pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
+    if let Some(priorities) = &scenario.priorities {
+        return run_with_priorities(scenario, priorities, placer);
+    }
     let mut cluster = Cluster::new(scenario.rings.clone(), placer);
     let mut agent_ids: HashMap<usize, &str> = HashMap::new();
     for (id, total) in &scenario.agents {
@@ -379,6 +555,8 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
                 y_before: four_decimals(note.y_before),
                 y_after: four_decimals(note.y_after),
             }),
+            id: None,
+            priority: None,
         })
         .collect();
     let unplaced = requests
@@ -409,6 +587,233 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
     );
     DryRun {
         placed,
+        events: Vec::new(),
+        unplaced,
+        agents,
+        shares,
+    }
+}
+
+/// A task the priority run knows: running from the start or placed by it.
+struct LiveTask {
+    id: String,
+    framework: Option<usize>,
+    user: String,
+    partition: String,
+    at_user_priority: bool,
+}
+
+/// The seed-003 run; see the module doc.
+fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: PlacerKind) -> DryRun {
+    let config = &p.config;
+    let mut cluster = Cluster::new(scenario.rings.clone(), placer);
+    let keys: Vec<usize> = scenario
+        .agents
+        .iter()
+        .map(|(_, total)| cluster.add_agent(total.clone()))
+        .collect();
+    let agent_index = |key: usize| keys.iter().position(|k| *k == key).unwrap_or(0);
+    let agent_name = |key: usize| scenario.agents[agent_index(key)].0.clone();
+    let mut drf = DrfSorter::new();
+    for (fw, (_, weight)) in scenario.frameworks.iter().enumerate() {
+        drf.add(fw, *weight);
+    }
+    let mut ledger = QuotaLedger::default();
+    let mut live: Vec<LiveTask> = Vec::new();
+    let mut running: Vec<RunningTask<usize>> = Vec::new();
+    let mut initial: Vec<&ScenarioTask> = p.running.iter().collect();
+    initial.sort_by_key(|t| t.started);
+    let mut last_start = 0;
+    for t in initial {
+        let key = keys[t.agent];
+        // A running task that does not fit its agent is clamped like the master does.
+        if cluster.take(key, &t.resources).is_err() {
+            let free = cluster
+                .agent(key)
+                .map(|a| a.free.clone())
+                .unwrap_or_default();
+            let _ = cluster.take(key, &free);
+        }
+        let computed = task_priority(config, &ledger, &t.user, &t.partition, &t.resources);
+        let (priority, at_user) = match t.priority {
+            Some(given) => (given, given != config.base() && given == computed.priority),
+            None => (computed.priority, computed.at_user_priority),
+        };
+        if at_user {
+            ledger.start(&t.user, &t.partition, &t.resources);
+        }
+        running.push(RunningTask {
+            id: live.len(),
+            agent: key,
+            priority,
+            started: t.started,
+            resources: t.resources.clone(),
+        });
+        live.push(LiveTask {
+            id: t.id.clone(),
+            framework: None,
+            user: t.user.clone(),
+            partition: t.partition.clone(),
+            at_user_priority: at_user,
+        });
+        last_start = last_start.max(t.started);
+    }
+    let mut left: Vec<u32> = scenario.requests.iter().map(|r| r.2).collect();
+    let mut gave_up = vec![false; left.len()];
+    let mut why: Vec<Option<String>> = vec![None; left.len()];
+    let mut placed_count = vec![0usize; scenario.frameworks.len()];
+    let mut events = Vec::new();
+    let mut placed = Vec::new();
+    let mut context = PlacementContext::new(scenario.balance.clone());
+    loop {
+        let total = cluster.total().clone();
+        // The next copy: highest priority, then lowest DRF share, then file order.
+        let next = (0..left.len())
+            .filter(|i| left[*i] > 0 && !gave_up[*i])
+            .map(|i| {
+                let (fw, demand, _) = &scenario.requests[i];
+                let (user, partition) = &p.framework_users[*fw];
+                let prio = task_priority(config, &ledger, user, partition, demand);
+                (i, prio, drf.share(*fw, &total))
+            })
+            .min_by(|a, b| {
+                b.1.priority
+                    .cmp(&a.1.priority)
+                    .then(a.2.total_cmp(&b.2))
+                    .then(a.0.cmp(&b.0))
+            });
+        let Some((i, prio, _)) = next else { break };
+        let (fw, demand, _) = &scenario.requests[i];
+        let (user, partition) = &p.framework_users[*fw];
+        let in_partition = |key: usize| p.agent_partitions.get(agent_index(key)) == Some(partition);
+        let mut preempted_for = None;
+        let agent = match cluster.place_in(demand, &in_partition, &mut context) {
+            Some(decision) => Some((decision.agent, decision.phase, decision.bucket)),
+            None if prio.priority > config.base() => {
+                match plan_preemption(&cluster, demand, prio.priority, &running, &in_partition) {
+                    Some(plan) => {
+                        let mut victims = Vec::new();
+                        for v in &plan.victims {
+                            let Some(at) = running.iter().position(|t| t.id == *v) else {
+                                continue;
+                            };
+                            let task = running.remove(at);
+                            let _ = cluster.give_back(task.agent, &task.resources);
+                            let info = &live[task.id];
+                            if info.at_user_priority {
+                                ledger.end(&info.user, &info.partition, &task.resources);
+                            }
+                            if let Some(owner) = info.framework {
+                                drf.unallocated(owner, &task.resources);
+                            }
+                            victims.push(Victim {
+                                id: info.id.clone(),
+                                agent: agent_name(task.agent),
+                                priority: task.priority,
+                                resources: task.resources.to_string(),
+                            });
+                        }
+                        preempted_for = Some(victims);
+                        Some((plan.agent, None, None))
+                    }
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        let Some((key, phase, bucket)) = agent else {
+            let fit = cluster.why_unplaced(demand, &in_partition).to_string();
+            let tail = if prio.priority > config.base() {
+                "no lower-priority victims on any agent".to_string()
+            } else {
+                "base-priority demands never preempt".to_string()
+            };
+            why[i] = Some(format!("{fit}; {}; {tail}", prio.reason));
+            gave_up[i] = true;
+            continue;
+        };
+        if let Some(victims) = preempted_for {
+            events.push(Event::Preempted(Preempted {
+                preempted: victims,
+                by: scenario.frameworks[*fw].0.clone(),
+                priority: prio.priority,
+            }));
+        }
+        if cluster.take(key, demand).is_err() {
+            gave_up[i] = true;
+            continue;
+        }
+        drf.allocated(*fw, demand);
+        if prio.at_user_priority {
+            ledger.start(user, partition, demand);
+        }
+        left[i] -= 1;
+        placed_count[*fw] += 1;
+        last_start += 1;
+        let id = format!("{}/{}", scenario.frameworks[*fw].0, placed_count[*fw]);
+        running.push(RunningTask {
+            id: live.len(),
+            agent: key,
+            priority: prio.priority,
+            started: last_start,
+            resources: demand.clone(),
+        });
+        live.push(LiveTask {
+            id: id.clone(),
+            framework: Some(*fw),
+            user: user.clone(),
+            partition: partition.clone(),
+            at_user_priority: prio.at_user_priority,
+        });
+        let line = Placed {
+            step: placed.len() + 1,
+            framework: scenario.frameworks[*fw].0.clone(),
+            agent: agent_name(key),
+            phase: phase.map(|p| p.to_string()),
+            bucket,
+            resources: demand.to_string(),
+            id: Some(id),
+            priority: Some(prio.priority),
+            balance: None,
+        };
+        placed.push(line.clone());
+        events.push(Event::Placed(line));
+    }
+    let unplaced = (0..left.len())
+        .filter(|i| left[*i] > 0)
+        .map(|i| {
+            let (fw, demand, _) = &scenario.requests[i];
+            Unplaced {
+                framework: scenario.frameworks[*fw].0.clone(),
+                resources: demand.to_string(),
+                count: left[i],
+                why: why[i].clone().unwrap_or_default(),
+            }
+        })
+        .collect();
+    let agents = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| AgentFree {
+            id: scenario.agents[i].0.clone(),
+            free: cluster
+                .agent(*key)
+                .map(|a| a.free.to_string())
+                .unwrap_or_default(),
+        })
+        .collect();
+    let total = cluster.total().clone();
+    let shares = Shares(
+        scenario
+            .frameworks
+            .iter()
+            .enumerate()
+            .map(|(fw, (name, _))| (name.clone(), four_decimals(drf.share(fw, &total))))
+            .collect(),
+    );
+    DryRun {
+        placed,
+        events,
         unplaced,
         agents,
         shares,
@@ -425,7 +830,7 @@ pub fn place(
         Some(path) => crate::config::Config::load(path)?,
         None => crate::config::Config::default(),
     };
-    let scenario = Scenario::load(scenario, config.rings, config.balance)?;
+    let scenario = Scenario::load_with(scenario, config.rings, config.balance, &config.priorities)?;
     let outcome = run(&scenario, placer.unwrap_or(config.placer));
     let mut lines = outcome.json_lines();
     if let Some((batch, profiles)) = &scenario.batch {
@@ -518,11 +923,11 @@ requests:
             ),
             (
                 "agents: []\nnodes: []\n",
-                "s.yaml:2: unknown field `nodes`, expected one of `rings`, `balance`, `agents`, `frameworks`, `requests`, `batch`",
+                "s.yaml:2: unknown field `nodes`, expected one of `rings`, `balance`, `priorities`, `running`, `agents`, `frameworks`, `requests`, `batch`",
             ),
             (
                 "agents:\n  - { id: a1, resources: \"cpus:1\", zone: z }\n",
-                "s.yaml:2: agents[0]: unknown field `zone`, expected one of `id`, `resources`, `cpu_speed`, `net_rate`, `unit_cost`",
+                "s.yaml:2: agents[0]: unknown field `zone`, expected one of `id`, `resources`, `cpu_speed`, `net_rate`, `unit_cost`, `partition`",
             ),
         ];
         for (text, expected) in cases {

@@ -174,6 +174,7 @@ async fn demo(cluster: &LocalCluster) -> anyhow::Result<()> {
             master: addr.clone(),
             name: plan.name.to_string(),
             user: "demo".into(),
+            partition: String::new(),
             weight: 1.0,
             failover_timeout: Duration::from_secs(10),
             framework_id: None,

@@ -156,6 +156,7 @@ async fn every_bad_input_closes_only_its_own_connection() {
         user: "u".into(),
         weight: 1.0,
         failover_timeout_secs: 1.0,
+        ..Default::default()
     }))
     .await;
     let e = c.expect_closed().await.expect("error sent");

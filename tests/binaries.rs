@@ -48,7 +48,18 @@ fn start_master(config: &Path) -> (Proc, String) {
 }
 
 fn start_agent(master: &str, id: &str, resources: &str, work_dir: &Path) -> Proc {
+    start_agent_with(master, id, resources, work_dir, &[])
+}
+
+fn start_agent_with(
+    master: &str,
+    id: &str,
+    resources: &str,
+    work_dir: &Path,
+    extra: &[&str],
+) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_ringmaster-agent"))
+        .args(extra)
         .args([
             "--master",
             master,
@@ -188,4 +199,101 @@ fn exec_usage_errors_exit_2() {
         &["--name", "x", "--resources", "cpus:-1", "--", "true"],
     );
     assert_eq!(code, 2);
+}
+
+/// Starts ringmaster-exec in the background; its stdout lines arrive on the channel.
+fn spawn_exec(master: &str, args: &[&str]) -> (Proc, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+        .args(["--master", master])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ringmaster-exec");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (Proc(child), rx)
+}
+
+/// Waits (up to `WAIT`) for a line containing every one of `words`; returns it.
+fn wait_line(lines: &mpsc::Receiver<String>, words: &[&str]) -> String {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if words.iter().all(|w| line.contains(w)) => return line,
+            Ok(_) => {}
+            Err(e) => panic!("no line with {words:?} within {WAIT:?}: {e}"),
+        }
+    }
+}
+
+/// SPEC seed 003 through the real binaries: a base-priority `ringmaster-exec` (user bob, no
+/// priority) holds the only GPU agent of partition `gpu`; alice (priority 10, quota gpus:4)
+/// runs a high-priority one that preempts it: bob's task ends KILLED reason=preempted and
+/// alice's runs to FINISHED on that agent.
+#[test]
+fn high_priority_exec_preempts_a_low_priority_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("master.yaml");
+    std::fs::write(
+        &config,
+        "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n\
+         priorities:\n  partitions: [default, gpu]\n  users:\n    alice: { gpu: { priority: 10, quota: \"gpus:4\" } }\n",
+    )
+    .unwrap();
+    let (_master, addr) = start_master(&config);
+    let _gpu = start_agent_with(
+        &addr,
+        "g1",
+        "cpus:2;mem:512;gpus:4",
+        &dir.path().join("g1"),
+        &["--attributes", "partition:gpu"],
+    );
+    // A default-partition agent with room: never used by the gpu frameworks.
+    let _cpu = start_agent(
+        &addr,
+        "c1",
+        "cpus:8;mem:8192;gpus:8",
+        &dir.path().join("c1"),
+    );
+
+    let common = ["--partition", "gpu", "--resources", "cpus:1;mem:64;gpus:4"];
+    let low_args: Vec<&str> = ["--name", "low", "--user", "bob"]
+        .into_iter()
+        .chain(common)
+        .chain(["--", "sleep", "600"])
+        .collect();
+    let (mut low, low_lines) = spawn_exec(&addr, &low_args);
+    let line = wait_line(&low_lines, &["TASK low-0 RUNNING"]);
+    assert!(line.contains("agent=g1"), "{line}");
+
+    let high_args: Vec<&str> = ["--name", "high", "--user", "alice"]
+        .into_iter()
+        .chain(common)
+        .chain(["--", "true"])
+        .collect();
+    let (code, out) = exec(&addr, &high_args);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("TASK high-0 FINISHED agent=g1"), "{out}");
+    let line = wait_line(&low_lines, &["TASK low-0 KILLED"]);
+    assert!(line.contains("reason=preempted"), "{line}");
+    // The low-priority exec ends with exit code 1 (a task did not finish).
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = low.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "low exec did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1));
 }

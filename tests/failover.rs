@@ -174,6 +174,7 @@ async fn framework_failover_beyond_the_timeout_kills_its_tasks() {
         user: "u".into(),
         weight: 1.0,
         failover_timeout_secs: 1.0,
+        ..Default::default()
     }))
     .await;
     let error = late.expect_closed().await.expect("an error before closing");

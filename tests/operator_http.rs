@@ -200,7 +200,8 @@ async fn state_shows_agents_buckets_tasks_rings_and_why_pending() {
         ),
         ("w1", "small", "cpus:1;mem:512", "RUNNING")
     );
-    assert_eq!((t.priority, t.devices.len()), (None, 0));
+    // No priorities configured: every task runs at the base priority, 0.
+    assert_eq!((t.priority, t.devices.len()), (Some(0), 0));
     assert!(s.offers.is_empty());
     assert_eq!(
         (

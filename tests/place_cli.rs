@@ -128,6 +128,10 @@ fn bad_input_exits_2_with_one_located_line() {
         ),
         ("bad_count.yaml", ":3: requests[0].count: -2 is negative"),
         (
+            "bad_running_agent.yaml",
+            ":6: running[1].agent: unknown agent `nope`",
+        ),
+        (
             "bad_unknown_key.yaml",
             ":4: frameworks[0]: unknown field `wieght`",
         ),
@@ -273,4 +277,31 @@ fn new_placer_names_are_accepted_and_bad_balance_sections_located() {
         stderr.contains("bad_balance.yaml:3: balance.initial_weights.mem: weight of `mem` must be a finite number ≥ 0, not -0.2"),
         "{stderr}"
     );
+}
+
+/// SPEC seed 003's GPU partition: the 4-GPU request preempts the base-priority t2 (only t2 is
+/// lower) and runs; the 6-GPU request is then over quota → base priority, and waits.
+#[test]
+fn seed_003_preemption_lines() {
+    let (code, lines, stderr) = place(&["--scenario", &path("seed_003_gpu.yaml")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        lines[0],
+        r#"{"preempted":[{"id":"t2","agent":"g1","priority":0,"resources":"gpus:4"}],"by":"U2","priority":10}"#
+    );
+    assert_eq!(
+        lines[1],
+        r#"{"step":1,"framework":"U2","agent":"g1","phase":null,"bucket":null,"resources":"gpus:4","id":"U2/1","priority":10}"#
+    );
+    assert!(
+        lines[2].contains("over priority quota in partition gpu: running gpus:4 of gpus:8, task needs gpus:6 → base priority; base-priority demands never preempt"),
+        "{}",
+        lines[2]
+    );
+    // c1 is in the default partition: never used for the gpu partition.
+    assert_eq!(
+        lines[3],
+        r#"{"agents":[{"id":"g1","free":""},{"id":"c1","free":"gpus:8"}],"shares":{"U2":0.25}}"#
+    );
+    assert_eq!(lines.len(), 4);
 }

@@ -213,6 +213,7 @@ fn task(id: &str, command: &str, resources: &str) -> TaskInfo {
             key: "CUSTOM".into(),
             value: "custom value".into(),
         }],
+        ..Default::default()
     }
 }
 

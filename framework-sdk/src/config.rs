@@ -16,6 +16,9 @@ pub struct FrameworkConfig {
     pub name: String,
     /// The user the framework runs as; priorities and quotas are per user.
     pub user: String,
+    /// The partition the framework's tasks run in (agents with attribute `partition` equal to
+    /// it; `default` for agents without one). Empty means `default`.
+    pub partition: String,
     /// DRF weight, > 0 (a framework with weight 2 gets twice the share).
     pub weight: f64,
     /// How long the master keeps the framework and its tasks after the connection drops.
@@ -42,6 +45,7 @@ impl FrameworkConfig {
             master: master.into(),
             name: name.into(),
             user: default_user(),
+            partition: String::new(),
             weight: 1.0,
             failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             framework_id: None,

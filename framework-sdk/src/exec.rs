@@ -51,6 +51,14 @@ pub struct ExecArgs {
     /// The user to run as (default: $USER, else root).
     #[arg(long)]
     pub user: Option<String>,
+    /// The partition to run in: agents whose `partition` attribute is PARTITION (default:
+    /// `default`, the agents without the attribute).
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// `user` (default): the user's priority while within the user's priority quota, else base;
+    /// `base`: base priority, never counted against the quota (see docs/priorities.md).
+    #[arg(long, value_name = "CLASS")]
+    pub priority_class: Option<String>,
     /// DRF weight of the framework, > 0.
     #[arg(long, default_value_t = 1.0)]
     pub weight: f64,
@@ -87,6 +95,8 @@ pub struct ExecPlan {
     pub command: String,
     /// With `--batch`: the batch (then `unit`, `instances` and `command` are unused).
     pub batch: Option<crate::exec_batch::BatchFile>,
+    /// `TaskInfo::priority_class` of every task (`""`: the user's priority within quota).
+    pub priority_class: String,
 }
 
 impl ExecArgs {
@@ -161,6 +171,23 @@ impl ExecArgs {
             }
             config.user = user.clone();
         }
+        if let Some(partition) = &self.partition {
+            if partition.trim().is_empty() || partition.chars().any(char::is_whitespace) {
+                return usage(format!(
+                    "--partition must be a name without spaces, got {partition:?}"
+                ));
+            }
+            config.partition = partition.clone();
+        }
+        let priority_class = match self.priority_class.as_deref() {
+            None | Some("user") => String::new(),
+            Some("base") => "base".to_string(),
+            Some(other) => {
+                return usage(format!(
+                    "--priority-class must be `user` or `base`, got {other:?}"
+                ))
+            }
+        };
         config.weight = self.weight;
         config.failover_timeout = failover_timeout;
         config.give_up_after = Some(connect_timeout);
@@ -173,6 +200,7 @@ impl ExecArgs {
             instances: self.instances,
             command,
             batch: None,
+            priority_class,
         })
     }
 }
@@ -215,6 +243,7 @@ pub struct ExecScheduler<W> {
     name: String,
     unit: Resources,
     command: String,
+    priority_class: String,
     /// The last state of each task by index; `None` until launched and reported.
     states: Vec<Option<TaskState>>,
     index_of: HashMap<String, usize>,
@@ -234,6 +263,7 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
             name,
             unit: plan.unit.clone(),
             command: plan.command.clone(),
+            priority_class: plan.priority_class.clone(),
             states: vec![None; plan.instances as usize],
             index_of,
             launched: 0,
@@ -346,7 +376,11 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
                 continue;
             }
             let tasks = (self.launched..self.launched + count)
-                .map(|i| task(&format!("{}-{i}", self.name), &self.command, &self.unit))
+                .map(|i| {
+                    let mut info = task(&format!("{}-{i}", self.name), &self.command, &self.unit);
+                    info.priority_class = self.priority_class.clone();
+                    info
+                })
                 .collect();
             self.launched += count;
             let _ = driver.accept(&offer.offer_id, tasks);
@@ -488,6 +522,10 @@ mod tests {
             "2",
             "--failover-timeout",
             "5",
+            "--partition",
+            "gpu",
+            "--priority-class",
+            "base",
             "--",
             "echo",
             "hi",
@@ -503,11 +541,28 @@ mod tests {
         assert_eq!(plan.config.weight, 2.0);
         assert_eq!(plan.config.failover_timeout, Duration::from_secs(5));
         assert_eq!(plan.config.name, "job");
+        assert_eq!(plan.config.partition, "gpu");
+        assert_eq!(plan.priority_class, "base");
     }
 
     #[test]
     fn usage_errors_name_the_bad_part() {
-        let table: [(&[&str], &str); 6] = [
+        let table: [(&[&str], &str); 8] = [
+            (
+                &["--resources", "cpus:1", "--partition", " ", "--", "true"],
+                "--partition",
+            ),
+            (
+                &[
+                    "--resources",
+                    "cpus:1",
+                    "--priority-class",
+                    "high",
+                    "--",
+                    "true",
+                ],
+                "--priority-class",
+            ),
             (&["--resources", "cpus:x", "--", "true"], "--resources"),
             (&["--resources", "", "--", "true"], "--resources"),
             (

@@ -73,7 +73,10 @@ pub use session::{run, LAUNCH_DROPPED};
 /// Builds a [`TaskInfo`] that runs `command` with `sh -c` on the given resources.
 ///
 /// The task's name is its id; the master fills in the framework and agent ids. Set
-/// [`TaskInfo::env`] on the result for extra environment variables.
+/// [`TaskInfo::env`] on the result for extra environment variables, and
+/// [`TaskInfo::priority_class`] to `"base"` for a task that should run at base priority (never
+/// counted against the user's priority quota); the partition is the framework's
+/// ([`FrameworkConfig::partition`]).
 pub fn task(id: &str, command: &str, resources: &Resources) -> TaskInfo {
     TaskInfo {
         task_id: id.to_string(),

@@ -248,6 +248,7 @@ impl Session {
             user: self.config.user.clone(),
             weight: self.config.weight,
             failover_timeout_secs: self.config.failover_timeout.as_secs_f64(),
+            partition: self.config.partition.clone(),
         };
         send_or_transient(&mut connection, Message::Subscribe(subscribe)).await?;
         loop {

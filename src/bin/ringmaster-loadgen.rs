@@ -146,6 +146,7 @@ async fn sim_framework(
         user: "load".into(),
         weight: 1.0,
         failover_timeout_secs: 10.0,
+        ..Default::default()
     }))
     .await?;
     match conn.recv().await? {

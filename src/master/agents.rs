@@ -89,6 +89,7 @@ impl MasterState {
                 last_heartbeat: now,
                 tasks: HashSet::new(),
                 lost: false,
+                held_for: None,
             });
         record.hostname = register.hostname.clone();
         record.attributes = attributes;

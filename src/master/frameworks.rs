@@ -11,6 +11,7 @@ use tokio::time::{Duration, Instant};
 
 use super::state::{FrameworkRecord, MasterState, Peer, TaskKey};
 use super::ConnId;
+use crate::placement::DEFAULT_PARTITION;
 
 /// The longest failover timeout a framework may ask for: one week.
 const MAX_FAILOVER: f64 = 7.0 * 24.0 * 3600.0;
@@ -47,6 +48,21 @@ impl MasterState {
                 "Subscribe: name is empty".into(),
             );
         }
+        let partition = if subscribe.partition.is_empty() {
+            DEFAULT_PARTITION.to_string()
+        } else {
+            subscribe.partition.clone()
+        };
+        if partition
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return self.close(
+                conn,
+                ErrorCode::InvalidRequest,
+                format!("Subscribe: partition {partition:?} has spaces or control characters"),
+            );
+        }
         let id = if subscribe.framework_id.is_empty() {
             self.ids.framework()
         } else {
@@ -73,6 +89,7 @@ impl MasterState {
                 fw.disconnected_at = None;
                 fw.name = subscribe.name.clone();
                 fw.user = subscribe.user.clone();
+                fw.partition = partition.clone();
                 fw.failover_timeout = failover_timeout;
                 if fw.weight != weight {
                     fw.weight = weight;
@@ -93,6 +110,7 @@ impl MasterState {
                         key,
                         name: subscribe.name.clone(),
                         user: subscribe.user.clone(),
+                        partition: partition.clone(),
                         weight,
                         failover_timeout,
                         conn: Some(conn),

@@ -154,7 +154,7 @@ impl Metrics {
         );
         r.register(
             "preemptions",
-            "Tasks preempted to make room (no preemption is implemented yet: always 0)",
+            "Tasks killed to make room for a higher-priority demand (docs/priorities.md)",
             m.preemptions.clone(),
         );
         r.register("agents", "Known agents by state", m.agents.clone());
@@ -256,6 +256,10 @@ impl Metrics {
 
     pub(crate) fn allocation_took(&self, seconds: f64) {
         self.allocation_seconds.observe(seconds);
+    }
+
+    pub(crate) fn preempted(&self, victims: usize) {
+        self.preemptions.inc_by(victims as u64);
     }
 
     pub(crate) fn placed(&self, phase: Option<Phase>) {

@@ -1,23 +1,33 @@
 //! The offer cycle: batched allocation runs through the placement library, offers,
 //! accept (with validation) and decline (with refuse filters), rescinds and timeouts.
 
-use std::collections::HashSet;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashSet};
 
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{
-    Accept, Decline, ErrorCode, Message, Offer, Offers, Placement, Rescind, RunTasks, TaskInfo,
-    TaskState,
+    Accept, Decline, ErrorCode, KillTask, Message, Offer, Offers, Placement, Rescind, RunTasks,
+    TaskInfo, TaskState,
 };
 use tokio::time::{Duration, Instant};
 
 use super::pending::agent_eligible;
 use super::state::{MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
-use crate::placement::{allocate_in, Grant, PlacementContext, Request};
+use crate::placement::FrameworkKey;
+use crate::placement::{
+    allocate_in, plan_preemption, task_priority, AgentKey, Allocation, Grant, PlacementContext,
+    PreemptionPlan, Priority, Request, RunningTask,
+};
+
+/// The reason KillTask and the victim's final status carry.
+pub(crate) const PREEMPTED: &str = "preempted";
 
 impl MasterState {
-    /// One allocation run: every framework with outstanding demand, lowest DRF share first,
-    /// is offered the agent the placer picks for its demand.
+    /// One allocation run: every framework with outstanding demand, highest (would-be) task
+    /// priority first and lowest DRF share first among equals, is offered the agent the placer
+    /// picks for its demand. Demands above base priority that fit nowhere then may preempt
+    /// (docs/priorities.md).
     pub(crate) fn allocate(&mut self, now: Instant) {
         self.counters.allocation_runs += 1;
         let mut requests: Vec<Request> = self
@@ -45,6 +55,13 @@ impl MasterState {
             return;
         }
         requests.sort_by_key(|r| r.framework);
+        // Priority tiers, highest first; DRF orders each tier.
+        let mut tiers: BTreeMap<Reverse<Priority>, Vec<Request>> = BTreeMap::new();
+        for r in requests {
+            let priority = self.demand_priority(r.framework, &r.demand);
+            tiers.entry(Reverse(priority)).or_default().push(r);
+        }
+        let base = self.config.priorities.base();
         let agents = &self.agents;
         let agent_by_key = &self.agent_by_key;
         let frameworks = &self.frameworks;
@@ -58,26 +75,92 @@ impl MasterState {
         };
         // The requests are the real pending demands; the balance placer weighs what blocks them.
         let mut context = PlacementContext::new(self.config.balance.clone());
-        let allocations = allocate_in(
-            &mut self.cluster,
-            &mut self.drf,
-            &mut requests,
-            Grant::WholeAgent,
-            &eligible,
-            &mut context,
-        );
+        let mut allocations: Vec<Allocation> = Vec::new();
+        for requests in tiers.values_mut() {
+            allocations.extend(allocate_in(
+                &mut self.cluster,
+                &mut self.drf,
+                requests,
+                Grant::WholeAgent,
+                &eligible,
+                &mut context,
+            ));
+        }
         // Whatever is still asked for after the run could not be placed in it.
-        self.unserved = requests
-            .iter()
+        self.unserved = tiers
+            .values()
+            .flatten()
             .filter(|r| r.count > 0)
             .map(|r| r.framework)
             .collect();
+        // Preemption, highest priority first: each unserved demand above base may evict
+        // strictly lower-priority tasks on one agent of its partition.
+        let mut plans: Vec<(FrameworkKey, Priority, PreemptionPlan<TaskKey>)> = Vec::new();
+        let mut claimed: HashSet<AgentKey> = HashSet::new();
+        for (Reverse(priority), requests) in &tiers {
+            if *priority <= base {
+                continue;
+            }
+            for r in requests.iter().filter(|r| r.count > 0) {
+                let Some(fw) = framework_by_key
+                    .get(&r.framework)
+                    .and_then(|id| frameworks.get(id))
+                else {
+                    continue;
+                };
+                // Already waiting for victims to end somewhere.
+                let waiting = agents.values().any(|a| {
+                    a.held_for
+                        .as_ref()
+                        .is_some_and(|(id, until)| *id == fw.id && *until > now)
+                });
+                if waiting {
+                    continue;
+                }
+                let running: Vec<RunningTask<TaskKey>> = self
+                    .tasks
+                    .iter()
+                    .filter(|(_, t)| !t.state.is_terminal() && t.holds_resources && !t.preempted)
+                    .filter_map(|(key, t)| {
+                        let agent = agents.get(&t.agent)?.key?;
+                        Some(RunningTask {
+                            id: key.clone(),
+                            agent,
+                            priority: t.priority,
+                            started: t.started,
+                            resources: t.resources.clone(),
+                        })
+                    })
+                    .collect();
+                let plan =
+                    plan_preemption(&self.cluster, &r.demand, *priority, &running, &|agent| {
+                        !claimed.contains(&agent) && eligible(r.framework, agent)
+                    });
+                if let Some(plan) = plan.filter(|p| !p.victims.is_empty()) {
+                    claimed.insert(plan.agent);
+                    plans.push((r.framework, *priority, plan));
+                }
+            }
+        }
+        for (framework, priority, plan) in plans {
+            self.preempt(framework, priority, plan, now);
+        }
         let timeout = self.config.master.offer_timeout;
         let placer = self.cluster.placer().to_string();
         let mut batches: Vec<(ConnId, Vec<Offer>)> = Vec::new();
         for allocation in allocations {
             let framework_id = self.framework_by_key[&allocation.framework].clone();
             let agent_id = self.agent_by_key[&allocation.agent].clone();
+            if let Some(agent) = self.agents.get_mut(&agent_id) {
+                // The room kept after a preemption reaches its framework: the hold is done.
+                if agent
+                    .held_for
+                    .as_ref()
+                    .is_some_and(|(fw, _)| *fw == framework_id)
+                {
+                    agent.held_for = None;
+                }
+            }
             let offer_id = self.ids.offer();
             let agent = &self.agents[&agent_id];
             let offer = Offer {
@@ -132,6 +215,66 @@ impl MasterState {
         for (conn, offers) in batches {
             self.send(conn, Message::Offers(Offers { offers }));
         }
+    }
+
+    /// The priority a framework's next task would get now (its user's, within quota).
+    pub(crate) fn demand_priority(&self, framework: FrameworkKey, demand: &Resources) -> Priority {
+        self.framework_by_key
+            .get(&framework)
+            .and_then(|id| self.frameworks.get(id))
+            .map(|f| {
+                task_priority(
+                    &self.config.priorities,
+                    &self.ledger,
+                    &f.user,
+                    &f.partition,
+                    demand,
+                )
+                .priority
+            })
+            .unwrap_or(self.config.priorities.base())
+    }
+
+    /// Kills a plan's victims with reason `preempted` and keeps their agent for the
+    /// preempting framework for `offer_timeout`.
+    fn preempt(
+        &mut self,
+        framework: FrameworkKey,
+        priority: Priority,
+        plan: PreemptionPlan<TaskKey>,
+        now: Instant,
+    ) {
+        let Some(framework_id) = self.framework_by_key.get(&framework).cloned() else {
+            return;
+        };
+        let Some(agent_id) = self.agent_by_key.get(&plan.agent).cloned() else {
+            return;
+        };
+        let Some(agent) = self.agents.get_mut(&agent_id) else {
+            return;
+        };
+        agent.held_for = Some((framework_id.clone(), now + self.config.master.offer_timeout));
+        let agent_conn = agent.conn;
+        for victim in &plan.victims {
+            let Some(task) = self.tasks.get_mut(victim) else {
+                continue;
+            };
+            task.preempted = true;
+            tracing::info!(framework = %framework_id, priority, victim_framework = %victim.0,
+                victim = %victim.1, victim_priority = task.priority, agent = %agent_id, "preempting");
+            if let Some(conn) = agent_conn {
+                self.send(
+                    conn,
+                    Message::KillTask(KillTask {
+                        task_id: victim.1.clone(),
+                        framework_id: victim.0.clone(),
+                        reason: PREEMPTED.into(),
+                    }),
+                );
+            }
+        }
+        self.counters.preemptions += plan.victims.len() as u64;
+        self.metrics.preempted(plan.victims.len());
     }
 
     /// Takes an offer out of the books and returns its resources to the pool.
@@ -306,8 +449,29 @@ impl MasterState {
                 format!("Accept: agent {agent_id} of offer {offer_id} is gone; nothing launched"),
             );
         };
+        let (user, partition) = self
+            .frameworks
+            .get(framework_id)
+            .map(|f| (f.user.clone(), f.partition.clone()))
+            .unwrap_or_default();
         let mut launch = Vec::with_capacity(tasks.len());
         for (mut info, resources) in tasks {
+            let (priority, at_user_priority) = if info.priority_class == "base" {
+                (self.config.priorities.base(), false)
+            } else {
+                let p = task_priority(
+                    &self.config.priorities,
+                    &self.ledger,
+                    &user,
+                    &partition,
+                    &resources,
+                );
+                (p.priority, p.at_user_priority)
+            };
+            if at_user_priority {
+                self.ledger.start(&user, &partition, &resources);
+            }
+            self.launches += 1;
             let task_key: TaskKey = (framework_id.to_string(), info.task_id.clone());
             info.framework_id = framework_id.to_string();
             info.agent_id = agent_id.clone();
@@ -321,6 +485,12 @@ impl MasterState {
                     reason: String::new(),
                     message: String::new(),
                     holds_resources: false,
+                    priority,
+                    at_user_priority,
+                    user: user.clone(),
+                    partition: partition.clone(),
+                    started: self.launches,
+                    preempted: false,
                 },
             );
             self.hold_task_resources(&task_key, &agent_id, &resources);
@@ -332,7 +502,7 @@ impl MasterState {
             }
             self.counters.tasks_launched += 1;
             tracing::info!(framework = %framework_id, task = %info.task_id, agent = %agent_id,
-                resources = %resources, "launch");
+                resources = %resources, priority, "launch");
             self.set_task_state(&task_key, TaskState::TaskStaging, "", "", now);
             launch.push(info);
         }
@@ -374,6 +544,12 @@ impl MasterState {
                 .is_some_and(|t| !t.state.is_terminal())
             {
                 return Err(format!("task id {id} is already in use by this framework"));
+            }
+            if !matches!(info.priority_class.as_str(), "" | "user" | "base") {
+                return Err(format!(
+                    "task {id} has priority_class {:?} (expected \"user\", \"base\" or empty)",
+                    info.priority_class
+                ));
             }
             if info.command.trim().is_empty() {
                 return Err(format!("task {id} has an empty command"));

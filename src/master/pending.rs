@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::metrics::add_saturating;
 use super::state::{AgentRecord, FrameworkRecord, MasterState};
-use crate::placement::AgentKey;
+use crate::placement::{task_priority, AgentKey};
 
 /// A framework's demand the master cannot serve now, and why.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -57,8 +57,9 @@ pub struct Health {
     pub uptime_secs: f64,
 }
 
-/// The allocator's eligibility rule: the agent is connected and the framework has no live
-/// decline filter on it. One function, so "why" counts exactly the agents allocation would try.
+/// The allocator's eligibility rule: the agent is connected, in the framework's partition, not
+/// held for another framework after a preemption, and the framework has no live decline filter
+/// on it. One function, so "why" counts exactly the agents allocation would try.
 pub(crate) fn agent_eligible(
     agent: Option<&AgentRecord>,
     framework: &FrameworkRecord,
@@ -68,6 +69,11 @@ pub(crate) fn agent_eligible(
         return false;
     };
     agent.conn.is_some()
+        && agent.partition() == framework.partition
+        && agent
+            .held_for
+            .as_ref()
+            .is_none_or(|(fw, until)| *fw == framework.id || *until <= now)
         && framework
             .filters
             .get(&agent.id)
@@ -126,13 +132,17 @@ impl MasterState {
                 // Not tried yet (the next run is at most `allocation_interval` away).
                 continue;
             }
+            let mut text = why.to_string();
+            if let Some(priority) = self.priority_why(f, now) {
+                text = format!("{text}; {priority}");
+            }
             out.push(PendingView {
                 framework: f.id.clone(),
                 name: f.name.clone(),
                 demand: f.demand.to_string(),
                 count,
                 unserved_last_run,
-                why: why.to_string(),
+                why: text,
                 agents: why.agents,
                 short: why.short.clone(),
                 not_eligible: why.not_eligible,
@@ -141,6 +151,33 @@ impl MasterState {
         }
         out.sort_by(|a, b| a.framework.cmp(&b.framework));
         out
+    }
+
+    /// The priority side of "why pending", when priorities concern the framework (its user
+    /// has a priority in its partition, or it waits for preempted tasks): e.g. `over priority
+    /// quota in partition gpu: running gpus:6 of gpus:8, task needs gpus:4 → base priority;
+    /// base-priority demands never preempt`.
+    fn priority_why(&self, f: &FrameworkRecord, now: Instant) -> Option<String> {
+        let held = self.agents.values().find(|a| {
+            a.held_for
+                .as_ref()
+                .is_some_and(|(id, until)| *id == f.id && *until > now)
+        });
+        if let Some(agent) = held {
+            return Some(format!(
+                "waiting for preempted tasks to end on agent {}",
+                agent.id
+            ));
+        }
+        let config = &self.config.priorities;
+        config.grant(&f.user, &f.partition)?;
+        let p = task_priority(config, &self.ledger, &f.user, &f.partition, &f.demand);
+        let tail = if p.priority > config.base() {
+            "no lower-priority victims on any agent"
+        } else {
+            "base-priority demands never preempt"
+        };
+        Some(format!("{}; {tail}", p.reason))
     }
 
     pub(crate) fn health(&self, now: Instant) -> Health {

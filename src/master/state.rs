@@ -19,7 +19,9 @@ use super::metrics::Metrics;
 use super::pending::PendingView;
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;
-use crate::placement::{AgentKey, Cluster, DrfSorter, FrameworkKey};
+use crate::placement::{
+    AgentKey, Cluster, DrfSorter, FrameworkKey, Priority, QuotaLedger, DEFAULT_PARTITION,
+};
 
 /// How many ended tasks the master remembers (for reconciliation and `/state`).
 pub(crate) const FINISHED_TASKS_KEPT: usize = 10_000;
@@ -40,6 +42,19 @@ pub(crate) struct AgentRecord {
     pub last_heartbeat: Instant,
     pub tasks: HashSet<TaskKey>,
     pub lost: bool,
+    /// After a preemption: the framework the freed room is kept for, until the instant.
+    pub held_for: Option<(String, Instant)>,
+}
+
+impl AgentRecord {
+    /// The agent's partition: its `partition` attribute, else `default`.
+    pub fn partition(&self) -> &str {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == "partition")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or(DEFAULT_PARTITION)
+    }
 }
 
 pub(crate) struct FrameworkRecord {
@@ -47,6 +62,8 @@ pub(crate) struct FrameworkRecord {
     pub key: FrameworkKey,
     pub name: String,
     pub user: String,
+    /// The partition its tasks run in (`default` when the Subscribe named none).
+    pub partition: String,
     pub weight: f64,
     pub failover_timeout: Duration,
     pub conn: Option<ConnId>,
@@ -84,6 +101,16 @@ pub(crate) struct TaskRecord {
     pub message: String,
     /// Whether the task's resources are currently counted as used on its agent.
     pub holds_resources: bool,
+    /// The priority set at accept time (docs/priorities.md).
+    pub priority: Priority,
+    /// Runs at its user's priority, so it counts against the quota of (user, partition).
+    pub at_user_priority: bool,
+    pub user: String,
+    pub partition: String,
+    /// Launch order, for choosing preemption victims (most recent first).
+    pub started: u64,
+    /// Killed to make room for a higher-priority demand: ends KILLED with reason `preempted`.
+    pub preempted: bool,
 }
 
 /// Who is on the other end of a connection.
@@ -123,6 +150,10 @@ pub struct MasterState {
     pub(crate) unserved: HashSet<FrameworkKey>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) started: Instant,
+    /// Resources held at user priority per (user, partition): what counts against quotas.
+    pub(crate) ledger: QuotaLedger,
+    /// Launch counter: the next task's start order.
+    pub(crate) launches: u64,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -137,6 +168,8 @@ pub struct Counters {
     pub agents_lost: u64,
     pub frameworks_removed: u64,
     pub errors_sent: u64,
+    /// Tasks killed to make room for a higher-priority demand.
+    pub preemptions: u64,
 }
 
 impl MasterState {
@@ -163,6 +196,8 @@ impl MasterState {
             unserved: HashSet::new(),
             metrics,
             started: Instant::now(),
+            ledger: QuotaLedger::default(),
+            launches: 0,
         }
     }
 
@@ -424,8 +459,8 @@ pub struct TaskView {
     pub resources: String,
     pub state: String,
     pub reason: String,
-    /// Task priorities are not in the protocol yet: always `null`.
-    pub priority: Option<i32>,
+    /// The priority the master gave the task at launch (docs/priorities.md).
+    pub priority: Option<Priority>,
     /// Device assignment (GPUs by index) is not in the protocol yet: always empty.
     pub devices: Vec<String>,
 }
@@ -539,7 +574,7 @@ impl MasterState {
                 resources: t.resources.to_string(),
                 state: t.state.short_name().to_string(),
                 reason: t.reason.clone(),
-                priority: None,
+                priority: Some(t.priority),
                 devices: Vec::new(),
             })
             .collect();

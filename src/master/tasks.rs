@@ -101,6 +101,21 @@ impl MasterState {
             return;
         }
         let agent_id = task.agent.clone();
+        // A preempted task ends KILLED with reason `preempted`, whatever the agent says
+        // (the process may report a signal exit or another reason); LOST stays LOST.
+        let (state, reason) = if task.preempted && state != TaskState::TaskLost {
+            (TaskState::TaskKilled, "preempted")
+        } else {
+            (state, reason)
+        };
+        if task.at_user_priority {
+            let (user, partition, resources) = (
+                task.user.clone(),
+                task.partition.clone(),
+                task.resources.clone(),
+            );
+            self.ledger.end(&user, &partition, &resources);
+        }
         self.release_task_resources(task_key);
         if let Some(agent) = self.agents.get_mut(&agent_id) {
             agent.tasks.remove(task_key);

@@ -9,6 +9,7 @@
 //!   [`PlacementContext`] it needs; [`node_preference`]: least-requested, most-balanced (seed 004);
 //! - [`drf`]: the weighted dominant-resource-fairness order of frameworks;
 //! - [`allocation`]: one allocation step joining the two;
+//! - [`priority`]: user priorities, priority quotas and preemption plans (seed 003);
 //! - [`why`]: a readable reason when nothing fits;
 //! - [`matching`]: a whole burst of deadline-bound tasks matched at once (SPEC seed 002).
 
@@ -18,6 +19,7 @@ pub mod drf;
 pub mod matching;
 pub mod node_preference;
 pub mod placer;
+pub mod priority;
 pub mod ring_set;
 pub mod rings;
 pub mod why;
@@ -33,6 +35,10 @@ pub use balance::{BalanceNote, BalancePlacer, BalanceSettings, PlacementContext}
 pub use drf::DrfSorter;
 pub use node_preference::{LeastRequested, MostBalanced};
 pub use placer::{Decision, FirstFit, LinearBestFit, Phase, Placer, PlacerKind, RingPlacer};
+pub use priority::{
+    plan_preemption, task_priority, PreemptionPlan, Priority, PriorityConfig, QuotaLedger,
+    RunningTask, TaskPriority, UserGrant, DEFAULT_PARTITION,
+};
 pub use ring_set::RingSet;
 pub use ringmaster_proto::resources::{ResourceError, Resources};
 pub use rings::{RingLayout, RingLayoutError, RingSpec, RingsConfig};

@@ -183,6 +183,7 @@ impl Client {
             user: "tester".into(),
             weight,
             failover_timeout_secs: failover_secs,
+            ..Default::default()
         }))
         .await;
         c.id = c
