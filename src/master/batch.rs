@@ -211,36 +211,10 @@ impl MasterState {
             let Some(info) = task.task else {
                 return Err(format!("task #{i} has no TaskInfo"));
             };
+            let resources = self
+                .check_task(framework_id, &info, &mut seen)
+                .map_err(|e| format!("task #{i}: {e}"))?;
             let id = info.task_id.clone();
-            if id.is_empty() {
-                return Err(format!("task #{i} has an empty task_id"));
-            }
-            if id.len() > 256
-                || id.contains('/')
-                || id.chars().any(char::is_control)
-                || id == "."
-                || id == ".."
-            {
-                return Err(format!("task id {id:?} is not allowed (at most 256 characters, no `/` or control characters)"));
-            }
-            if !seen.insert(id.clone()) {
-                return Err(format!("task id {id} appears twice"));
-            }
-            if self
-                .tasks
-                .get(&(framework_id.to_string(), id.clone()))
-                .is_some_and(|t| !t.state.is_terminal())
-            {
-                return Err(format!("task id {id} is already in use by this framework"));
-            }
-            if info.command.trim().is_empty() {
-                return Err(format!("task {id} has an empty command"));
-            }
-            let resources = Resources::from_wire(info.resources.as_ref())
-                .map_err(|e| format!("task {id} has bad resources: {e}"))?;
-            if resources.is_empty() {
-                return Err(format!("task {id} asks for no resources"));
-            }
             let positive = |x: f64| x.is_finite() && x > 0.0;
             if !positive(task.deadline_secs) {
                 return Err(format!(

@@ -523,42 +523,7 @@ impl MasterState {
         let mut sum = Resources::new();
         let mut out = Vec::with_capacity(tasks.len());
         for info in tasks {
-            let id = info.task_id.clone();
-            if id.is_empty() {
-                return Err("a task has an empty task_id".into());
-            }
-            if id.len() > 256
-                || id.contains('/')
-                || id.chars().any(char::is_control)
-                || id == "."
-                || id == ".."
-            {
-                return Err(format!("task id {id:?} is not allowed (at most 256 characters, no `/` or control characters)"));
-            }
-            if !seen.insert(id.clone()) {
-                return Err(format!("task id {id} appears twice"));
-            }
-            if self
-                .tasks
-                .get(&(framework_id.to_string(), id.clone()))
-                .is_some_and(|t| !t.state.is_terminal())
-            {
-                return Err(format!("task id {id} is already in use by this framework"));
-            }
-            if !matches!(info.priority_class.as_str(), "" | "user" | "base") {
-                return Err(format!(
-                    "task {id} has priority_class {:?} (expected \"user\", \"base\" or empty)",
-                    info.priority_class
-                ));
-            }
-            if info.command.trim().is_empty() {
-                return Err(format!("task {id} has an empty command"));
-            }
-            let resources = Resources::from_wire(info.resources.as_ref())
-                .map_err(|e| format!("task {id} has bad resources: {e}"))?;
-            if resources.is_empty() {
-                return Err(format!("task {id} asks for no resources"));
-            }
+            let resources = self.check_task(framework_id, &info, &mut seen)?;
             sum = sum
                 .checked_add(&resources)
                 .map_err(|e| format!("task resources overflow: {e}"))?;
@@ -572,5 +537,52 @@ impl MasterState {
             ));
         }
         Ok(out)
+    }
+
+    /// The checks every task to be launched must pass (from an Accept or a batch): a usable,
+    /// unique id, a known priority class, a command, and non-empty resources, which it returns.
+    pub(crate) fn check_task(
+        &self,
+        framework_id: &str,
+        info: &TaskInfo,
+        seen: &mut HashSet<String>,
+    ) -> Result<Resources, String> {
+        let id = &info.task_id;
+        if id.is_empty() {
+            return Err("a task has an empty task_id".into());
+        }
+        if id.len() > 256
+            || id.contains('/')
+            || id.chars().any(char::is_control)
+            || id == "."
+            || id == ".."
+        {
+            return Err(format!("task id {id:?} is not allowed (at most 256 characters, no `/` or control characters)"));
+        }
+        if !seen.insert(id.clone()) {
+            return Err(format!("task id {id} appears twice"));
+        }
+        if self
+            .tasks
+            .get(&(framework_id.to_string(), id.clone()))
+            .is_some_and(|t| !t.state.is_terminal())
+        {
+            return Err(format!("task id {id} is already in use by this framework"));
+        }
+        if !matches!(info.priority_class.as_str(), "" | "user" | "base") {
+            return Err(format!(
+                "task {id} has priority_class {:?} (expected \"user\", \"base\" or empty)",
+                info.priority_class
+            ));
+        }
+        if info.command.trim().is_empty() {
+            return Err(format!("task {id} has an empty command"));
+        }
+        let resources = Resources::from_wire(info.resources.as_ref())
+            .map_err(|e| format!("task {id} has bad resources: {e}"))?;
+        if resources.is_empty() {
+            return Err(format!("task {id} asks for no resources"));
+        }
+        Ok(resources)
     }
 }
