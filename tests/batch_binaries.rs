@@ -2,123 +2,9 @@
 //! `ringmaster-agent` processes reporting `cpu_speed` as an attribute, and
 //! `ringmaster-exec --batch FILE` running real processes.
 
-use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+mod processes;
 
-const WAIT: Duration = Duration::from_secs(30);
-
-/// Kills the child when dropped, so a failing test leaves no process behind.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `ringmaster serve`; returns it, its address, and a channel of its log lines.
-fn start_master(config: &Path) -> (Proc, String, mpsc::Receiver<String>) {
-    let mut master = Proc(
-        Command::new(env!("CARGO_BIN_EXE_ringmaster"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start ringmaster serve"),
-    );
-    let stderr = master.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("master logs its address");
-        if let Some(pos) = line.find("addr=") {
-            let addr: String = line[pos + 5..]
-                .chars()
-                .take_while(|c| !c.is_whitespace())
-                .collect();
-            return (master, addr, rx);
-        }
-    }
-}
-
-fn start_agent(master: &str, id: &str, resources: &str, attributes: &str, work_dir: &Path) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_ringmaster-agent"))
-        .args([
-            "--master",
-            master,
-            "--id",
-            id,
-            "--resources",
-            resources,
-            "--attributes",
-            attributes,
-            "--work-dir",
-        ])
-        .arg(work_dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start ringmaster-agent");
-    Proc(child)
-}
-
-/// Waits until the master has logged `agent registered` for every id.
-fn wait_registered(logs: &mpsc::Receiver<String>, ids: &[&str]) {
-    let deadline = Instant::now() + WAIT;
-    let mut missing: Vec<&str> = ids.to_vec();
-    while !missing.is_empty() {
-        let line = logs
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .unwrap_or_else(|_| panic!("agents {missing:?} did not register"));
-        if line.contains("agent registered") {
-            missing.retain(|id| !line.contains(&format!("agent={id} ")));
-        }
-    }
-}
-
-/// Runs ringmaster-exec to completion (with a timeout) and returns (exit code, stdout).
-fn exec(master: &str, args: &[&str]) -> (i32, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
-        .args(["--master", master])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start ringmaster-exec");
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut out = String::new();
-            child
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_string(&mut out)
-                .unwrap();
-            return (status.code().unwrap_or(-1), out);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("ringmaster-exec did not finish within {WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use processes::*;
 
 #[test]
 fn exec_batch_runs_the_matched_tasks_and_reports_the_rest() {
@@ -130,19 +16,19 @@ fn exec_batch_runs_the_matched_tasks_and_reports_the_rest() {
     )
     .unwrap();
     let (_master, addr, logs) = start_master(&config);
-    let _fast = start_agent(
+    let _fast = start_agent_with(
         &addr,
         "fast",
         "cpus:2;mem:512",
-        "cpu_speed:4;unit_cost:2",
         &dir.path().join("fast"),
+        &["--attributes", "cpu_speed:4;unit_cost:2"],
     );
-    let _slow = start_agent(
+    let _slow = start_agent_with(
         &addr,
         "slow",
         "cpus:2;mem:512",
-        "cpu_speed:1",
         &dir.path().join("slow"),
+        &["--attributes", "cpu_speed:1"],
     );
     wait_registered(&logs, &["fast", "slow"]);
 

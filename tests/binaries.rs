@@ -1,112 +1,14 @@
 //! The real binaries end to end: `ringmaster serve`, two `ringmaster-agent` processes and
 //! `ringmaster-exec`, talking over loopback TCP, running real processes.
 
+mod processes;
+
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-const WAIT: Duration = Duration::from_secs(30);
-
-/// Kills the child when dropped, so a failing test leaves no process behind.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `ringmaster serve` on an ephemeral port and returns it with the address it logged.
-fn start_master(config: &Path) -> (Proc, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringmaster"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start ringmaster serve");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(pos) = line.find("addr=") {
-                let addr: String = line[pos + 5..]
-                    .chars()
-                    .take_while(|c| !c.is_whitespace())
-                    .collect();
-                let _ = tx.send(addr);
-            }
-        }
-    });
-    let addr = rx.recv_timeout(WAIT).expect("master logs its address");
-    (Proc(child), addr)
-}
-
-fn start_agent(master: &str, id: &str, resources: &str, work_dir: &Path) -> Proc {
-    start_agent_with(master, id, resources, work_dir, &[])
-}
-
-fn start_agent_with(
-    master: &str,
-    id: &str,
-    resources: &str,
-    work_dir: &Path,
-    extra: &[&str],
-) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_ringmaster-agent"))
-        .args(extra)
-        .args([
-            "--master",
-            master,
-            "--id",
-            id,
-            "--resources",
-            resources,
-            "--work-dir",
-        ])
-        .arg(work_dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start ringmaster-agent");
-    Proc(child)
-}
-
-/// Runs ringmaster-exec to completion (with a timeout) and returns (exit code, stdout).
-fn exec(master: &str, args: &[&str]) -> (i32, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
-        .args(["--master", master])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start ringmaster-exec");
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut out = String::new();
-            use std::io::Read;
-            child
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_string(&mut out)
-                .unwrap();
-            return (status.code().unwrap_or(-1), out);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("ringmaster-exec did not finish within {WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use processes::*;
 
 #[test]
 fn serve_agents_and_exec_run_real_tasks() {
@@ -117,7 +19,7 @@ fn serve_agents_and_exec_run_real_tasks() {
         "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n",
     )
     .unwrap();
-    let (_master, addr) = start_master(&config);
+    let (_master, addr, _logs) = start_master(&config);
     let _small = start_agent(
         &addr,
         "small",
@@ -247,7 +149,7 @@ fn high_priority_exec_preempts_a_low_priority_one() {
          priorities:\n  partitions: [default, gpu]\n  users:\n    alice: { gpu: { priority: 10, quota: \"gpus:4\" } }\n",
     )
     .unwrap();
-    let (_master, addr) = start_master(&config);
+    let (_master, addr, _logs) = start_master(&config);
     let _gpu = start_agent_with(
         &addr,
         "g1",
