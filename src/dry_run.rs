@@ -576,15 +576,7 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
             free: a.free.to_string(),
         })
         .collect();
-    let total = cluster.total().clone();
-    let shares = Shares(
-        scenario
-            .frameworks
-            .iter()
-            .enumerate()
-            .map(|(fw, (name, _))| (name.clone(), four_decimals(drf.share(fw, &total))))
-            .collect(),
-    );
+    let shares = final_shares(scenario, &drf, &cluster);
     DryRun {
         placed,
         events: Vec::new(),
@@ -802,15 +794,7 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
                 .unwrap_or_default(),
         })
         .collect();
-    let total = cluster.total().clone();
-    let shares = Shares(
-        scenario
-            .frameworks
-            .iter()
-            .enumerate()
-            .map(|(fw, (name, _))| (name.clone(), four_decimals(drf.share(fw, &total))))
-            .collect(),
-    );
+    let shares = final_shares(scenario, &drf, &cluster);
     DryRun {
         placed,
         events,
@@ -848,6 +832,19 @@ pub fn place(
         lines.extend(crate::dry_run_batch::run(batch, &config.matching, &agents));
     }
     Ok(lines)
+}
+
+/// Each framework's weighted dominant share at the end, to four decimals.
+fn final_shares(scenario: &Scenario, drf: &DrfSorter, cluster: &Cluster) -> Shares {
+    let total = cluster.total();
+    Shares(
+        scenario
+            .frameworks
+            .iter()
+            .enumerate()
+            .map(|(fw, (name, _))| (name.clone(), four_decimals(drf.share(fw, total))))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
