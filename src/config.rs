@@ -481,6 +481,8 @@ struct RawConfig {
     master: Option<RawMaster>,
     matching: Option<RawMatching>,
     priorities: Option<RawPriorities>,
+    tls: Option<crate::security::RawTls>,
+    auth: Option<crate::security::RawAuth>,
 }
 
 /// The `matching:` section: coefficients of the batch-matching scores.
@@ -618,6 +620,10 @@ pub struct Config {
     pub matching: MatchingCoefficients,
     /// User priorities, quotas and partitions (no users: everything at base, no preemption).
     pub priorities: PriorityConfig,
+    /// TLS material of the protocol listener; `None` serves plain TCP (docs/security.md).
+    pub tls: Option<ringmaster_proto::transport::TlsServerFiles>,
+    /// Principals and what they may do (default: nobody is asked to authenticate).
+    pub auth: crate::security::AuthConfig,
 }
 
 /// The `balance:` section as written (checked after parsing, with its lines).
@@ -738,6 +744,12 @@ impl Config {
         }
         if let Some(p) = &raw.priorities {
             config.priorities = apply_priorities(&source, &["priorities".into()], p)?;
+        }
+        if let Some(t) = &raw.tls {
+            config.tls = Some(crate::security::apply_tls(&source, &["tls".into()], t)?);
+        }
+        if let Some(a) = &raw.auth {
+            config.auth = crate::security::apply_auth(&source, &["auth".into()], a)?;
         }
         if let Some(m) = &raw.master {
             let out = &mut config.master;
