@@ -198,6 +198,7 @@ fn config(master: &str, work_dir: &Path, resources: &str) -> AgentConfig {
         work_dir: work_dir.to_path_buf(),
         kill_grace: Duration::from_millis(500),
         reconnect_max_backoff: Duration::from_millis(200),
+        security: Default::default(),
     }
 }
 

@@ -17,6 +17,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use crate::security::{AuthRole, Credential};
+use crate::{Authenticate, HelloAck};
+
 /// Anything a connection can run over.
 pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> ByteStream for T {}
@@ -227,6 +230,80 @@ pub async fn connect(
             format!("connecting to {addr} timed out after {timeout:?}"),
         )
     })?
+}
+
+/// How a client secures its connections: TLS (when the master serves TLS) and a credential
+/// (when it authenticates). The default is plain TCP and anonymous, as before security existed.
+#[derive(Clone, Debug, Default)]
+pub struct ClientSecurity {
+    pub tls: Option<TlsClient>,
+    pub credential: Option<Credential>,
+}
+
+impl PartialEq for ClientSecurity {
+    fn eq(&self, other: &Self) -> bool {
+        self.tls.as_ref().map(TlsClient::ca) == other.tls.as_ref().map(TlsClient::ca)
+            && self.credential == other.credential
+    }
+}
+
+impl ClientSecurity {
+    /// Builds the security of a command-line client from its flags (`--tls-ca`, `--tls-cert`,
+    /// `--tls-key`, `--principal`, `--secret-file`), checking they come in usable combinations.
+    /// Errors name the flag and the file.
+    pub fn from_flags(
+        tls_ca: Option<&Path>,
+        tls_cert: Option<&Path>,
+        tls_key: Option<&Path>,
+        principal: Option<&str>,
+        secret_file: Option<&Path>,
+    ) -> Result<Self, String> {
+        let identity = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err("--tls-cert and --tls-key go together".into()),
+        };
+        let tls = match tls_ca {
+            Some(ca) => Some(TlsClient::load(ca, identity).map_err(|e| format!("--tls-ca: {e}"))?),
+            None if identity.is_some() => {
+                return Err("--tls-cert/--tls-key need --tls-ca (the CA of the master)".into())
+            }
+            None => None,
+        };
+        let credential = match (principal, secret_file) {
+            (Some(principal), Some(file)) => Some(
+                Credential::from_secret_file(principal, file)
+                    .map_err(|e| format!("--principal/--secret-file: {e}"))?,
+            ),
+            (None, None) => None,
+            (Some(_), None) => return Err("--principal needs --secret-file".into()),
+            (None, Some(_)) => return Err("--secret-file needs --principal".into()),
+        };
+        Ok(ClientSecurity { tls, credential })
+    }
+
+    /// Connects to `addr` (over TLS when configured); see [`connect`].
+    pub async fn connect(&self, addr: &str, timeout: Duration) -> io::Result<BoxedStream> {
+        connect(addr, self.tls.as_ref(), timeout).await
+    }
+
+    /// What to send after `ack` for `role`: `Ok(Some(Authenticate))` with a credential,
+    /// `Ok(None)` to go on anonymously, `Err` when the master requires authentication and this
+    /// client has no credential (retrying cannot help).
+    pub fn authenticate(
+        &self,
+        ack: &HelloAck,
+        role: AuthRole,
+    ) -> Result<Option<Authenticate>, String> {
+        match &self.credential {
+            Some(credential) => Ok(Some(credential.answer(ack, role))),
+            None if ack.auth_required => Err(format!(
+                "the master requires authentication: give this {role} a principal and its \
+                 secret (--principal NAME --secret-file FILE)"
+            )),
+            None => Ok(None),
+        }
+    }
 }
 
 #[cfg(test)]
