@@ -98,8 +98,11 @@ async fn secure_and_handle(
     let stream: BoxedStream = match tls {
         None => Box::new(stream),
         Some(acceptor) => {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept_tls(acceptor, stream, peer))
-                .await
+            match tokio::time::timeout(
+                HANDSHAKE_TIMEOUT,
+                accept_tls(acceptor, stream, peer, &metrics),
+            )
+            .await
             {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(Some(reason))) => {
@@ -119,11 +122,12 @@ async fn secure_and_handle(
 }
 
 /// The TLS handshake. `Err(Some(reason))`: a failure to count; `Err(None)`: the peer left
-/// before sending anything.
+/// before sending anything, or was refused and counted already.
 async fn accept_tls(
     acceptor: TlsAcceptor,
     stream: TcpStream,
     peer: SocketAddr,
+    metrics: &Metrics,
 ) -> Result<BoxedStream, Option<&'static str>> {
     let mut first = [0u8; 1];
     match stream.peek(&mut first).await {
@@ -132,8 +136,10 @@ async fn accept_tls(
     }
     if first[0] != TLS_HANDSHAKE_RECORD {
         tracing::warn!(%peer, "plain bytes on the TLS port: refused with TLS_REQUIRED");
+        // Counted before the (bounded) graceful close, which waits for the client to go.
+        metrics.tls_failed("plaintext");
         refuse_plaintext(stream).await;
-        return Err(Some("plaintext"));
+        return Err(None);
     }
     match acceptor.accept(stream).await {
         Ok(tls) => Ok(Box::new(tls)),
