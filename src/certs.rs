@@ -208,7 +208,10 @@ mod tests {
         {
             use std::os::unix::fs::PermissionsExt as _;
             for key in ["ca.key", "master.key", "client-agent1.key"] {
-                let mode = std::fs::metadata(out.join(key)).unwrap().permissions().mode();
+                let mode = std::fs::metadata(out.join(key))
+                    .unwrap()
+                    .permissions()
+                    .mode();
                 assert_eq!(mode & 0o777, 0o600, "{key}");
             }
         }
@@ -220,7 +223,10 @@ mod tests {
         server.acceptor().unwrap();
         TlsClient::load(
             &out.join("ca.pem"),
-            Some((&out.join("client-agent1.pem"), &out.join("client-agent1.key"))),
+            Some((
+                &out.join("client-agent1.pem"),
+                &out.join("client-agent1.key"),
+            )),
         )
         .unwrap();
         let err = write_dev_certs(&out, &[], &[], false)

@@ -177,7 +177,8 @@ pub fn apply_auth(
     }
     let mut principals = BTreeMap::new();
     for (name, p) in &raw.principals {
-        check_principal(name).map_err(|e| source.error(&path(&["principals", name]), e.to_string()))?;
+        check_principal(name)
+            .map_err(|e| source.error(&path(&["principals", name]), e.to_string()))?;
         let secret = match (&p.secret, &p.secret_file) {
             (Some(_), Some(_)) => {
                 return Err(source.error(
@@ -315,8 +316,13 @@ auth:
             ("auth:\n  principals:\n    p: { secret: s, roles: [agent], colour: red }\n", "cluster.yaml:3", "colour"),
         ];
         for (text, prefix, word) in cases {
-            let err = Config::from_yaml(text, "cluster.yaml").unwrap_err().to_string();
-            assert!(err.starts_with(prefix), "{err:?} should start with {prefix:?}");
+            let err = Config::from_yaml(text, "cluster.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(prefix),
+                "{err:?} should start with {prefix:?}"
+            );
             assert!(err.contains(word), "{err:?} should mention {word}");
         }
     }

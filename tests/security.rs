@@ -42,7 +42,8 @@ impl Fixture {
 
     /// A config with `tls` on or off and `required` authentication.
     fn config(&self, tls: bool, required: bool) -> Config {
-        let mut yaml = String::from("master:\n  allocation_interval: 5ms\n  heartbeat_interval: 100ms\n");
+        let mut yaml =
+            String::from("master:\n  allocation_interval: 5ms\n  heartbeat_interval: 100ms\n");
         if tls {
             yaml.push_str("tls:\n  cert: certs/master.pem\n  key: certs/master.key\n");
         }
@@ -134,10 +135,7 @@ impl Peer {
     async fn authenticate(&mut self, principal: &str, secret: &str, role: AuthRole) -> Message {
         let credential = Credential::new(principal, secret.as_bytes().to_vec()).unwrap();
         let answer = credential.answer(&self.ack, role);
-        self.conn
-            .send(Message::Authenticate(answer))
-            .await
-            .unwrap();
+        self.conn.send(Message::Authenticate(answer)).await.unwrap();
         self.next().await
     }
 
@@ -189,7 +187,8 @@ impl Peer {
         }
         let error = error.expect("an Error before the close");
         assert_eq!(
-            error.code, code as i32,
+            error.code,
+            code as i32,
             "expected {code:?}, got {:?}: {}",
             ErrorCode::try_from(error.code),
             error.message
@@ -251,7 +250,9 @@ async fn framework(addr: SocketAddr, tls: Option<&TlsClient>, who: &str, user: &
 
 async fn agent(addr: SocketAddr, tls: Option<&TlsClient>, id: &str) -> Peer {
     let mut peer = Peer::hello(addr, tls).await;
-    let answer = peer.authenticate("rack", "rack-secret", AuthRole::Agent).await;
+    let answer = peer
+        .authenticate("rack", "rack-secret", AuthRole::Agent)
+        .await;
     assert!(matches!(answer, Message::Authenticated(_)), "{answer:?}");
     peer.register(id).await;
     peer.registered().await;
@@ -323,20 +324,27 @@ async fn plain_client_against_a_tls_master_gets_tls_required() {
         tokio::time::timeout(WAIT, conn.recv()).await,
         Ok(Ok(None)) | Ok(Err(_))
     ));
-    assert_eq!(counter(&master, "tls_handshake_failures", "plaintext").await, 1);
+    assert_eq!(
+        counter(&master, "tls_handshake_failures", "plaintext").await,
+        1
+    );
 
     // A TLS client trusting another CA fails its handshake, and the master counts it.
     let elsewhere = tempfile::tempdir().unwrap();
     ringmaster::certs::write_dev_certs(elsewhere.path(), &[], &[], false).unwrap();
     let wrong_ca = TlsClient::load(&elsewhere.path().join("ca.pem"), None).unwrap();
-    let err = ringmaster_proto::transport::connect(&master.addr().to_string(), Some(&wrong_ca), WAIT)
-        .await
-        .err()
-        .expect("a certificate from another CA is refused");
+    let err =
+        ringmaster_proto::transport::connect(&master.addr().to_string(), Some(&wrong_ca), WAIT)
+            .await
+            .err()
+            .expect("a certificate from another CA is refused");
     assert!(err.to_string().contains("TLS handshake"), "{err}");
     let deadline = tokio::time::Instant::now() + WAIT;
     while counter(&master, "tls_handshake_failures", "handshake").await < 1 {
-        assert!(tokio::time::Instant::now() < deadline, "handshake failure not counted");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "handshake failure not counted"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     master.shutdown().await;
@@ -345,14 +353,18 @@ async fn plain_client_against_a_tls_master_gets_tls_required() {
 #[tokio::test]
 async fn mutual_tls_requires_a_client_certificate() {
     let fixture = Fixture::new();
-    let yaml = "tls:\n  cert: certs/master.pem\n  key: certs/master.key\n  client_ca: certs/ca.pem\n";
+    let yaml =
+        "tls:\n  cert: certs/master.pem\n  key: certs/master.key\n  client_ca: certs/ca.pem\n";
     let file = fixture.dir().join("mtls.yaml");
     std::fs::write(&file, yaml).unwrap();
     let master = start(Config::load(&file).unwrap()).await;
     let certs = &fixture.certs;
     let with_cert = TlsClient::load(
         &certs.join("ca.pem"),
-        Some((&certs.join("client-agent1.pem"), &certs.join("client-agent1.key"))),
+        Some((
+            &certs.join("client-agent1.pem"),
+            &certs.join("client-agent1.key"),
+        )),
     )
     .unwrap();
     let mut peer = Peer::hello(master.addr(), Some(&with_cert)).await;
@@ -413,7 +425,9 @@ async fn authentication_failures_close_the_connection_and_are_counted() {
     let mut p = Peer::hello(addr, None).await;
     assert!(p.ack.auth_required);
     p.register("x").await;
-    let message = p.expect_closed_with(ErrorCode::AuthenticationRequired).await;
+    let message = p
+        .expect_closed_with(ErrorCode::AuthenticationRequired)
+        .await;
     assert!(message.contains("--principal"), "{message}");
 
     // Wrong secret.
@@ -432,11 +446,15 @@ async fn authentication_failures_close_the_connection_and_are_counted() {
         panic!("{answer:?}")
     };
     assert_eq!(unknown.code, ErrorCode::AuthenticationFailed as i32);
-    assert!(unknown.message.contains("unknown principal or wrong secret"));
+    assert!(unknown
+        .message
+        .contains("unknown principal or wrong secret"));
 
     // A right secret for a role the principal does not have.
     let mut p = Peer::hello(addr, None).await;
-    let answer = p.authenticate("alice", "alice-secret", AuthRole::Agent).await;
+    let answer = p
+        .authenticate("alice", "alice-secret", AuthRole::Agent)
+        .await;
     assert!(
         matches!(&answer, Message::Error(e) if e.code == ErrorCode::NotAuthorized as i32),
         "{answer:?}"
@@ -472,7 +490,11 @@ async fn authentication_failures_close_the_connection_and_are_counted() {
         ("role_not_allowed", 2),
         ("user_not_allowed", 1),
     ] {
-        assert_eq!(counter(&master, "auth_failures", reason).await, count, "{reason}");
+        assert_eq!(
+            counter(&master, "auth_failures", reason).await,
+            count,
+            "{reason}"
+        );
     }
     // Nobody got in.
     let snapshot = master.snapshot().await.unwrap();
@@ -489,7 +511,9 @@ async fn a_principal_cannot_take_over_another_principals_framework_or_agent() {
     let alice_id = alice.id.clone();
     drop(alice);
     wait_for_state(&master, "alice disconnected", |s| {
-        s.frameworks.iter().any(|f| f.id == alice_id && !f.connected)
+        s.frameworks
+            .iter()
+            .any(|f| f.id == alice_id && !f.connected)
     })
     .await;
 
@@ -499,7 +523,10 @@ async fn a_principal_cannot_take_over_another_principals_framework_or_agent() {
         .await;
     bob.subscribe(&alice_id, "bob").await;
     let message = bob.expect_closed_with(ErrorCode::NotAuthorized).await;
-    assert!(message.contains("alice") && message.contains(&alice_id), "{message}");
+    assert!(
+        message.contains("alice") && message.contains(&alice_id),
+        "{message}"
+    );
     assert_eq!(counter(&master, "auth_failures", "not_owner").await, 1);
 
     // alice herself may fail over.
@@ -586,7 +613,10 @@ async fn a_framework_cannot_touch_another_frameworks_offers_or_tasks() {
             _ => None,
         })
         .await;
-    assert_eq!((run[0].task_id.as_str(), run[0].framework_id.as_str()), ("t1", alice.id.as_str()));
+    assert_eq!(
+        (run[0].task_id.as_str(), run[0].framework_id.as_str()),
+        ("t1", alice.id.as_str())
+    );
     a1.send(Message::StatusUpdate(ringmaster_proto::StatusUpdate {
         status: Some(ringmaster_proto::TaskStatus {
             task_id: "t1".into(),

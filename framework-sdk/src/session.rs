@@ -11,12 +11,12 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ringmaster_proto::security::AuthRole;
+use ringmaster_proto::transport::BoxedStream;
 use ringmaster_proto::{
     Accept, Connection, Decline, Demand, Hello, Kill, Message, Ping, Pong, Reconcile, StatusAck,
     SubmitBatch, Subscribe, Subscribed, Suppress, Teardown, PROTOCOL_VERSION,
 };
-use ringmaster_proto::security::AuthRole;
-use ringmaster_proto::transport::BoxedStream;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::time::{sleep_until, timeout};
 use tracing::{debug, info, warn};
@@ -594,13 +594,11 @@ fn refusal(error: &ProtoError, during: &str) -> AttemptError {
         | ErrorCode::AuthenticationRequired
         | ErrorCode::AuthenticationFailed
         | ErrorCode::NotAuthorized
-        | ErrorCode::TlsRequired => {
-            AttemptError::Fatal(SdkError::Refused(format!(
-                "{} in answer to {during}: {}",
-                code.as_str_name(),
-                error.message
-            )))
-        }
+        | ErrorCode::TlsRequired => AttemptError::Fatal(SdkError::Refused(format!(
+            "{} in answer to {during}: {}",
+            code.as_str_name(),
+            error.message
+        ))),
         _ => AttemptError::Transient(format!(
             "{} in answer to {during}: {}",
             code.as_str_name(),

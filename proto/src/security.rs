@@ -72,7 +72,13 @@ pub fn auth_mac(secret: &[u8], challenge: &[u8], principal: &str, role: &str) ->
 }
 
 /// True when `mac` is the right answer; the comparison takes the same time wherever it differs.
-pub fn verify_mac(secret: &[u8], challenge: &[u8], principal: &str, role: &str, mac: &[u8]) -> bool {
+pub fn verify_mac(
+    secret: &[u8],
+    challenge: &[u8],
+    principal: &str,
+    role: &str,
+    mac: &[u8],
+) -> bool {
     let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
     hmac::verify(&key, &mac_input(challenge, principal, role), mac).is_ok()
 }
@@ -193,13 +199,37 @@ mod tests {
     fn verify_accepts_only_the_exact_answer() {
         let challenge = new_challenge().unwrap();
         let mac = auth_mac(b"s3cret", &challenge, "alice", "framework");
-        assert!(verify_mac(b"s3cret", &challenge, "alice", "framework", &mac));
-        assert!(!verify_mac(b"other", &challenge, "alice", "framework", &mac));
+        assert!(verify_mac(
+            b"s3cret",
+            &challenge,
+            "alice",
+            "framework",
+            &mac
+        ));
+        assert!(!verify_mac(
+            b"other",
+            &challenge,
+            "alice",
+            "framework",
+            &mac
+        ));
         assert!(!verify_mac(b"s3cret", &challenge, "alice", "agent", &mac));
         assert!(!verify_mac(b"s3cret", &challenge, "bob", "framework", &mac));
         assert!(!verify_mac(b"s3cret", &[0; 32], "alice", "framework", &mac));
-        assert!(!verify_mac(b"s3cret", &challenge, "alice", "framework", &mac[..31]));
-        assert!(!verify_mac(b"s3cret", &challenge, "alice", "framework", &[]));
+        assert!(!verify_mac(
+            b"s3cret",
+            &challenge,
+            "alice",
+            "framework",
+            &mac[..31]
+        ));
+        assert!(!verify_mac(
+            b"s3cret",
+            &challenge,
+            "alice",
+            "framework",
+            &[]
+        ));
     }
 
     #[test]
@@ -216,7 +246,10 @@ mod tests {
         assert_eq!(read_secret_file(&file).unwrap(), b"abc");
         std::fs::write(&file, "\n").unwrap();
         let err = read_secret_file(&file).unwrap_err().to_string();
-        assert!(err.contains("is empty") && err.contains("rm-secret"), "{err}");
+        assert!(
+            err.contains("is empty") && err.contains("rm-secret"),
+            "{err}"
+        );
         let missing = dir.join("missing");
         let err = Credential::from_secret_file("p", &missing)
             .unwrap_err()

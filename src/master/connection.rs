@@ -227,26 +227,25 @@ async fn handle(
 ) {
     let mut connection = Connection::with_max_frame(stream, config.master.max_frame_bytes);
     let handshake = handshake(&mut connection, &config.auth, &metrics, peer);
-    let (opened, principal) =
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-            Ok(Ok(Some(opened))) => opened,
-            Ok(Ok(None)) => return,
-            Ok(Err(error)) => {
-                tracing::warn!(%peer, message = %error.message, "handshake refused");
-                metrics.message_sent("Error");
-                let _ = connection.send(Message::Error(error)).await;
-                return;
-            }
-            Err(_) => {
-                let error = ringmaster_proto::Error::new(
-                    ErrorCode::NotRegistered,
-                    "no Hello and RegisterAgent/Subscribe within 10 s",
-                );
-                metrics.message_sent("Error");
-                let _ = connection.send(Message::Error(error)).await;
-                return;
-            }
-        };
+    let (opened, principal) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(Some(opened))) => opened,
+        Ok(Ok(None)) => return,
+        Ok(Err(error)) => {
+            tracing::warn!(%peer, message = %error.message, "handshake refused");
+            metrics.message_sent("Error");
+            let _ = connection.send(Message::Error(error)).await;
+            return;
+        }
+        Err(_) => {
+            let error = ringmaster_proto::Error::new(
+                ErrorCode::NotRegistered,
+                "no Hello and RegisterAgent/Subscribe within 10 s",
+            );
+            metrics.message_sent("Error");
+            let _ = connection.send(Message::Error(error)).await;
+            return;
+        }
+    };
     let role = role_of(&opened).expect("handshake returns a role message");
     let (outbound_tx, mut outbound_rx) = mpsc::unbounded_channel();
     if events
@@ -406,10 +405,7 @@ where
             };
             return Err(ringmaster_proto::Error::new(
                 ErrorCode::NotRegistered,
-                format!(
-                    "{} {what}: register or subscribe first",
-                    other.kind()
-                ),
+                format!("{} {what}: register or subscribe first", other.kind()),
             ));
         }
         Err(e) => return Err(protocol_error(&e, metrics)),

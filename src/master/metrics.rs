@@ -251,7 +251,9 @@ impl Metrics {
             let _ = m.auth_failures.get_or_create(&[("reason", reason)]);
         }
         for reason in TLS_FAILURE_REASONS {
-            let _ = m.tls_handshake_failures.get_or_create(&[("reason", reason)]);
+            let _ = m
+                .tls_handshake_failures
+                .get_or_create(&[("reason", reason)]);
         }
         for phase in ["bucket", "up", "down"] {
             let _ = m.placements.get_or_create(&[("phase", phase)]);
@@ -293,7 +295,9 @@ impl Metrics {
     /// A connection refused by authentication or authorization; `reason` is one of
     /// [`AUTH_FAILURE_REASONS`].
     pub(crate) fn auth_failed(&self, reason: &'static str) {
-        self.auth_failures.get_or_create(&[("reason", reason)]).inc();
+        self.auth_failures
+            .get_or_create(&[("reason", reason)])
+            .inc();
     }
 
     /// A connection lost before or during the TLS handshake; `reason` is one of
