@@ -247,8 +247,6 @@ mod tests {
     use crate::config::Config;
     use ringmaster_proto::security::{auth_mac, AuthRole};
 
-    use super::*;
-
     #[test]
     fn reads_principals_and_checks_their_grants() {
         let dir = tempfile::tempdir().unwrap();

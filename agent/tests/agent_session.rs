@@ -59,6 +59,7 @@ impl FakeMaster {
         link.send(Message::HelloAck(HelloAck {
             protocol_version: PROTOCOL_VERSION,
             master: "fake".into(),
+            ..Default::default()
         }))
         .await;
         let register = match link.recv().await {
