@@ -287,7 +287,7 @@ auth:
             ),
             (
                 "auth:\n  principals:\n    p: { secret: s, secret_file: f, roles: [agent] }\n",
-                "auth.principals.p: ",
+                "cluster.yaml:3: auth.principals.p: ",
                 "not both",
             ),
             (
@@ -297,7 +297,7 @@ auth:
             ),
             (
                 "auth:\n  principals:\n    p: { secret: s, roles: [framework] }\n",
-                "auth.principals.p: ",
+                "cluster.yaml:3: auth.principals.p: ",
                 "needs users",
             ),
             (

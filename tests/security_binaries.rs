@@ -151,6 +151,42 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
     assert_eq!(plain.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("TLS_REQUIRED"), "{stderr}");
 
+    // An agent with a wrong secret stops (exit 1) instead of retrying forever.
+    let agent = Command::new(env!("CARGO_BIN_EXE_ringmaster-agent"))
+        .args([
+            "--master",
+            &addr,
+            "--tls-ca",
+            ca,
+            "--principal",
+            "agents",
+            "--secret-file",
+        ])
+        .arg(&wrong)
+        .args(["--resources", "cpus:1;mem:128;disk:10", "--work-dir"])
+        .arg(dir.path().join("bad-agent"))
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ringmaster-agent");
+    let mut agent = Proc(agent);
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = agent.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent kept retrying a wrong secret"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(agent.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("AUTHENTICATION_FAILED"), "{stderr}");
+
     // A missing secret file is a usage error naming the file.
     let missing = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
         .args([
