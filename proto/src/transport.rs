@@ -327,6 +327,99 @@ mod tests {
     }
 
     #[test]
+    fn security_flags_come_in_pairs() {
+        let p = Path::new;
+        let cases: [(_, _, _, _, _, &str); 5] = [
+            (
+                None,
+                Some(p("c")),
+                None,
+                None,
+                None,
+                "--tls-cert and --tls-key",
+            ),
+            (
+                None,
+                Some(p("c")),
+                Some(p("k")),
+                None,
+                None,
+                "need --tls-ca",
+            ),
+            (
+                None,
+                None,
+                None,
+                Some("alice"),
+                None,
+                "--principal needs --secret-file",
+            ),
+            (
+                None,
+                None,
+                None,
+                None,
+                Some(p("s")),
+                "--secret-file needs --principal",
+            ),
+            (
+                None,
+                None,
+                None,
+                Some("alice"),
+                Some(p("/nonexistent/alice.secret")),
+                "/nonexistent/alice.secret",
+            ),
+        ];
+        for (ca, cert, key, principal, secret, word) in cases {
+            let err = ClientSecurity::from_flags(ca, cert, key, principal, secret).unwrap_err();
+            assert!(err.contains(word), "{err:?} should mention {word}");
+        }
+        let anonymous = ClientSecurity::from_flags(None, None, None, None, None).unwrap();
+        assert_eq!(anonymous, ClientSecurity::default());
+    }
+
+    #[test]
+    fn authenticate_answers_the_challenge_or_explains_what_is_missing() {
+        let ack = HelloAck {
+            challenge: vec![9; 32],
+            auth_required: true,
+            ..Default::default()
+        };
+        let err = ClientSecurity::default()
+            .authenticate(&ack, AuthRole::Agent)
+            .unwrap_err();
+        assert!(err.contains("--principal"), "{err}");
+        let open = HelloAck {
+            auth_required: false,
+            ..ack.clone()
+        };
+        assert!(ClientSecurity::default()
+            .authenticate(&open, AuthRole::Agent)
+            .unwrap()
+            .is_none());
+        let security = ClientSecurity {
+            tls: None,
+            credential: Some(Credential::new("rack", b"s".to_vec()).unwrap()),
+        };
+        let answer = security
+            .authenticate(&ack, AuthRole::Agent)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (answer.principal.as_str(), answer.role.as_str()),
+            ("rack", "agent")
+        );
+        assert!(crate::security::verify_mac(
+            b"s",
+            &ack.challenge,
+            "rack",
+            "agent",
+            &answer.mac
+        ));
+    }
+
+    #[test]
     fn file_errors_name_the_file() {
         let missing = Path::new("/nonexistent/ringmaster/ca.pem");
         let err = TlsClient::load(missing, None).unwrap_err().to_string();
