@@ -349,7 +349,21 @@ where
         };
         let principal = answer.principal.as_str();
         let grant = auth.principals.get(principal);
-        let verified = grant.is_some_and(|g| g.verify(&challenge, principal, role, &answer.mac));
+        let verified = match grant {
+            Some(g) => g.verify(&challenge, principal, role, &answer.mac),
+            None => {
+                // Spend the same HMAC work as for a known principal, so the answer's timing
+                // does not tell which principals exist.
+                let _ = ringmaster_proto::security::verify_mac(
+                    &challenge,
+                    &challenge,
+                    principal,
+                    role.as_str(),
+                    &answer.mac,
+                );
+                false
+            }
+        };
         if !verified {
             // The same answer for an unknown principal and a wrong secret: a client cannot
             // probe which principals exist. The log and the metric tell them apart.
