@@ -40,10 +40,12 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// Starts the master and `agents` agents, and waits until every agent has registered.
     pub async fn start(options: &LocalOptions) -> anyhow::Result<LocalCluster> {
-        let master = Master::start_with_http(
+        // With a work dir given, the master keeps its registry in `<dir>/master`.
+        let master = Master::start_durable(
             &options.listen,
             options.http.as_deref(),
             options.config.clone(),
+            options.work_dir.as_ref().map(|dir| dir.join("master")),
         )
         .await?;
         let (work_root, temp) = match &options.work_dir {

@@ -37,6 +37,11 @@ enum Command {
         /// with the port plus one.
         #[arg(long, value_name = "ADDR|none")]
         http: Option<String>,
+        /// Directory of the durable registry (`registry.redb`): the master recovers its
+        /// frameworks, agents and tasks from it after a restart. Without it, nothing survives
+        /// a restart.
+        #[arg(long, value_name = "DIR")]
+        work_dir: Option<PathBuf>,
     },
     /// Run a master and N agents in one process on loopback (like mesos-local).
     Local {
@@ -55,7 +60,8 @@ enum Command {
         /// YAML config file (placer, rings, master timers).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Where the agents keep their sandboxes (default: a temporary directory).
+        /// Where the agents keep their sandboxes and the master its registry (`DIR/master`);
+        /// default: a temporary directory and an in-memory master.
         #[arg(long, value_name = "DIR")]
         work_dir: Option<PathBuf>,
         /// Address for HTTP (state, metrics, dashboard), or `none`. Default: the --listen host
@@ -179,6 +185,7 @@ fn main() -> ExitCode {
             listen,
             config,
             http,
+            work_dir,
         } => {
             let config = match load_config(config.as_ref()) {
                 Ok(c) => c,
@@ -191,10 +198,11 @@ fn main() -> ExitCode {
             init_logging("info");
             let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
                 rt.block_on(async {
-                    let master = ringmaster::master::Master::start_with_http(
+                    let master = ringmaster::master::Master::start_durable(
                         &listen,
                         http.as_deref(),
                         config,
+                        work_dir,
                     )
                     .await?;
                     shutdown_signal().await;

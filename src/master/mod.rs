@@ -12,16 +12,19 @@
 mod agents;
 mod batch;
 mod connection;
+mod durability;
 mod frameworks;
 pub mod http;
 mod ids;
 pub mod metrics;
 mod offers;
 mod pending;
+pub mod registry;
 mod state;
 mod tasks;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -92,6 +95,32 @@ impl Master {
         http: Option<&str>,
         config: Config,
     ) -> anyhow::Result<Master> {
+        Master::start_durable(listen, http, config, None).await
+    }
+
+    /// As [`Master::start_with_http`]; with `work_dir`, the master keeps its registry
+    /// (`<work_dir>/registry.redb`, docs/reliability.md) there and recovers from it first.
+    /// Without one, nothing survives a restart (a warning says so).
+    pub async fn start_durable(
+        listen: &str,
+        http: Option<&str>,
+        config: Config,
+        work_dir: Option<PathBuf>,
+    ) -> anyhow::Result<Master> {
+        let registry = match &work_dir {
+            Some(dir) => {
+                let registry = registry::Registry::open(dir)?;
+                let recovered = registry.load()?;
+                tracing::info!(registry = %registry.path().display(), "durable registry open");
+                Some((registry, recovered))
+            }
+            None => {
+                tracing::warn!(
+                    "no --work-dir: the master keeps its state in memory only; nothing survives a restart"
+                );
+                None
+            }
+        };
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
@@ -112,7 +141,11 @@ impl Master {
         let metrics = Arc::new(Metrics::new());
         let (events_tx, events_rx) = mpsc::channel(4096);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let actor = state::MasterState::new(config.clone(), metrics.clone());
+        let mut actor = state::MasterState::new(config.clone(), metrics.clone());
+        if let Some((registry, recovered)) = registry {
+            actor.recover(registry, recovered, tokio::time::Instant::now());
+            actor.commit_turn()?;
+        }
         let actor_task = tokio::spawn(actor.run(events_rx, shutdown_rx.clone()));
         let http_task = http_listener.map(|listener| {
             tokio::spawn(http::serve(

@@ -16,6 +16,7 @@ use tokio::time::{Duration, Instant};
 
 use super::ids::IdMint;
 use super::metrics::Metrics;
+use super::durability::Durable;
 use super::pending::PendingView;
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;
@@ -44,6 +45,9 @@ pub(crate) struct AgentRecord {
     pub lost: bool,
     /// After a preemption: the framework the freed room is kept for, until the instant.
     pub held_for: Option<(String, Instant)>,
+    /// Recovered from the registry and not re-registered yet: lost at this instant
+    /// (`agent_reregister_timeout` after the master's start) unless it comes back.
+    pub reregister_by: Option<Instant>,
 }
 
 impl AgentRecord {
@@ -111,6 +115,11 @@ pub(crate) struct TaskRecord {
     pub started: u64,
     /// Killed to make room for a higher-priority demand: ends KILLED with reason `preempted`.
     pub preempted: bool,
+    /// The exit status of an ended task, when it has one.
+    pub exit_code: Option<i32>,
+    /// Ended, and the framework has not acknowledged the terminal update yet (persisted, so
+    /// the update is sent again after a master restart).
+    pub terminal_unacked: bool,
 }
 
 /// Who is on the other end of a connection.
@@ -154,6 +163,9 @@ pub struct MasterState {
     pub(crate) ledger: QuotaLedger,
     /// Launch counter: the next task's start order.
     pub(crate) launches: u64,
+    /// The durable registry (`--work-dir`) and this turn's changes to it; `None` keeps
+    /// everything in memory only.
+    pub(crate) durable: Option<Durable>,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -198,6 +210,7 @@ impl MasterState {
             started: Instant::now(),
             ledger: QuotaLedger::default(),
             launches: 0,
+            durable: None,
         }
     }
 
@@ -229,6 +242,11 @@ impl MasterState {
                     self.metrics.allocation_took(started.elapsed().as_secs_f64());
                 }
                 _ = shutdown.changed() => break,
+            }
+            // Group commit: the turn's registry changes go to disk, then its messages out.
+            if let Err(e) = self.commit_turn() {
+                tracing::error!("{e}; the master stops rather than act on unrecorded decisions");
+                break;
             }
         }
         tracing::info!("master actor stopped");
@@ -326,8 +344,15 @@ impl MasterState {
     }
 
     pub(crate) fn send(&mut self, conn: ConnId, message: Message) {
-        if let Some(c) = self.conns.get(&conn) {
-            let _ = c.outbound.send(Outbound::Send(message));
+        self.send_outbound(conn, Outbound::Send(message));
+    }
+
+    /// Sends now, or, with a registry, after this turn's changes are committed.
+    fn send_outbound(&mut self, conn: ConnId, outbound: Outbound) {
+        if let Some(durable) = &mut self.durable {
+            durable.outbox.push((conn, outbound));
+        } else if let Some(c) = self.conns.get(&conn) {
+            let _ = c.outbound.send(outbound);
         }
     }
 
@@ -343,11 +368,9 @@ impl MasterState {
         tracing::warn!(conn, code = ?code, %message, "closing connection");
         self.counters.errors_sent += 1;
         if let Some(c) = self.conns.get_mut(&conn) {
-            let _ = c
-                .outbound
-                .send(Outbound::Close(ProtoError::new(code, message)));
             // Whatever it sends from now on is ignored.
             c.peer = None;
+            self.send_outbound(conn, Outbound::Close(ProtoError::new(code, message)));
         }
     }
 
