@@ -45,6 +45,7 @@ pub mod process;
 pub mod sandbox;
 mod session;
 pub mod state;
+pub mod task_files;
 pub mod updates;
 
 use std::future::Future;
@@ -74,7 +75,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     tracing::info!(master = %config.master, hostname = %config.hostname,
         resources = %config.resources, work_dir = %config.work_dir.display(),
         agent_id = %agent_id, "agent starting");
-    let (state, exits) = state::AgentState::new(config, agent_id);
+    let (mut state, exits) = state::AgentState::new(config, agent_id);
+    let recovered = state.recover_tasks();
+    if recovered > 0 {
+        tracing::info!(
+            recovered,
+            "recovered tasks left by an earlier run in the work dir"
+        );
+    }
     let shutdown = std::pin::pin!(shutdown);
     session::run_sessions(state, exits, shutdown).await
 }
