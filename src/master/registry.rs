@@ -109,7 +109,10 @@ pub struct Recovered {
 impl Recovered {
     /// Nothing was recovered: a fresh registry.
     pub fn is_empty(&self) -> bool {
-        self.frameworks.is_empty() && self.agents.is_empty() && self.tasks.is_empty()
+        self.frameworks.is_empty()
+            && self.agents.is_empty()
+            && self.tasks.is_empty()
+            && self.removed_frameworks.is_empty()
     }
 }
 
