@@ -28,8 +28,10 @@ pub const EXIT_STATUS_FILE: &str = ".ringmaster-exit";
 /// Every task runs under this small `sh` wrapper (the group leader): it runs the command as
 /// `sh -c COMMAND`, writes its exit status to [`EXIT_STATUS_FILE`] (atomically, by rename),
 /// then ends the same way the command did (re-raising a signal), so a waiting parent sees
-/// exactly what the command did.
-const WRAPPER: &str = r#"sh -c "$1"; c=$?; printf '%s\n' "$c" > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; if [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then kill -$((c - 128)) $$ 2>/dev/null; fi; exit "$c""#;
+/// exactly what the command did. The wrapper outlives a SIGTERM sent to the group (the trap
+/// has a handler, so the command itself gets the default action), so a killed task's status
+/// is recorded too; only SIGKILL ends the wrapper without a record.
+const WRAPPER: &str = r#"trap : TERM INT HUP; sh -c "$1"; c=$?; printf '%s\n' "$c" > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; if [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then trap - TERM INT HUP; kill -$((c - 128)) $$ 2>/dev/null; fi; exit "$c""#;
 
 /// Everything needed to start one task.
 #[derive(Debug, Clone)]
