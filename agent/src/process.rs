@@ -442,6 +442,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_adopted_pid_with_another_start_time_is_never_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        use std::os::unix::process::CommandExt as _;
+        let mut other = std::process::Command::new("sleep")
+            .arg("100")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = other.id();
+        let real = process_start_ticks(pid).expect("a live process has a start time");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        // As if the task's pid had been reused by `other`.
+        let handle = adopt(pid, real + 1, dir.path().to_path_buf(), WAIT, (), tx);
+        handle.kill();
+        let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert!(matches!(outcome, ExitOutcome::WaitFailed(_)), "{outcome:?}");
+        assert!(process_is_alive(pid), "a reused pid was signalled");
+        other.kill().unwrap();
+        other.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_wrapper_records_exit_codes_and_signals_in_the_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(dir.path(), "exit 5");
+        assert_eq!(run_to_end(&s).await, ExitOutcome::Code(5));
+        assert_eq!(recorded_outcome(&s.sandbox), ExitOutcome::Code(5));
+        let s = spec(dir.path(), "kill -USR1 $$");
+        assert_eq!(run_to_end(&s).await, ExitOutcome::Signal(libc::SIGUSR1));
+        assert_eq!(
+            recorded_outcome(&s.sandbox),
+            ExitOutcome::Signal(libc::SIGUSR1)
+        );
+        std::fs::remove_file(s.sandbox.join(EXIT_STATUS_FILE)).unwrap();
+        assert!(matches!(
+            recorded_outcome(&s.sandbox),
+            ExitOutcome::WaitFailed(_)
+        ));
+    }
+
+    #[tokio::test]
     async fn kill_ends_the_whole_group() {
         let dir = tempfile::tempdir().unwrap();
         let spec = spec(dir.path(), "sleep 100 & echo $! > bg.pid; sleep 100");
