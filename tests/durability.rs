@@ -86,7 +86,11 @@ async fn a_restarted_master_keeps_running_tasks_and_learns_what_ended_meanwhile(
     assert_eq!(s.agents.len(), 1, "the agent is remembered");
     assert_eq!(s.agents[0].state, "disconnected");
     assert_eq!(s.tasks.len(), 2, "both tasks are remembered");
-    assert!(s.tasks.iter().all(|t| t.state == "RUNNING"), "{:?}", s.tasks);
+    assert!(
+        s.tasks.iter().all(|t| t.state == "RUNNING"),
+        "{:?}",
+        s.tasks
+    );
     assert!(s.offers.is_empty(), "offers are not persisted");
 
     // The agent comes back: t1 still runs, t2 finished while the master was down.

@@ -26,7 +26,10 @@ fn wait_line(
     while !want(seen) {
         match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(line) => seen.push(line),
-            Err(_) => panic!("timed out waiting for {what}; seen so far:\n{}", seen.join("\n")),
+            Err(_) => panic!(
+                "timed out waiting for {what}; seen so far:\n{}",
+                seen.join("\n")
+            ),
         }
     }
 }

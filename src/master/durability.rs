@@ -166,8 +166,8 @@ impl MasterState {
             };
             self.drf.add(key, weight);
             self.framework_by_key.insert(key, f.id.clone());
-            let failover_timeout = Duration::try_from_secs_f64(f.failover_timeout_secs)
-                .unwrap_or(Duration::ZERO);
+            let failover_timeout =
+                Duration::try_from_secs_f64(f.failover_timeout_secs).unwrap_or(Duration::ZERO);
             self.frameworks.insert(
                 f.id.clone(),
                 FrameworkRecord {

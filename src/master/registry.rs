@@ -192,24 +192,25 @@ impl Registry {
         let table = read
             .open_table(FRAMEWORKS)
             .map_err(|e| self.error("cannot open table frameworks", e))?;
-        for row in table.iter().map_err(|e| self.error("reading frameworks", e))? {
+        for row in table
+            .iter()
+            .map_err(|e| self.error("reading frameworks", e))?
+        {
             let (key, value) = row.map_err(|e| self.error("reading frameworks", e))?;
-            out.frameworks.push(
-                serde_json::from_slice(value.value()).map_err(|e| {
+            out.frameworks
+                .push(serde_json::from_slice(value.value()).map_err(|e| {
                     self.error("bad framework record", format!("{}: {e}", key.value()))
-                })?,
-            );
+                })?);
         }
         let table = read
             .open_table(AGENTS)
             .map_err(|e| self.error("cannot open table agents", e))?;
         for row in table.iter().map_err(|e| self.error("reading agents", e))? {
             let (key, value) = row.map_err(|e| self.error("reading agents", e))?;
-            out.agents.push(
-                serde_json::from_slice(value.value()).map_err(|e| {
+            out.agents
+                .push(serde_json::from_slice(value.value()).map_err(|e| {
                     self.error("bad agent record", format!("{}: {e}", key.value()))
-                })?,
-            );
+                })?);
         }
         let table = read
             .open_table(TASKS)

@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
+use super::durability::Durable;
 use super::ids::IdMint;
 use super::metrics::Metrics;
-use super::durability::Durable;
 use super::pending::PendingView;
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;

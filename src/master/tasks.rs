@@ -147,14 +147,10 @@ impl MasterState {
                 break;
             };
             // The id may have been reused by a live task since.
-            if self
-                .tasks
-                .get(&old)
-                .is_some_and(|t| {
-                    t.state.is_terminal()
-                        && (!t.terminal_unacked || !self.frameworks.contains_key(&old.0))
-                })
-            {
+            if self.tasks.get(&old).is_some_and(|t| {
+                t.state.is_terminal()
+                    && (!t.terminal_unacked || !self.frameworks.contains_key(&old.0))
+            }) {
                 self.tasks.remove(&old);
                 self.task_changed(&old);
             }
@@ -215,10 +211,10 @@ impl MasterState {
         let Some(seq) = IdMint::update_seq(update_id) else {
             return;
         };
-        if !fw
+        if fw
             .unacked
             .get(&seq)
-            .is_some_and(|p| p.status.update_id == update_id)
+            .is_none_or(|p| p.status.update_id != update_id)
         {
             return;
         }
