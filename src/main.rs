@@ -205,7 +205,13 @@ fn main() -> ExitCode {
                         work_dir,
                     )
                     .await?;
-                    shutdown_signal().await;
+                    tokio::select! {
+                        _ = shutdown_signal() => {}
+                        _ = master.stopped() => {
+                            master.wait().await;
+                            anyhow::bail!("the master stopped on its own (see the log above)");
+                        }
+                    }
                     tracing::info!("shutting down");
                     master.shutdown().await;
                     Ok(())

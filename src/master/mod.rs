@@ -80,6 +80,8 @@ pub struct Master {
     events: mpsc::Sender<Event>,
     shutdown: watch::Sender<bool>,
     join: tokio::task::JoinHandle<()>,
+    /// Becomes true when the master stops, asked to or not (e.g. its registry failed).
+    stopping: watch::Receiver<bool>,
 }
 
 impl Master {
@@ -141,12 +143,19 @@ impl Master {
         let metrics = Arc::new(Metrics::new());
         let (events_tx, events_rx) = mpsc::channel(4096);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let shutdown_rx_for_actor = shutdown_rx.clone();
+        let stopping = shutdown_rx.clone();
         let mut actor = state::MasterState::new(config.clone(), metrics.clone());
         if let Some((registry, recovered)) = registry {
             actor.recover(registry, recovered, tokio::time::Instant::now());
             actor.commit_turn()?;
         }
-        let actor_task = tokio::spawn(actor.run(events_rx, shutdown_rx.clone()));
+        let stop_all = shutdown_tx.clone();
+        let actor_task = tokio::spawn(async move {
+            actor.run(events_rx, shutdown_rx_for_actor).await;
+            // However the actor ended, the rest of the master stops with it.
+            let _ = stop_all.send(true);
+        });
         let http_task = http_listener.map(|listener| {
             tokio::spawn(http::serve(
                 listener,
@@ -179,6 +188,7 @@ impl Master {
             events: events_tx,
             shutdown: shutdown_tx,
             join,
+            stopping,
         })
     }
 
@@ -200,6 +210,13 @@ impl Master {
             .await
             .map_err(|_| anyhow::anyhow!("master has stopped"))?;
         Ok(rx.await?)
+    }
+
+    /// Resolves once the master is stopping: after [`Master::shutdown`], or on its own when
+    /// its actor ended (a registry write failed).
+    pub async fn stopped(&self) {
+        let mut stopping = self.stopping.clone();
+        let _ = stopping.wait_for(|s| *s).await;
     }
 
     /// Stops accepting, closes every connection and ends the actor.
