@@ -1050,6 +1050,27 @@ matching: { a: 0.7, d: -1 }
     }
 
     #[test]
+    fn agent_reregister_timeout_is_read_and_checked() {
+        assert_eq!(
+            Config::default().master.agent_reregister_timeout,
+            Duration::from_secs(60)
+        );
+        let config =
+            Config::from_yaml("master:\n  agent_reregister_timeout: 2m\n", "c.yaml").unwrap();
+        assert_eq!(
+            config.master.agent_reregister_timeout,
+            Duration::from_secs(120)
+        );
+        let err = Config::from_yaml("master:\n  agent_reregister_timeout: later\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("c.yaml:2: master.agent_reregister_timeout:"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn load_names_a_missing_file() {
         let err = Config::load(Path::new("/nonexistent/cluster.yaml")).unwrap_err();
         assert!(
