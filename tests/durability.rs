@@ -225,3 +225,60 @@ async fn an_unusable_work_dir_is_a_clear_error() {
         .to_string();
     assert!(error.contains("not-a-dir"), "{error}");
 }
+
+#[tokio::test]
+async fn a_framework_not_back_within_its_failover_timeout_after_a_restart_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = start_durable(test_config(""), dir.path()).await;
+    let mut agent = Client::agent(master.addr(), "a1", "cpus:2;mem:1024").await;
+    let mut fw = Client::framework_with(master.addr(), "f", "", 1.0, 0.3).await;
+    let fw_id = fw.id.clone();
+    run_one(&mut fw, &mut agent, "t1").await;
+    master.shutdown().await;
+    drop((agent, fw));
+
+    // The failover timeout counts from the restart; the framework never returns.
+    let master = start_durable(test_config(""), dir.path()).await;
+    let t1 = ringmaster_proto::TaskInfo {
+        task_id: "t1".into(),
+        framework_id: fw_id.clone(),
+        ..Default::default()
+    };
+    let mut agent = Client::agent_with_tasks(
+        master.addr(),
+        "a1",
+        "cpus:2;mem:1024",
+        vec![status(&t1, TaskState::TaskRunning)],
+    )
+    .await;
+    let kill = agent
+        .expect("KillTask", |m| match m {
+            Message::KillTask(k) => Some(k.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(kill.task_id, "t1");
+    // Removed before or after the agent is back: killed either way, never left running.
+    assert!(
+        ["framework_failover_timeout", "unknown_task"].contains(&kill.reason.as_str()),
+        "{kill:?}"
+    );
+    wait_for_state(&master, "framework removed", |s| s.frameworks.is_empty()).await;
+    master.shutdown().await;
+
+    let master = start_durable(test_config(""), dir.path()).await;
+    let mut again = Client::connect(master.addr()).await;
+    again
+        .send(Message::Subscribe(ringmaster_proto::Subscribe {
+            framework_id: fw_id,
+            name: "f".into(),
+            user: "tester".into(),
+            weight: 1.0,
+            failover_timeout_secs: 60.0,
+            ..Default::default()
+        }))
+        .await;
+    let error = again.expect_error().await;
+    assert!(error.message.contains("was removed"), "{}", error.message);
+    master.shutdown().await;
+}
