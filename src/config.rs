@@ -444,6 +444,9 @@ pub struct MasterConfig {
     pub status_retry_interval: Duration,
     /// Largest frame accepted on any connection.
     pub max_frame_bytes: usize,
+    /// After a restart from a registry (`--work-dir`): how long a recovered agent has to
+    /// re-register before its tasks become LOST with reason `agent_lost` (docs/reliability.md).
+    pub agent_reregister_timeout: Duration,
 }
 
 impl Default for MasterConfig {
@@ -456,6 +459,7 @@ impl Default for MasterConfig {
             default_refuse: Duration::from_secs(5),
             status_retry_interval: Duration::from_secs(2),
             max_frame_bytes: 4 * 1024 * 1024,
+            agent_reregister_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -470,6 +474,7 @@ struct RawMaster {
     default_refuse: Option<String>,
     status_retry_interval: Option<String>,
     max_frame_bytes: Option<serde_yaml::Value>,
+    agent_reregister_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -753,7 +758,7 @@ impl Config {
         }
         if let Some(m) = &raw.master {
             let out = &mut config.master;
-            let durations: [(&str, &Option<String>, &mut Duration); 6] = [
+            let durations: [(&str, &Option<String>, &mut Duration); 7] = [
                 ("agent_timeout", &m.agent_timeout, &mut out.agent_timeout),
                 ("offer_timeout", &m.offer_timeout, &mut out.offer_timeout),
                 (
@@ -771,6 +776,11 @@ impl Config {
                     "status_retry_interval",
                     &m.status_retry_interval,
                     &mut out.status_retry_interval,
+                ),
+                (
+                    "agent_reregister_timeout",
+                    &m.agent_reregister_timeout,
+                    &mut out.agent_reregister_timeout,
                 ),
             ];
             for (name, text, slot) in durations {
@@ -1049,6 +1059,27 @@ matching: { a: 0.7, d: -1 }
         assert_eq!(path(&["a".into(), "c".into(), 0.into()]), Some(4));
         assert_eq!(path(&["a".into(), "z".into()]), None);
         assert_eq!(path(&["a".into(), "c".into(), 7.into()]), None);
+    }
+
+    #[test]
+    fn agent_reregister_timeout_is_read_and_checked() {
+        assert_eq!(
+            Config::default().master.agent_reregister_timeout,
+            Duration::from_secs(60)
+        );
+        let config =
+            Config::from_yaml("master:\n  agent_reregister_timeout: 2m\n", "c.yaml").unwrap();
+        assert_eq!(
+            config.master.agent_reregister_timeout,
+            Duration::from_secs(120)
+        );
+        let err = Config::from_yaml("master:\n  agent_reregister_timeout: later\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("c.yaml:2: master.agent_reregister_timeout:"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -46,10 +46,12 @@ impl LocalCluster {
                  credentials: drop the tls: section and auth.required from its config"
             );
         }
-        let master = Master::start_with_http(
+        // With a work dir given, the master keeps its registry in `<dir>/master`.
+        let master = Master::start_durable(
             &options.listen,
             options.http.as_deref(),
             options.config.clone(),
+            options.work_dir.as_ref().map(|dir| dir.join("master")),
         )
         .await?;
         let (work_root, temp) = match &options.work_dir {

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use crate::config::AgentConfig;
 use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
 use crate::sandbox::sandbox_dir;
+use crate::task_files::{self, TaskFile};
 use crate::updates::{unix_ms, StatusQueue};
 
 /// Status reasons the agent sends (machine-readable, see docs/protocol.md).
@@ -55,6 +56,10 @@ struct TaskRecord {
     /// Set once a kill was requested: the reason to report.
     kill_reason: Option<String>,
     process: Option<ProcessHandle>,
+    /// The process group leader and its start time (0 when nothing was started), kept in
+    /// the task file so a restarted agent can adopt the process.
+    pid: u32,
+    start_ticks: u64,
 }
 
 impl TaskRecord {
@@ -140,7 +145,9 @@ impl AgentState {
             .collect()
     }
 
-    /// The registration message: who we are, what we have, what still runs.
+    /// The registration message: who we are, what we have, what still runs, and what ended
+    /// without the master acknowledging it (so the master learns the real terminal state
+    /// instead of declaring the task lost).
     pub fn register_message(&self) -> RegisterAgent {
         RegisterAgent {
             agent_id: self.agent_id.clone(),
@@ -155,7 +162,14 @@ impl AgentState {
                     value: value.clone(),
                 })
                 .collect(),
-            tasks: self.active_statuses(),
+            tasks: self
+                .tasks
+                .values()
+                .map(|t| TaskStatus {
+                    update_id: String::new(),
+                    ..t.status.clone()
+                })
+                .collect(),
         }
     }
 
@@ -289,15 +303,19 @@ impl AgentState {
                     ..blank
                 };
                 let status = self.issue(status, out);
+                let pid = handle.pid();
                 self.tasks.insert(
-                    key,
+                    key.clone(),
                     TaskRecord {
                         resources,
                         status,
                         kill_reason: None,
                         process: Some(handle),
+                        pid,
+                        start_ticks: process::process_start_ticks(pid).unwrap_or(0),
                     },
                 );
+                self.save_task_file(&key);
             }
             Err(e) => {
                 let message = e.to_string();
@@ -332,6 +350,8 @@ impl AgentState {
                 status,
                 kill_reason: None,
                 process: None,
+                pid: 0,
+                start_ticks: 0,
             },
         );
     }
@@ -389,6 +409,7 @@ impl AgentState {
                     pid = process.pid(), reason = %reason, "killing task");
                 record.kill_reason = Some(reason);
                 process.kill();
+                self.save_task_file(&key);
             }
             Some(_) => tracing::info!(task = %key.task_id, "task is already being killed"),
             None => self.resend_status(&key, &mut out),
@@ -464,6 +485,7 @@ impl AgentState {
         if let Some(record) = self.tasks.get_mut(&key) {
             record.status = status;
         }
+        self.save_task_file(&key);
         out.push(self.heartbeat());
         out
     }
@@ -486,6 +508,11 @@ impl AgentState {
         if done {
             tracing::debug!(task = %key.task_id, "terminal update acknowledged; task forgotten");
             self.tasks.remove(&key);
+            task_files::remove(&sandbox_dir(
+                &self.config.work_dir,
+                &key.framework_id,
+                &key.task_id,
+            ));
         }
     }
 
@@ -503,6 +530,119 @@ impl AgentState {
             }
         }
         count
+    }
+
+    /// Records a started task's state in its sandbox (see [`crate::task_files`]).
+    fn save_task_file(&self, key: &TaskKey) {
+        let Some(record) = self.tasks.get(key) else {
+            return;
+        };
+        if record.pid == 0 {
+            return;
+        }
+        let ended = (!record.is_active()).then(|| record.status.clone());
+        let file = TaskFile {
+            framework_id: key.framework_id.clone(),
+            task_id: key.task_id.clone(),
+            resources: record.resources.to_string(),
+            pid: record.pid,
+            start_ticks: record.start_ticks,
+            kill_reason: record.kill_reason.clone(),
+            ended,
+        };
+        let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
+        if let Err(e) = file.save(&sandbox) {
+            tracing::warn!(task = %key.task_id, sandbox = %sandbox.display(),
+                "cannot write the task file; a restarted agent will not find this task: {e}");
+        }
+    }
+
+    /// After a restart: takes back the tasks an earlier run of the agent left in its work dir.
+    /// A task whose process still runs (same pid and start time) is adopted and reported
+    /// RUNNING at registration; one that ended is reported with its recorded exit status (its
+    /// end arrives on the exit channel); one whose end was recorded but never acknowledged is
+    /// reported again. Returns how many tasks were recovered.
+    pub fn recover_tasks(&mut self) -> usize {
+        let found = task_files::scan(&self.config.work_dir);
+        let mut recovered = 0;
+        for (sandbox, file) in found {
+            let resources = match Resources::parse(&file.resources) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(sandbox = %sandbox.display(),
+                        "ignoring a task file with bad resources: {e}");
+                    continue;
+                }
+            };
+            let key = TaskKey {
+                framework_id: file.framework_id.clone(),
+                task_id: file.task_id.clone(),
+            };
+            if self.tasks.contains_key(&key) {
+                continue;
+            }
+            recovered += 1;
+            let blank = TaskStatus {
+                task_id: key.task_id.clone(),
+                framework_id: key.framework_id.clone(),
+                agent_id: self.agent_id.clone(),
+                ..Default::default()
+            };
+            if let Some(ended) = file.ended {
+                tracing::info!(task = %key.task_id, framework = %key.framework_id,
+                    "recovered an ended task whose update was not acknowledged");
+                let mut out = Vec::new();
+                let status = self.issue(
+                    TaskStatus {
+                        update_id: String::new(),
+                        timestamp_ms: 0,
+                        ..ended
+                    },
+                    &mut out,
+                );
+                self.tasks.insert(
+                    key,
+                    TaskRecord {
+                        resources,
+                        status,
+                        kill_reason: file.kill_reason,
+                        process: None,
+                        pid: file.pid,
+                        start_ticks: file.start_ticks,
+                    },
+                );
+                continue;
+            }
+            let handle = process::adopt(
+                file.pid,
+                file.start_ticks,
+                sandbox.clone(),
+                self.config.kill_grace,
+                key.clone(),
+                self.exits_tx.clone(),
+            );
+            tracing::info!(task = %key.task_id, framework = %key.framework_id, pid = file.pid,
+                "recovered a task started before the agent restarted");
+            // Reported RUNNING at registration; if it already ended, its end follows on the
+            // exit channel with the status its wrapper recorded.
+            let status = TaskStatus {
+                state: TaskState::TaskRunning as i32,
+                message: format!("pid {} (adopted after an agent restart)", file.pid),
+                ..blank
+            };
+            self.tasks.insert(
+                key,
+                TaskRecord {
+                    resources,
+                    status,
+                    kill_reason: file.kill_reason,
+                    process: Some(handle),
+                    pid: file.pid,
+                    start_ticks: file.start_ticks,
+                },
+            );
+        }
+        recovered
     }
 
     fn issue(&mut self, mut status: TaskStatus, out: &mut Vec<Message>) -> TaskStatus {

@@ -273,6 +273,9 @@ impl MasterState {
                 );
             }
         }
+        for victim in &plan.victims {
+            self.task_changed(victim);
+        }
         self.counters.preemptions += plan.victims.len() as u64;
         self.metrics.preempted(plan.victims.len());
     }
@@ -491,6 +494,8 @@ impl MasterState {
                     partition: partition.clone(),
                     started: self.launches,
                     preempted: false,
+                    exit_code: None,
+                    terminal_unacked: false,
                 },
             );
             self.hold_task_resources(&task_key, &agent_id, &resources);

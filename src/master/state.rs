@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
+use super::durability::Durable;
 use super::ids::IdMint;
 use super::metrics::Metrics;
 use super::pending::PendingView;
@@ -44,6 +45,9 @@ pub(crate) struct AgentRecord {
     pub lost: bool,
     /// After a preemption: the framework the freed room is kept for, until the instant.
     pub held_for: Option<(String, Instant)>,
+    /// Recovered from the registry and not re-registered yet: lost at this instant
+    /// (`agent_reregister_timeout` after the master's start) unless it comes back.
+    pub reregister_by: Option<Instant>,
 }
 
 impl AgentRecord {
@@ -111,6 +115,11 @@ pub(crate) struct TaskRecord {
     pub started: u64,
     /// Killed to make room for a higher-priority demand: ends KILLED with reason `preempted`.
     pub preempted: bool,
+    /// The exit status of an ended task, when it has one.
+    pub exit_code: Option<i32>,
+    /// Ended, and the framework has not acknowledged the terminal update yet (persisted, so
+    /// the update is sent again after a master restart).
+    pub terminal_unacked: bool,
 }
 
 /// Who is on the other end of a connection.
@@ -156,6 +165,9 @@ pub struct MasterState {
     pub(crate) launches: u64,
     /// Which principal holds each framework and agent id (docs/security.md).
     pub(crate) owners: super::owners::IdOwners,
+    /// The durable registry (`--work-dir`) and this turn's changes to it; `None` keeps
+    /// everything in memory only.
+    pub(crate) durable: Option<Durable>,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -201,6 +213,7 @@ impl MasterState {
             ledger: QuotaLedger::default(),
             launches: 0,
             owners: super::owners::IdOwners::default(),
+            durable: None,
         }
     }
 
@@ -232,6 +245,11 @@ impl MasterState {
                     self.metrics.allocation_took(started.elapsed().as_secs_f64());
                 }
                 _ = shutdown.changed() => break,
+            }
+            // Group commit: the turn's registry changes go to disk, then its messages out.
+            if let Err(e) = self.commit_turn() {
+                tracing::error!("{e}; the master stops rather than act on unrecorded decisions");
+                break;
             }
         }
         tracing::info!("master actor stopped");
@@ -337,8 +355,15 @@ impl MasterState {
     }
 
     pub(crate) fn send(&mut self, conn: ConnId, message: Message) {
-        if let Some(c) = self.conns.get(&conn) {
-            let _ = c.outbound.send(Outbound::Send(message));
+        self.send_outbound(conn, Outbound::Send(message));
+    }
+
+    /// Sends now, or, with a registry, after this turn's changes are committed.
+    fn send_outbound(&mut self, conn: ConnId, outbound: Outbound) {
+        if let Some(durable) = &mut self.durable {
+            durable.outbox.push((conn, outbound));
+        } else if let Some(c) = self.conns.get(&conn) {
+            let _ = c.outbound.send(outbound);
         }
     }
 
@@ -354,11 +379,9 @@ impl MasterState {
         tracing::warn!(conn, code = ?code, %message, "closing connection");
         self.counters.errors_sent += 1;
         if let Some(c) = self.conns.get_mut(&conn) {
-            let _ = c
-                .outbound
-                .send(Outbound::Close(ProtoError::new(code, message)));
             // Whatever it sends from now on is ignored.
             c.peer = None;
+            self.send_outbound(conn, Outbound::Close(ProtoError::new(code, message)));
         }
     }
 
