@@ -1050,6 +1050,99 @@ pub fn parse_nvidia_smi(output: &str) -> Result<Vec<Device>, DeviceError> {
     Ok(devices)
 }
 
+// ------------------------------------------------------------------ wire
+
+impl From<&Device> for crate::v1::Device {
+    fn from(d: &Device) -> Self {
+        crate::v1::Device {
+            class: GPU_CLASS.into(),
+            index: d.index,
+            model: d.model.clone(),
+            memory_mib: d.memory_mib,
+        }
+    }
+}
+
+/// The devices of a wire message; refuses classes other than `gpu` and repeated indices.
+pub fn devices_from_wire(wire: &[crate::v1::Device]) -> Result<Vec<Device>, DeviceError> {
+    let devices: Vec<Device> = wire
+        .iter()
+        .map(|d| {
+            if d.class != GPU_CLASS {
+                return Err(DeviceError::Syntax {
+                    part: format!("device class `{}`", d.class),
+                    why: format!("only `{GPU_CLASS}` is known"),
+                });
+            }
+            Ok(Device {
+                index: d.index,
+                model: d.model.clone(),
+                memory_mib: d.memory_mib,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    DeviceState::new(devices.clone())?;
+    Ok(devices)
+}
+
+impl DeviceBinding {
+    /// The wire form.
+    pub fn to_wire(&self) -> Vec<crate::v1::DeviceShare> {
+        self.devices
+            .iter()
+            .map(|d| crate::v1::DeviceShare {
+                class: GPU_CLASS.into(),
+                index: d.index,
+                milli: d.share,
+                memory_mib: d.memory_mib,
+            })
+            .collect()
+    }
+
+    /// From the wire; refuses classes other than `gpu` and shares above a whole device.
+    pub fn from_wire(wire: &[crate::v1::DeviceShare]) -> Result<Self, DeviceError> {
+        let devices = wire
+            .iter()
+            .map(|d| {
+                if d.class != GPU_CLASS {
+                    return Err(DeviceError::Binding(format!(
+                        "device class `{}`: only `{GPU_CLASS}` is known",
+                        d.class
+                    )));
+                }
+                if d.milli > SHARE_CAPACITY {
+                    return Err(DeviceError::Binding(format!(
+                        "{GPU_CLASS} {}: share {} above {SHARE_CAPACITY}",
+                        d.index, d.milli
+                    )));
+                }
+                Ok(BoundDevice {
+                    index: d.index,
+                    share: d.milli,
+                    memory_mib: d.memory_mib,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(DeviceBinding { devices })
+    }
+}
+
+impl DeviceState {
+    /// Each device's free share and memory, in wire form (heartbeats).
+    pub fn free_to_wire(&self) -> Vec<crate::v1::DeviceShare> {
+        self.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| crate::v1::DeviceShare {
+                class: GPU_CLASS.into(),
+                index: d.index,
+                milli: self.free_share[i],
+                memory_mib: self.free_memory[i],
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
