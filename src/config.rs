@@ -24,6 +24,8 @@
 //!   partitions: [default, gpu]
 //!   users:
 //!     alice: { gpu: { priority: 10, quota: "gpus:4" } }
+//! devices:                # GPU devices (docs/devices.md)
+//!   selection: least-used # least-used (spread) | most-used-that-fits (pack)
 //! ```
 
 use std::collections::BTreeMap;
@@ -481,6 +483,21 @@ struct RawConfig {
     master: Option<RawMaster>,
     matching: Option<RawMatching>,
     priorities: Option<RawPriorities>,
+    devices: Option<RawDevices>,
+}
+
+/// The `devices:` section: how the master picks a GPU task's devices on its agent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevices {
+    selection: Option<String>,
+}
+
+/// Device settings (docs/devices.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevicesConfig {
+    /// `least-used` (spread, default) or `most-used-that-fits` (pack).
+    pub selection: ringmaster_proto::devices::DeviceSelection,
 }
 
 /// The `matching:` section: coefficients of the batch-matching scores.
@@ -618,6 +635,8 @@ pub struct Config {
     pub matching: MatchingCoefficients,
     /// User priorities, quotas and partitions (no users: everything at base, no preemption).
     pub priorities: PriorityConfig,
+    /// How GPU tasks get their devices.
+    pub devices: DevicesConfig,
 }
 
 /// The `balance:` section as written (checked after parsing, with its lines).
@@ -738,6 +757,14 @@ impl Config {
         }
         if let Some(p) = &raw.priorities {
             config.priorities = apply_priorities(&source, &["priorities".into()], p)?;
+        }
+        if let Some(selection) = raw.devices.as_ref().and_then(|d| d.selection.as_ref()) {
+            config.devices.selection =
+                selection
+                    .parse()
+                    .map_err(|e: ringmaster_proto::devices::DeviceError| {
+                        source.error(&["devices".into(), "selection".into()], e.to_string())
+                    })?;
         }
         if let Some(m) = &raw.master {
             let out = &mut config.master;

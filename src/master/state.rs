@@ -111,6 +111,8 @@ pub(crate) struct TaskRecord {
     pub started: u64,
     /// Killed to make room for a higher-priority demand: ends KILLED with reason `preempted`.
     pub preempted: bool,
+    /// The GPU devices the master bound it to (docs/devices.md); empty without a GPU request.
+    pub devices: ringmaster_proto::devices::DeviceBinding,
 }
 
 /// Who is on the other end of a connection.
@@ -154,6 +156,8 @@ pub struct MasterState {
     pub(crate) ledger: QuotaLedger,
     /// Launch counter: the next task's start order.
     pub(crate) launches: u64,
+    /// Every agent's GPUs, device by device (docs/devices.md).
+    pub(crate) devices: crate::placement::devices::DeviceBook,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -198,6 +202,7 @@ impl MasterState {
             started: Instant::now(),
             ledger: QuotaLedger::default(),
             launches: 0,
+            devices: Default::default(),
         }
     }
 
@@ -461,7 +466,7 @@ pub struct TaskView {
     pub reason: String,
     /// The priority the master gave the task at launch (docs/priorities.md).
     pub priority: Option<Priority>,
-    /// Device assignment (GPUs by index) is not in the protocol yet: always empty.
+    /// The task's GPU devices, `gpu:INDEX:SHARE:MEMORY` each (docs/devices.md).
     pub devices: Vec<String>,
 }
 
@@ -575,7 +580,17 @@ impl MasterState {
                 state: t.state.short_name().to_string(),
                 reason: t.reason.clone(),
                 priority: Some(t.priority),
-                devices: Vec::new(),
+                devices: t
+                    .devices
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        ringmaster_proto::devices::DeviceBinding {
+                            devices: vec![d.clone()],
+                        }
+                        .to_string()
+                    })
+                    .collect(),
             })
             .collect();
         tasks.sort_by(|a, b| (&a.framework, &a.id).cmp(&(&b.framework, &b.id)));
