@@ -7,11 +7,15 @@
 //! library function the agent uses ([`DeviceState::select`]), then send that binding in
 //! `TaskInfo.devices` for the agent to check and apply. The fit test runs on the packed form
 //! ([`PackedGpus`]) when the agent's devices fit one 128-bit word, on the plain form otherwise.
+//!
+//! Also here: how the openb GPU trace's nodes and tasks map onto these resources
+//! ([`openb_node`], [`openb_task`]), so every user of the trace reads it the same way.
 
 use std::collections::HashMap;
 
 use ringmaster_proto::devices::{
-    Device, DeviceBinding, DeviceError, DeviceRequest, DeviceSelection, DeviceState, PackedGpus,
+    Device, DeviceBinding, DeviceError, DeviceRequest, DeviceSelection, DeviceState, GpuDemand,
+    PackedGpus,
 };
 use ringmaster_proto::resources::Resources;
 
@@ -123,6 +127,104 @@ impl DeviceBook {
             entry.refresh();
         }
     }
+}
+
+// ------------------------------------------------------------------ openb trace mapping
+
+/// The memory of a GPU model of the openb trace, MiB, when its name says it (`V100M16` → 16 GiB,
+/// `V100M32` → 32 GiB); 0 (unknown) otherwise, as the trace has no GPU memory column.
+pub fn openb_model_memory_mib(model: &str) -> u64 {
+    match model.rsplit_once('M') {
+        Some((_, gib)) if !gib.is_empty() && gib.bytes().all(|b| b.is_ascii_digit()) => {
+            gib.parse::<u64>().map(|g| g * 1024).unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
+/// One openb node (`cpu_milli,memory_mib,gpu,model`) as agent resources: `cpus` in
+/// thousandths exactly as `cpu_milli`, `mem` = `memory_mib`, and `gpu` devices of `model`
+/// (indices 0..gpu) with their `gpu_milli` / `gpu_mem` sums.
+pub fn openb_node(
+    cpu_milli: u64,
+    memory_mib: u64,
+    gpu: u32,
+    model: &str,
+) -> Result<(Resources, Vec<Device>), DeviceError> {
+    let mut resources = Resources::from_milli([
+        ("cpus", cpu_milli),
+        (
+            "mem",
+            memory_mib
+                .checked_mul(1000)
+                .ok_or_else(|| DeviceError::Syntax {
+                    part: format!("memory_mib {memory_mib}"),
+                    why: "too large".into(),
+                })?,
+        ),
+    ])?;
+    let memory = openb_model_memory_mib(model);
+    let devices: Vec<Device> = (0..gpu)
+        .map(|index| Device {
+            index,
+            model: model.to_string(),
+            memory_mib: memory,
+        })
+        .collect();
+    let state = DeviceState::new(devices.clone())?;
+    if !devices.is_empty() {
+        resources = resources.checked_add(&state.free_scalars())?;
+    }
+    Ok((resources, devices))
+}
+
+/// One openb task (`cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec`) as task resources and a
+/// device request: `num_gpu` 1 with `gpu_milli` below 1000 is a slice of one GPU, `num_gpu` N
+/// with `gpu_milli` 1000 is N whole GPUs, `gpu_spec` (`A|B`) the allowed models. Any other
+/// combination is refused (none occurs in the trace).
+pub fn openb_task(
+    cpu_milli: u64,
+    memory_mib: u64,
+    num_gpu: u32,
+    gpu_milli: u32,
+    gpu_spec: &str,
+) -> Result<(Resources, Option<DeviceRequest>), DeviceError> {
+    let mut resources = Resources::from_milli([
+        ("cpus", cpu_milli),
+        ("mem", memory_mib.saturating_mul(1000)),
+    ])?;
+    let models: Vec<String> = gpu_spec
+        .split('|')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .collect();
+    let demand = match (num_gpu, gpu_milli) {
+        (0, 0) => None,
+        (1, share) if share > 0 && share < 1000 => Some(GpuDemand::Slice {
+            share,
+            memory_mib: 0,
+        }),
+        (count, 1000) if count > 0 => Some(GpuDemand::Whole { count }),
+        (n, m) => {
+            return Err(DeviceError::Ambiguous(format!(
+                "openb task with num_gpu {n} and gpu_milli {m}"
+            )))
+        }
+    };
+    let request = match demand {
+        Some(demand) => Some(DeviceRequest { demand, models }),
+        None if models.is_empty() => None,
+        None => {
+            return Err(DeviceError::Ambiguous(format!(
+                "openb task without GPU but with gpu_spec `{gpu_spec}`"
+            )))
+        }
+    };
+    if let Some(request) = &request {
+        resources = resources.checked_add(&request.scalars())?;
+    }
+    Ok((resources, request))
 }
 
 #[cfg(test)]
