@@ -21,6 +21,12 @@ async fn devices_filter_offers_and_bind_tasks() {
     fw.demand("cpus:1;gpu_milli:600", 2).await;
     let offers = fw.expect_offers().await;
     assert_eq!(offers[0].agent_id, "a");
+    // The ring search ran on the GPU share ring (the demand's dominant dimension).
+    let placement = offers[0].placement.as_ref().unwrap();
+    assert_eq!(
+        (placement.dimension.as_str(), placement.phase.as_str()),
+        ("gpu_milli", "down")
+    );
     assert_eq!(
         offered(&offers[0]).to_string(),
         "cpus:8;gpu_mem:32768;gpu_milli:2000;mem:4096"
