@@ -31,6 +31,14 @@ async fn devices_filter_offers_and_bind_tasks() {
         offered(&offers[0]).to_string(),
         "cpus:8;gpu_mem:32768;gpu_milli:2000;mem:4096"
     );
+    // The offer names the devices and what each has free.
+    assert_eq!(offers[0].devices.len(), 2);
+    let free: Vec<(u32, u32)> = offers[0]
+        .free_devices
+        .iter()
+        .map(|d| (d.index, d.milli))
+        .collect();
+    assert_eq!(free, [(0, 1000), (1, 1000)]);
     fw.accept(
         &offers[0].offer_id,
         vec![

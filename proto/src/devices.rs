@@ -1128,6 +1128,46 @@ impl DeviceBinding {
 }
 
 impl DeviceState {
+    /// Devices and their free amounts from the wire (an offer); a device without a free entry
+    /// is taken as fully used.
+    pub fn from_wire(
+        devices: &[crate::v1::Device],
+        free: &[crate::v1::DeviceShare],
+    ) -> Result<Self, DeviceError> {
+        let devices = devices_from_wire(devices)?;
+        let lookup = |index: u32| {
+            free.iter()
+                .find(|f| f.index == index && f.class == GPU_CLASS)
+        };
+        let share = devices
+            .iter()
+            .map(|d| lookup(d.index).map_or(0, |f| f.milli))
+            .collect();
+        let memory = devices
+            .iter()
+            .map(|d| lookup(d.index).map_or(0, |f| f.memory_mib))
+            .collect();
+        DeviceState::with_free(devices, share, memory)
+    }
+
+    /// How many copies of `request` these devices hold, at most `limit`. For identical requests
+    /// the count does not depend on the selection policy (each device takes as many as fit), so
+    /// a framework counting here agrees with the master binding them one by one.
+    pub fn copies_of(&self, request: &DeviceRequest, limit: u32) -> u32 {
+        let mut state = self.clone();
+        let mut count = 0;
+        while count < limit {
+            let Some(binding) = state.select(request, DeviceSelection::MostUsedThatFits) else {
+                break;
+            };
+            if state.bind(&binding).is_err() {
+                break;
+            }
+            count += 1;
+        }
+        count
+    }
+
     /// Each device's free share and memory, in wire form (heartbeats).
     pub fn free_to_wire(&self) -> Vec<crate::v1::DeviceShare> {
         self.devices

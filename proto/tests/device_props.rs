@@ -136,3 +136,43 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// Identical requests: each device takes as many as fit, whatever the order, so a framework
+    /// counting copies agrees with the master binding them one by one with any policy.
+    #[test]
+    fn copies_do_not_depend_on_the_policy(state in device_state(), request in request()) {
+        let per_device: u32 = match request.demand {
+            GpuDemand::Whole { count } => {
+                let free = (0..state.devices().len())
+                    .filter(|&i| request.models.is_empty() || request.models.contains(&state.devices()[i].model))
+                    .filter(|&i| state.free_share()[i] == SHARE_CAPACITY && state.free_memory()[i] == state.devices()[i].memory_mib)
+                    .count() as u32;
+                free / count
+            }
+            GpuDemand::Slice { share, memory_mib } => (0..state.devices().len())
+                .filter(|&i| request.models.is_empty() || request.models.contains(&state.devices()[i].model))
+                .map(|i| {
+                    let by_share = if share == 0 { u64::MAX } else { u64::from(state.free_share()[i] / share) };
+                    let by_mem = if memory_mib == 0 { u64::MAX } else { state.free_memory()[i] / memory_mib };
+                    by_share.min(by_mem)
+                })
+                .fold(0u64, u64::saturating_add)
+                .min(u64::from(u32::MAX)) as u32,
+        };
+        let limit = 5000;
+        prop_assert_eq!(state.copies_of(&request, limit), per_device.min(limit));
+        for policy in [DeviceSelection::LeastUsed, DeviceSelection::MostUsedThatFits] {
+            let mut s = state.clone();
+            let mut n = 0;
+            while let Some(b) = s.select(&request, policy) {
+                s.bind(&b).unwrap();
+                n += 1;
+                if n >= limit { break; }
+            }
+            prop_assert_eq!(n, per_device.min(limit));
+        }
+    }
+}

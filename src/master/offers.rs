@@ -193,6 +193,16 @@ impl MasterState {
                     bucket: allocation.decision.bucket.unwrap_or(0) as u32,
                     dimension: allocation.decision.dimension.clone().unwrap_or_default(),
                 }),
+                devices: self
+                    .devices
+                    .state(allocation.agent)
+                    .map(|s| s.devices().iter().map(Into::into).collect())
+                    .unwrap_or_default(),
+                free_devices: self
+                    .devices
+                    .state(allocation.agent)
+                    .map(|s| s.free_to_wire())
+                    .unwrap_or_default(),
                 ..Offer::default()
             };
             tracing::info!(offer = %offer_id, framework = %framework_id, agent = %agent_id,
