@@ -29,7 +29,7 @@ async fn devices_filter_offers_and_bind_tasks() {
     );
     assert_eq!(
         offered(&offers[0]).to_string(),
-        "cpus:8;gpu_mem:32768;gpu_milli:2000;mem:4096"
+        "cpus:8;gpu_mem:32768;gpu_milli:2000;gpus:2;mem:4096"
     );
     // The offer names the devices and what each has free.
     assert_eq!(offers[0].devices.len(), 2);
@@ -56,7 +56,7 @@ async fn devices_filter_offers_and_bind_tasks() {
     assert_eq!(t1.devices, ["gpu:0:600:0"]);
     assert_eq!(
         s.agents[0].free,
-        "cpus:6;gpu_mem:32768;gpu_milli:800;mem:4096"
+        "cpus:6;gpu_mem:32768;gpu_milli:800;gpus:2;mem:4096"
     );
 
     // 800 milli-GPU free in sum, but no device has 600: agent b gets the offer although best
@@ -88,9 +88,9 @@ async fn devices_filter_offers_and_bind_tasks() {
     a.report(&run[0], TaskState::TaskFinished, "u1").await;
     fw.expect_state("t1", TaskState::TaskFinished).await;
     wait_for_state(&master, "device 0 returned", |s| {
-        s.agents
-            .iter()
-            .any(|ag| ag.id == "a" && ag.free == "cpus:7;gpu_mem:32768;gpu_milli:1400;mem:4096")
+        s.agents.iter().any(|ag| {
+            ag.id == "a" && ag.free == "cpus:7;gpu_mem:32768;gpu_milli:1400;gpus:2;mem:4096"
+        })
     })
     .await;
 }
@@ -104,7 +104,7 @@ async fn whole_gpus_hold_their_memory_and_pack_policy_shares_devices() {
     let mut fw = Client::framework(master.addr(), "gpu").await;
     fw.demand("cpus:1;gpu_milli:500", 1).await;
     let offers = fw.expect_offers().await;
-    let mut whole = task("w", "cpus:1;gpu_milli:1000", "true");
+    let mut whole = task("w", "cpus:1;gpus:1", "true");
     whole.gpu_models = vec![];
     fw.accept(
         &offers[0].offer_id,
@@ -129,8 +129,13 @@ async fn whole_gpus_hold_their_memory_and_pack_policy_shares_devices() {
         ]
     );
     let s = wait_for_state(&master, "launched", |s| s.tasks.len() == 4).await;
-    // The whole GPU's memory is held too, so the gpu_mem sum stays true.
-    assert_eq!(s.agents[0].free, "cpus:4;gpu_mem:32768;gpu_milli:500");
+    // The whole GPU's memory is held too, so the gpu_mem sum stays true. The `gpus` scalar only
+    // counts whole-GPU tasks (3 − 1), an upper bound on the entirely free devices; the device
+    // book is exact (docs/devices.md).
+    assert_eq!(
+        s.agents[0].free,
+        "cpus:4;gpu_mem:32768;gpu_milli:500;gpus:2"
+    );
     // A model the agent does not have is refused at accept.
     fw.demand("gpu_milli:100", 1).await;
     let offers = fw.expect_offers().await;

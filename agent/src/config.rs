@@ -118,6 +118,13 @@ impl AgentConfig {
             }
             resources.set_milli(name, sums.milli(name));
         }
+        // With devices, `gpus` counts them; without, it stays the plain scalar given.
+        if !devices.is_empty() {
+            resources.set_milli(
+                ringmaster_proto::devices::GPUS,
+                sums.milli(ringmaster_proto::devices::GPUS),
+            );
+        }
         let device_selection: DeviceSelection = args
             .device_selection
             .parse()
@@ -261,7 +268,7 @@ mod tests {
         assert_eq!(config.devices[1].model, "V100M16");
         assert_eq!(config.resources.milli("gpu_milli"), 2_000_000);
         assert_eq!(config.resources.milli("gpu_mem"), 32_768_000);
-        assert_eq!(config.resources.milli("gpus"), 0);
+        assert_eq!(config.resources.milli("gpus"), 2000);
         assert_eq!(config.device_selection, DeviceSelection::MostUsedThatFits);
         let none = AgentConfig::from_args(args(&["--resources", "cpus:2;gpus:0"])).unwrap();
         assert!(none.devices.is_empty());

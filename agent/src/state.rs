@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ringmaster_proto::devices::{DeviceBinding, DeviceRequest, DeviceState, GPU_MEM, GPU_MILLI};
+use ringmaster_proto::devices::{
+    DeviceBinding, DeviceRequest, DeviceState, GpuDemand, GPUS, GPU_MEM, GPU_MILLI,
+};
 use ringmaster_proto::resources::{format_milli, Resources};
 use ringmaster_proto::{
     AgentHeartbeat, Attribute, KillTask, Message, RegisterAgent, RunTasks, StatusUpdate, TaskInfo,
@@ -123,7 +125,7 @@ impl AgentState {
             });
         if !self.config.devices.is_empty() {
             let sums = self.device_state().free_scalars();
-            for name in [GPU_MILLI, GPU_MEM] {
+            for name in [GPUS, GPU_MILLI, GPU_MEM] {
                 free.set_milli(name, sums.milli(name));
             }
         }
@@ -166,6 +168,10 @@ impl AgentState {
                 "devices are bound but the task asks for no GPU".into(),
             ));
         };
+        if self.config.devices.is_empty() && matches!(request.demand, GpuDemand::Whole { .. }) {
+            // No device list: `gpus` is the plain scalar it always was, checked above.
+            return Ok(DeviceBinding::default());
+        }
         let state = self.device_state();
         if info.devices.is_empty() {
             return state

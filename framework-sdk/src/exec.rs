@@ -219,8 +219,14 @@ pub fn gpu_tasks_fitting(
     gpu_models: &[String],
     count: u32,
 ) -> u32 {
-    use ringmaster_proto::devices::{DeviceRequest, DeviceState};
+    use ringmaster_proto::devices::{DeviceRequest, DeviceState, GpuDemand};
     match DeviceRequest::from_scalars(unit, gpu_models.to_vec()) {
+        // An agent without a device list: `gpus` is a plain scalar, already counted.
+        Ok(Some(request))
+            if offer.devices.is_empty() && matches!(request.demand, GpuDemand::Whole { .. }) =>
+        {
+            count
+        }
         Ok(Some(request)) => DeviceState::from_wire(&offer.devices, &offer.free_devices)
             .map_or(0, |devices| devices.copies_of(&request, count)),
         Ok(None) => count,
@@ -539,6 +545,11 @@ mod tests {
             gpu_tasks_fitting(&offer, &unit("gpu_milli:1000"), &[], 10),
             1
         );
+        assert_eq!(gpu_tasks_fitting(&offer, &unit("gpus:1"), &[], 10), 1);
+        assert_eq!(
+            gpu_tasks_fitting(&Offer::default(), &unit("gpus:1"), &[], 4),
+            4
+        );
         let other = ["A100".to_string()];
         assert_eq!(
             gpu_tasks_fitting(&offer, &unit("gpu_milli:100"), &other, 10),
@@ -557,7 +568,7 @@ mod tests {
             .unwrap()
             .plan()
             .unwrap();
-        assert_eq!(plan.unit.to_string(), "cpus:1;gpu_milli:2000");
+        assert_eq!(plan.unit.to_string(), "cpus:1;gpus:2");
         assert_eq!(plan.gpu_models, ["V100M32"]);
         let err = args(&["--resources", "gpus:1;gpu_milli:5", "--", "x"])
             .unwrap()

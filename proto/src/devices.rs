@@ -17,9 +17,11 @@
 //! - [`DeviceState::select`]: which devices a task gets, `least-used` (spread) or
 //!   `most-used-that-fits` (pack), and [`DeviceBinding`], the exact answer sent to the task.
 //!
-//! The scalar side of a device demand is kept as two aggregate dimensions so rings, DRF and
-//! offers keep working unchanged: [`GPU_MILLI`] (sum of shares) and [`GPU_MEM`] (sum of memory).
-//! They are necessary, not sufficient: the per-device fit here is the exact test.
+//! The scalar side of a device demand is kept as aggregate dimensions so rings, DRF, quotas and
+//! offers keep working unchanged: [`GPUS`] (entirely free devices; whole-device tasks ask it, as
+//! a plain `gpus` scalar always did), [`GPU_MILLI`] (sum of shares) and [`GPU_MEM`] (sum of
+//! memory). They are necessary, not sufficient: the per-device fit here is the exact test. On an
+//! agent without a device list, `gpus` stays the plain scalar it was before this module.
 
 use std::fmt;
 use std::str::FromStr;
@@ -88,16 +90,19 @@ pub struct DeviceRequest {
 }
 
 impl DeviceRequest {
-    /// Rebuilds the request from a task's canonical scalars ([`GPU_MILLI`], [`GPU_MEM`]) and its
-    /// model list: `gpu_milli` below 1000 (or with `gpu_mem`) is a slice of one device, a whole
-    /// multiple of 1000 without memory is that many whole devices. `None` without GPU scalars.
+    /// The request a task's scalars make, with its model list: `gpus:N` is N whole devices,
+    /// `gpu_milli:S` (1–1000) and/or `gpu_mem:M` a slice of one device. `None` without any of
+    /// them. Refused as ambiguous: `gpus` with `gpu_milli` / `gpu_mem`, a fractional `gpus`,
+    /// `gpu_milli` above 1000 (a share is of one device), fractional `gpu_milli` / `gpu_mem`,
+    /// models without an amount.
     pub fn from_scalars(
         scalars: &Resources,
         models: Vec<String>,
     ) -> Result<Option<DeviceRequest>, DeviceError> {
+        let whole = scalars.milli(GPUS);
         let milli = scalars.milli(GPU_MILLI);
         let mem = scalars.milli(GPU_MEM);
-        if milli == 0 && mem == 0 {
+        if whole == 0 && milli == 0 && mem == 0 {
             if !models.is_empty() {
                 return Err(DeviceError::Ambiguous(format!(
                     "`{GPU_MODEL}` without any GPU amount (add `gpus`, `gpu_milli` or `gpu_mem`)"
@@ -105,48 +110,52 @@ impl DeviceRequest {
             }
             return Ok(None);
         }
+        if whole > 0 && (milli > 0 || mem > 0) {
+            return Err(DeviceError::Ambiguous(
+                "`gpus` (whole devices) with `gpu_milli` or `gpu_mem` (part of one device): ask \
+                 either whole GPUs or a slice of one"
+                    .into(),
+            ));
+        }
+        if whole % MILLI != 0 {
+            return Err(DeviceError::Ambiguous(format!(
+                "`gpus:{}` is not a whole number of devices; ask a share of one device with \
+                 `gpu_milli` (e.g. `gpu_milli:500`)",
+                format_milli(whole)
+            )));
+        }
         if milli % MILLI != 0 || mem % MILLI != 0 {
             return Err(DeviceError::Ambiguous(format!(
                 "`{GPU_MILLI}` and `{GPU_MEM}` are whole numbers (milli-GPU, MiB)"
             )));
         }
-        let share = milli / MILLI;
-        let memory_mib = mem / MILLI;
-        let demand = if memory_mib == 0 && share >= u64::from(SHARE_CAPACITY) {
-            if share % u64::from(SHARE_CAPACITY) != 0 {
-                return Err(DeviceError::Ambiguous(format!(
-                    "`{GPU_MILLI}:{share}` is more than one GPU but not whole GPUs: a share is \
-                     of one device (at most 1000); ask `gpus:N` for whole devices"
-                )));
-            }
-            let count = u32::try_from(share / u64::from(SHARE_CAPACITY)).map_err(|_| {
-                DeviceError::Ambiguous(format!("`{GPU_MILLI}:{share}` is too many GPUs"))
+        if milli > u64::from(SHARE_CAPACITY) * MILLI {
+            return Err(DeviceError::Ambiguous(format!(
+                "`{GPU_MILLI}:{}` is a share of one device, at most 1000; ask `gpus:N` for whole \
+                 devices",
+                format_milli(milli)
+            )));
+        }
+        let demand = if whole > 0 {
+            let count = u32::try_from(whole / MILLI).map_err(|_| {
+                DeviceError::Ambiguous(format!("`gpus:{}` is too many", whole / MILLI))
             })?;
             GpuDemand::Whole { count }
         } else {
-            if share > u64::from(SHARE_CAPACITY) {
-                return Err(DeviceError::Ambiguous(format!(
-                    "`{GPU_MILLI}:{share}` with `{GPU_MEM}` asks for one device, whose share \
-                     is at most 1000"
-                )));
-            }
             GpuDemand::Slice {
-                share: share as u32,
-                memory_mib,
+                share: (milli / MILLI) as u32,
+                memory_mib: mem / MILLI,
             }
         };
         Ok(Some(DeviceRequest { demand, models }))
     }
 
-    /// The canonical aggregate scalars of this request (what rings and offers count).
+    /// The canonical scalars of this request: `gpus:N`, or `gpu_milli` / `gpu_mem`.
     pub fn scalars(&self) -> Resources {
         let mut out = Resources::new();
         match self.demand {
             GpuDemand::Whole { count } => {
-                out.set_milli(
-                    GPU_MILLI,
-                    u64::from(count) * u64::from(SHARE_CAPACITY) * MILLI,
-                );
+                out.set_milli(GPUS, u64::from(count) * MILLI);
             }
             GpuDemand::Slice { share, memory_mib } => {
                 out.set_milli(GPU_MILLI, u64::from(share) * MILLI);
@@ -169,8 +178,9 @@ impl DeviceRequest {
     }
 }
 
-/// Splits task text (`cpus:1;mem:64;gpu_milli:500;gpu_model:V100M16|V100M32`) into canonical
-/// scalars and the device request. Rules (anything else is refused as ambiguous):
+/// Splits task text (`cpus:1;mem:64;gpu_milli:500;gpu_model:V100M16|V100M32`) into scalars
+/// (everything but `gpu_model`) and the device request. Rules (anything else is refused as
+/// ambiguous, see [`DeviceRequest::from_scalars`]):
 /// - `gpus:N`: N whole devices, N a whole number; not with `gpu_milli` or `gpu_mem` (a whole
 ///   device has all its memory; pick bigger devices with `gpu_model`);
 /// - `gpu_milli:S`: S milli-GPU of one device, 1 ≤ S ≤ 1000;
@@ -195,65 +205,8 @@ pub fn parse_task_resources(text: &str) -> Result<(Resources, Option<DeviceReque
         }
     }
     let scalars = Resources::parse(&plain.join(";"))?;
-    let whole = scalars.milli(GPUS);
-    let milli = scalars.milli(GPU_MILLI);
-    let mem = scalars.milli(GPU_MEM);
-    if whole > 0 && (milli > 0 || mem > 0) {
-        return Err(DeviceError::Ambiguous(
-            "`gpus` (whole devices) with `gpu_milli` or `gpu_mem` (part of one device): ask \
-             either whole GPUs or a slice of one"
-                .into(),
-        ));
-    }
-    if whole % MILLI != 0 {
-        return Err(DeviceError::Ambiguous(format!(
-            "`gpus:{}` is not a whole number of devices; ask a share of one device with \
-             `gpu_milli` (e.g. `gpu_milli:500`)",
-            format_milli(whole)
-        )));
-    }
-    if milli > u64::from(SHARE_CAPACITY) * MILLI {
-        return Err(DeviceError::Ambiguous(format!(
-            "`gpu_milli:{}` is a share of one device, at most 1000; ask `gpus:N` for whole devices",
-            format_milli(milli)
-        )));
-    }
-    if milli % MILLI != 0 || mem % MILLI != 0 {
-        return Err(DeviceError::Ambiguous(
-            "`gpu_milli` and `gpu_mem` are whole numbers (milli-GPU, MiB)".into(),
-        ));
-    }
-    let mut out = scalars.clone();
-    out.set_milli(GPUS, 0);
-    let request = if whole > 0 {
-        let count = u32::try_from(whole / MILLI)
-            .map_err(|_| DeviceError::Ambiguous(format!("`gpus:{}` is too many", whole / MILLI)))?;
-        Some(DeviceRequest {
-            demand: GpuDemand::Whole { count },
-            models,
-        })
-    } else if milli > 0 || mem > 0 {
-        Some(DeviceRequest {
-            demand: GpuDemand::Slice {
-                share: (milli / MILLI) as u32,
-                memory_mib: mem / MILLI,
-            },
-            models,
-        })
-    } else {
-        if !models.is_empty() {
-            return Err(DeviceError::Ambiguous(format!(
-                "`{GPU_MODEL}` without any GPU amount (add `gpus`, `gpu_milli` or `gpu_mem`)"
-            )));
-        }
-        None
-    };
-    if let Some(request) = &request {
-        for (name, m) in request.scalars().iter() {
-            out.set_milli(name, m);
-        }
-    }
-    Ok((out, request))
+    let request = DeviceRequest::from_scalars(&scalars, models)?;
+    Ok((scalars, request))
 }
 
 fn parse_models(part: &str, value: &str) -> Result<Vec<String>, DeviceError> {
@@ -541,9 +494,16 @@ impl DeviceState {
         self.devices.is_empty()
     }
 
-    /// The aggregate free scalars ([`GPU_MILLI`], [`GPU_MEM`]).
+    /// The aggregate free scalars: [`GPUS`] (entirely free devices), [`GPU_MILLI`], [`GPU_MEM`].
     pub fn free_scalars(&self) -> Resources {
         let mut out = Resources::new();
+        let whole = (0..self.devices.len())
+            .filter(|&i| {
+                self.free_share[i] == SHARE_CAPACITY
+                    && self.free_memory[i] == self.devices[i].memory_mib
+            })
+            .count() as u64;
+        out.set_milli(GPUS, whole * MILLI);
         let share: u64 = self.free_share.iter().map(|&s| u64::from(s)).sum();
         let mem: u64 = self.free_memory.iter().sum();
         out.set_milli(GPU_MILLI, share * MILLI);
@@ -1217,7 +1177,7 @@ mod tests {
             }
         );
         let (s, r) = parse_task_resources("gpus:2;gpu_model:V100M16|V100M32").unwrap();
-        assert_eq!(s.to_string(), "gpu_milli:2000");
+        assert_eq!(s.to_string(), "gpus:2");
         let r = r.unwrap();
         assert_eq!(r.demand, GpuDemand::Whole { count: 2 });
         assert_eq!(r.models, ["V100M16", "V100M32"]);
@@ -1251,7 +1211,7 @@ mod tests {
     #[test]
     fn parses_agent_devices() {
         let (s, d) = parse_agent_resources("cpus:8;gpus:2x16384@V100M16+1x32768").unwrap();
-        assert_eq!(s.to_string(), "cpus:8;gpu_mem:65536;gpu_milli:3000");
+        assert_eq!(s.to_string(), "cpus:8;gpu_mem:65536;gpu_milli:3000;gpus:3");
         assert_eq!(d.len(), 3);
         assert_eq!(
             (d[2].index, d[2].memory_mib, d[2].model.as_str()),
@@ -1332,6 +1292,11 @@ mod tests {
         assert_eq!(
             state.free_scalars().to_string(),
             "gpu_mem:32768;gpu_milli:1000"
+        );
+        state.release(&DeviceBinding::parse("gpu:0:500:0").unwrap());
+        assert_eq!(
+            state.free_scalars().to_string(),
+            "gpu_mem:32768;gpu_milli:1500;gpus:1"
         );
     }
 

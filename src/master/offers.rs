@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashSet};
 
-use ringmaster_proto::devices::{DeviceBinding, DeviceRequest, GPU_MEM};
+use ringmaster_proto::devices::{DeviceBinding, DeviceRequest, GpuDemand, GPU_MEM, GPU_MILLI};
 use ringmaster_proto::resources::{Resources, MILLI};
 use ringmaster_proto::{
     Accept, Decline, ErrorCode, KillTask, Message, Offer, Offers, Placement, Rescind, RunTasks,
@@ -558,23 +558,31 @@ impl MasterState {
             let id = info.task_id.clone();
             let request = DeviceRequest::from_scalars(&resources, info.gpu_models.clone())
                 .map_err(|e| format!("task {id}: {e}"))?;
-            let Some(request) = request else {
+            let legacy = state.is_none()
+                && request
+                    .as_ref()
+                    .is_some_and(|r| matches!(r.demand, GpuDemand::Whole { .. }));
+            let Some(request) = request.filter(|_| !legacy) else {
+                // No GPU, or whole GPUs on an agent without a device list (plain scalar `gpus`).
                 if !info.devices.is_empty() {
-                    return Err(format!("task {id} names devices but asks for no GPU"));
+                    return Err(format!("task {id} names devices the master did not bind"));
                 }
                 out.push((info, resources, DeviceBinding::default()));
                 continue;
             };
-            let state = state
-                .as_mut()
-                .ok_or_else(|| format!("task {id} asks for a GPU but agent {agent_id} has none"))?;
+            let state = state.as_mut().ok_or_else(|| {
+                format!("task {id} asks for a GPU slice but agent {agent_id} has no devices")
+            })?;
             let binding = state.select(&request, policy).ok_or_else(|| {
                 format!("task {id}: no GPU of agent {agent_id} can hold {request:?}")
             })?;
             state
                 .bind(&binding)
                 .map_err(|e| format!("task {id}: {e}"))?;
+            // Held: what the devices really give (a whole device's share and memory too).
+            let share: u64 = binding.devices.iter().map(|d| u64::from(d.share)).sum();
             let memory: u64 = binding.devices.iter().map(|d| d.memory_mib).sum();
+            resources.set_milli(GPU_MILLI, share * MILLI);
             resources.set_milli(GPU_MEM, memory.saturating_mul(MILLI));
             info.devices = binding.to_wire();
             out.push((info, resources, binding));

@@ -88,8 +88,13 @@ impl DeviceBook {
         }
     }
 
+    /// On an agent without devices only whole GPUs fit: there `gpus` is a plain scalar, which
+    /// the scalar check decides.
     pub fn fits_request(&self, agent: AgentKey, request: &DeviceRequest) -> bool {
-        self.agents.get(&agent).is_some_and(|a| a.fits(request))
+        match self.agents.get(&agent) {
+            Some(a) => a.fits(request),
+            None => matches!(request.demand, GpuDemand::Whole { .. }),
+        }
     }
 
     /// Chooses devices for `request` by `policy` and takes them; `None` when nothing fits.
@@ -240,9 +245,10 @@ mod tests {
         let half = Resources::parse("cpus:1;gpu_milli:500").unwrap();
         let six = Resources::parse("gpu_milli:600").unwrap();
         assert!(book.fits(7, &half));
+        assert!(!book.fits(8, &half), "no devices: no GPU slice fits");
         assert!(
-            !book.fits(8, &half),
-            "an agent without devices fits no GPU demand"
+            book.fits(8, &Resources::parse("gpus:2").unwrap()),
+            "plain scalar gpus"
         );
         assert!(book.fits(8, &Resources::parse("cpus:1").unwrap()));
         let request = DeviceRequest::from_scalars(&half, vec![]).unwrap().unwrap();
@@ -267,5 +273,12 @@ mod tests {
             .take(7, &DeviceBinding::parse("gpu:1:1:0").unwrap())
             .is_err());
         assert!(!book.fits(7, &Resources::parse("gpu_milli:1500").unwrap()));
+        assert!(
+            !book.fits(7, &Resources::parse("gpus:1").unwrap()),
+            "both devices are used"
+        );
+        book.release(7, &DeviceBinding::parse("gpu:1:500:0,gpu:0:500:0").unwrap());
+        book.release(7, &DeviceBinding::parse("gpu:0:500:0").unwrap());
+        assert!(book.fits(7, &Resources::parse("gpus:1").unwrap()));
     }
 }
