@@ -760,6 +760,9 @@ pub struct PackedLanes {
     guards: u128,
     /// The same for the odd lanes once shifted down by one lane (no phantom last lane).
     guards_odd: u128,
+    /// 1 in every even lane, and in every odd lane shifted down: `need · ones` broadcasts a need.
+    ones_even: u128,
+    ones_odd: u128,
 }
 
 impl PackedLanes {
@@ -794,6 +797,8 @@ impl PackedLanes {
             even,
             guards,
             guards_odd,
+            ones_even: layout.broadcast_pairs(1, 0),
+            ones_odd: layout.broadcast_pairs(1, 1),
         })
     }
 
@@ -836,10 +841,9 @@ impl PackedLanes {
         if u128::from(need) > self.layout.lane_mask() {
             return 0;
         }
-        let (e, o) = self.ge_guards(
-            self.layout.broadcast_pairs(need, 0),
-            self.layout.broadcast_pairs(need, 1),
-        );
+        // need < 2^b and lanes of a parity are 2b apart: the product carries nothing across.
+        let need = u128::from(need);
+        let (e, o) = self.ge_guards(need * self.ones_even, need * self.ones_odd);
         e.count_ones() + o.count_ones()
     }
 
@@ -848,10 +852,8 @@ impl PackedLanes {
         if u128::from(need) > self.layout.lane_mask() {
             return 0;
         }
-        let (e, o) = self.ge_guards(
-            self.layout.broadcast_pairs(need, 0),
-            self.layout.broadcast_pairs(need, 1),
-        );
+        let need = u128::from(need);
+        let (e, o) = self.ge_guards(need * self.ones_even, need * self.ones_odd);
         self.guards_to_lanes(e, o)
     }
 
