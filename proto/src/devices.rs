@@ -857,6 +857,37 @@ impl PackedLanes {
         self.guards_to_lanes(e, o)
     }
 
+    /// Visits the lanes holding at least `need` (even lanes first) until `visit` says stop;
+    /// returns how many lanes `visit` accepted. Only fitting lanes are visited, so a check of a
+    /// second quantity per candidate costs as many lookups as there are candidates.
+    pub fn count_lanes_at_least_where(
+        &self,
+        need: u64,
+        stop_at: u32,
+        mut accept: impl FnMut(usize) -> bool,
+    ) -> u32 {
+        if u128::from(need) > self.layout.lane_mask() || stop_at == 0 {
+            return 0;
+        }
+        let b = self.layout.bits;
+        let need = u128::from(need);
+        let (even, odd) = self.ge_guards(need * self.ones_even, need * self.ones_odd);
+        let mut accepted = 0;
+        for (mut guards, first) in [(even, 0usize), (odd, 1usize)] {
+            while guards != 0 {
+                let lane = ((guards.trailing_zeros() - b) / b) as usize + first;
+                if accept(lane) {
+                    accepted += 1;
+                    if accepted == stop_at {
+                        return accepted;
+                    }
+                }
+                guards &= guards - 1;
+            }
+        }
+        accepted
+    }
+
     /// Lanes whose value is at least the same lane of `other` (same layout), bit i = lane i.
     pub fn lanes_at_least_each(&self, other: &PackedLanes) -> u128 {
         let b = self.layout.bits;
@@ -939,34 +970,33 @@ impl PackedGpus {
             .fold(0, |acc, (_, mask)| acc | mask)
     }
 
-    /// The packed fit test; always agrees with [`DeviceState::fits`].
+    /// The packed fit test; always agrees with [`DeviceState::fits`]. The common requests (a
+    /// share, whole devices) are popcounts over all lanes at once; a second condition (memory,
+    /// model) is checked only on the lanes that passed the share test.
     pub fn fits(&self, request: &DeviceRequest) -> bool {
         let need = request.device_count();
         match request.demand {
-            GpuDemand::Whole { .. } if request.models.is_empty() => {
-                // Fully free share is the common filter; memory only matters for the devices
-                // that pass it.
-                if self.share.count_at_least(u64::from(SHARE_CAPACITY)) < need {
+            GpuDemand::Whole { .. } => {
+                let full = u64::from(SHARE_CAPACITY);
+                if self.share.count_at_least(full) < need {
                     return false;
                 }
-                let mask = self.share.lanes_at_least(u64::from(SHARE_CAPACITY))
-                    & self.memory.lanes_at_least_each(&self.capacity);
-                mask.count_ones() >= need
-            }
-            GpuDemand::Whole { .. } => {
-                let mask = self.share.lanes_at_least(u64::from(SHARE_CAPACITY))
-                    & self.memory.lanes_at_least_each(&self.capacity)
-                    & self.model_mask(request);
-                mask.count_ones() >= need
+                let memory_full =
+                    self.memory.lanes_at_least_each(&self.capacity) & self.model_mask(request);
+                self.share
+                    .count_lanes_at_least_where(full, need, |i| memory_full >> i & 1 == 1)
+                    >= need
             }
             GpuDemand::Slice { share, memory_mib } => {
                 if memory_mib == 0 && request.models.is_empty() {
                     return self.share.count_at_least(u64::from(share)) >= 1;
                 }
-                let mask = self.share.lanes_at_least(u64::from(share))
-                    & self.memory.lanes_at_least(memory_mib)
-                    & self.model_mask(request);
-                mask != 0
+                let models = self.model_mask(request);
+                self.share
+                    .count_lanes_at_least_where(u64::from(share), 1, |i| {
+                        models >> i & 1 == 1 && self.memory.get(i) >= memory_mib
+                    })
+                    >= 1
             }
         }
     }

@@ -155,8 +155,8 @@ proptest! {
             GpuDemand::Slice { share, memory_mib } => (0..state.devices().len())
                 .filter(|&i| request.models.is_empty() || request.models.contains(&state.devices()[i].model))
                 .map(|i| {
-                    let by_share = if share == 0 { u64::MAX } else { u64::from(state.free_share()[i] / share) };
-                    let by_mem = if memory_mib == 0 { u64::MAX } else { state.free_memory()[i] / memory_mib };
+                    let by_share = state.free_share()[i].checked_div(share).map_or(u64::MAX, u64::from);
+                    let by_mem = state.free_memory()[i].checked_div(memory_mib).unwrap_or(u64::MAX);
                     by_share.min(by_mem)
                 })
                 .fold(0u64, u64::saturating_add)
