@@ -26,7 +26,7 @@
 //!    process group in `<work_dir>/sandboxes/<framework_id>/<task_id>` (ids escaped) with
 //!    `stdout`/`stderr` files and `RINGMASTER_{TASK_ID,FRAMEWORK_ID,AGENT_ID,RESOURCES,SANDBOX}`
 //!    plus the task's env → `RUNNING`; on an agent with GPUs (docs/devices.md) a GPU task
-//!    (`gpu_milli` / `gpu_mem` in its resources, `gpu_models`) gets the devices of the
+//!    (`gpus`, or `gpu_milli` / `gpu_mem`, in its resources; `gpu_models`) gets the devices of the
 //!    master's binding (`TaskInfo.devices`, checked against the agent's own per-device
 //!    accounting) or, without one, devices picked by `--device-selection`; the task sees
 //!    `CUDA_VISIBLE_DEVICES` and `RINGMASTER_DEVICES` (`gpu:INDEX:SHARE:MEMORY,…`; both empty
