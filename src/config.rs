@@ -24,6 +24,8 @@
 //!   partitions: [default, gpu]
 //!   users:
 //!     alice: { gpu: { priority: 10, quota: "gpus:4" } }
+//! devices:                # GPU devices (docs/devices.md)
+//!   selection: least-used # least-used (spread) | most-used-that-fits (pack)
 //! ```
 
 use std::collections::BTreeMap;
@@ -488,6 +490,21 @@ struct RawConfig {
     priorities: Option<RawPriorities>,
     tls: Option<crate::security::RawTls>,
     auth: Option<crate::security::RawAuth>,
+    devices: Option<RawDevices>,
+}
+
+/// The `devices:` section: how the master picks a GPU task's devices on its agent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevices {
+    selection: Option<String>,
+}
+
+/// Device settings (docs/devices.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevicesConfig {
+    /// `least-used` (spread, default) or `most-used-that-fits` (pack).
+    pub selection: ringmaster_proto::devices::DeviceSelection,
 }
 
 /// The `matching:` section: coefficients of the batch-matching scores.
@@ -629,6 +646,8 @@ pub struct Config {
     pub tls: Option<ringmaster_proto::transport::TlsServerFiles>,
     /// Principals and what they may do (default: nobody is asked to authenticate).
     pub auth: crate::security::AuthConfig,
+    /// How GPU tasks get their devices.
+    pub devices: DevicesConfig,
 }
 
 /// The `balance:` section as written (checked after parsing, with its lines).
@@ -755,6 +774,14 @@ impl Config {
         }
         if let Some(a) = &raw.auth {
             config.auth = crate::security::apply_auth(&source, &["auth".into()], a)?;
+        }
+        if let Some(selection) = raw.devices.as_ref().and_then(|d| d.selection.as_ref()) {
+            config.devices.selection =
+                selection
+                    .parse()
+                    .map_err(|e: ringmaster_proto::devices::DeviceError| {
+                        source.error(&["devices".into(), "selection".into()], e.to_string())
+                    })?;
         }
         if let Some(m) = &raw.master {
             let out = &mut config.master;

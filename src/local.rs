@@ -75,6 +75,8 @@ impl LocalCluster {
                 id: Some(format!("local-agent-{i}")),
                 hostname: format!("local-agent-{i}"),
                 resources: options.agent_resources.clone(),
+                devices: Vec::new(),
+                device_selection: Default::default(),
                 attributes: Vec::new(),
                 work_dir,
                 kill_grace: Duration::from_secs(3),

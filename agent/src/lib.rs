@@ -25,7 +25,14 @@
 //!    not fitting in free → `FAILED` `insufficient_resources`; else `sh -c COMMAND` (under a
 //!    small `sh` wrapper that records the exit status in the sandbox) in its own process group in `<work_dir>/sandboxes/<framework_id>/<task_id>` (ids escaped) with
 //!    `stdout`/`stderr` files and `RINGMASTER_{TASK_ID,FRAMEWORK_ID,AGENT_ID,RESOURCES,SANDBOX}`
-//!    plus the task's env → `RUNNING`; a spawn failure → `FAILED` `launch_failed`. When the
+//!    plus the task's env → `RUNNING`; on an agent with GPUs (docs/devices.md) a GPU task
+//!    (`gpus`, or `gpu_milli` / `gpu_mem`, in its resources; `gpu_models`) gets the devices of the
+//!    master's binding (`TaskInfo.devices`, checked against the agent's own per-device
+//!    accounting) or, without one, devices picked by `--device-selection`; the task sees
+//!    `CUDA_VISIBLE_DEVICES` and `RINGMASTER_DEVICES` (`gpu:INDEX:SHARE:MEMORY,…`; both empty
+//!    for tasks without GPUs) and `RUNNING` carries the binding in `TaskStatus.devices`; no
+//!    device with room → `FAILED` `insufficient_resources`. Registration sends `devices`,
+//!    heartbeats `free_devices`; a spawn failure → `FAILED` `launch_failed`. When the
 //!    process ends (and its whole group is gone): exit 0 → `FINISHED` (`exit_code` 0); non-zero
 //!    → `FAILED` `exit_status` with `exit_code`; a signal the agent did not send → `FAILED`
 //!    `signal` (message names it). `KillTask` → SIGTERM to the group, SIGKILL after the grace
@@ -61,7 +68,7 @@ pub use config::{
     parse_attributes, AgentArgs, AgentConfig, DEFAULT_KILL_GRACE, DEFAULT_RECONNECT_MAX_BACKOFF,
     DEFAULT_WORK_DIR,
 };
-pub use detect::{detect_hostname, detect_resources};
+pub use detect::{detect_gpus, detect_hostname, detect_resources};
 
 /// The file in the work dir that keeps the agent id between runs.
 pub const AGENT_ID_FILE: &str = "agent_id";

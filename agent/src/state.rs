@@ -7,6 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ringmaster_proto::devices::{
+    DeviceBinding, DeviceRequest, DeviceState, GpuDemand, GPUS, GPU_MEM, GPU_MILLI,
+};
 use ringmaster_proto::resources::{format_milli, Resources};
 use ringmaster_proto::{
     AgentHeartbeat, Attribute, KillTask, Message, RegisterAgent, RunTasks, StatusUpdate, TaskInfo,
@@ -51,6 +54,8 @@ pub struct TaskKey {
 #[derive(Debug)]
 struct TaskRecord {
     resources: Resources,
+    /// The devices it holds (empty without a GPU request).
+    devices: DeviceBinding,
     /// The latest status (as last issued).
     status: TaskStatus,
     /// Set once a kill was requested: the reason to report.
@@ -113,14 +118,96 @@ impl AgentState {
         self.agent_id = id;
     }
 
-    /// Total minus what non-terminal tasks hold.
+    /// Total minus what non-terminal tasks hold; the GPU sums come from the devices, since a
+    /// whole device also takes its memory.
     pub fn free(&self) -> Resources {
-        self.tasks
+        let mut free = self
+            .tasks
             .values()
             .filter(|t| t.is_active())
             .fold(self.config.resources.clone(), |free, t| {
                 free.saturating_sub(&t.resources)
-            })
+            });
+        if !self.config.devices.is_empty() {
+            let sums = self.device_state().free_scalars();
+            for name in [GPUS, GPU_MILLI, GPU_MEM] {
+                free.set_milli(name, sums.milli(name));
+            }
+        }
+        free
+    }
+
+    /// Each device's free share and memory: all devices minus the bindings of active tasks.
+    pub fn device_state(&self) -> DeviceState {
+        let mut state = DeviceState::new(self.config.devices.clone())
+            .unwrap_or_else(|_| DeviceState::new(Vec::new()).expect("no devices"));
+        for t in self.tasks.values().filter(|t| t.is_active()) {
+            if state.bind(&t.devices).is_err() {
+                // Bindings are checked before launch, so this cannot happen; keep going.
+                tracing::error!(devices = %t.devices, "a running task's devices do not fit");
+            }
+        }
+        state
+    }
+
+    /// The devices for a task: the master's binding checked against this agent's own
+    /// accounting, or one chosen here by the configured policy. `Err((reason, message))`.
+    fn bind_devices(
+        &self,
+        info: &TaskInfo,
+        resources: &Resources,
+    ) -> Result<DeviceBinding, (&'static str, String)> {
+        let request =
+            DeviceRequest::from_scalars(resources, info.gpu_models.clone()).map_err(|e| {
+                (
+                    reason::LAUNCH_FAILED,
+                    format!("invalid device request: {e}"),
+                )
+            })?;
+        let Some(request) = request else {
+            if info.devices.is_empty() {
+                return Ok(DeviceBinding::default());
+            }
+            return Err((
+                reason::LAUNCH_FAILED,
+                "devices are bound but the task asks for no GPU".into(),
+            ));
+        };
+        if self.config.devices.is_empty() && matches!(request.demand, GpuDemand::Whole { .. }) {
+            // No device list: `gpus` is the plain scalar it always was, checked above.
+            return Ok(DeviceBinding::default());
+        }
+        let state = self.device_state();
+        if info.devices.is_empty() {
+            return state
+                .select(&request, self.config.device_selection)
+                .ok_or_else(|| {
+                    let free: Vec<String> = state
+                        .devices()
+                        .iter()
+                        .enumerate()
+                        .map(|(i, d)| {
+                            format!(
+                                "gpu {} {}: {} milli, {} MiB",
+                                d.index,
+                                d.model,
+                                state.free_share()[i],
+                                state.free_memory()[i]
+                            )
+                        })
+                        .collect();
+                    (
+                        reason::INSUFFICIENT_RESOURCES,
+                        format!("no GPU can hold {request:?} (free: {})", free.join("; ")),
+                    )
+                });
+        }
+        let binding = DeviceBinding::from_wire(&info.devices)
+            .map_err(|e| (reason::LAUNCH_FAILED, e.to_string()))?;
+        state
+            .check_binding(&request, &binding)
+            .map_err(|e| (reason::INSUFFICIENT_RESOURCES, e.to_string()))?;
+        Ok(binding)
     }
 
     /// Number of tasks whose process still runs.
@@ -170,6 +257,7 @@ impl AgentState {
                     ..t.status.clone()
                 })
                 .collect(),
+            devices: self.config.devices.iter().map(Into::into).collect(),
         }
     }
 
@@ -178,6 +266,7 @@ impl AgentState {
             agent_id: self.agent_id.clone(),
             free: Some(self.free().to_wire()),
             tasks: self.active_statuses(),
+            free_devices: self.device_state().free_to_wire(),
         })
     }
 
@@ -271,6 +360,10 @@ impl AgentState {
                 out,
             );
         }
+        let devices = match self.bind_devices(&info, &resources) {
+            Ok(devices) => devices,
+            Err((why, message)) => return self.refuse(key, resources, blank, why, message, out),
+        };
         let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
         let mut env = vec![
             ("RINGMASTER_TASK_ID".to_string(), key.task_id.clone()),
@@ -285,6 +378,14 @@ impl AgentState {
                 sandbox.to_string_lossy().into_owned(),
             ),
         ];
+        if !self.config.devices.is_empty() || !devices.is_empty() {
+            // Empty for a task without GPUs: it sees none of this agent's devices.
+            env.push((
+                "CUDA_VISIBLE_DEVICES".to_string(),
+                devices.cuda_visible_devices(),
+            ));
+            env.push(("RINGMASTER_DEVICES".to_string(), devices.to_string()));
+        }
         env.extend(info.env.iter().map(|a| (a.key.clone(), a.value.clone())));
         let spec = LaunchSpec {
             command: info.command.clone(),
@@ -295,11 +396,12 @@ impl AgentState {
         match process::launch(&spec, key.clone(), self.exits_tx.clone()) {
             Ok(handle) => {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,
-                    pid = handle.pid(), resources = %resources, sandbox = %sandbox.display(),
+                    pid = handle.pid(), resources = %resources, devices = %devices, sandbox = %sandbox.display(),
                     "launched task");
                 let status = TaskStatus {
                     state: TaskState::TaskRunning as i32,
                     message: format!("pid {}", handle.pid()),
+                    devices: devices.to_wire(),
                     ..blank
                 };
                 let status = self.issue(status, out);
@@ -308,6 +410,7 @@ impl AgentState {
                     key.clone(),
                     TaskRecord {
                         resources,
+                        devices,
                         status,
                         kill_reason: None,
                         process: Some(handle),
@@ -347,6 +450,7 @@ impl AgentState {
             key,
             TaskRecord {
                 resources,
+                devices: DeviceBinding::default(),
                 status,
                 kill_reason: None,
                 process: None,
@@ -545,6 +649,7 @@ impl AgentState {
             framework_id: key.framework_id.clone(),
             task_id: key.task_id.clone(),
             resources: record.resources.to_string(),
+            devices: record.devices.to_string(),
             pid: record.pid,
             start_ticks: record.start_ticks,
             kill_reason: record.kill_reason.clone(),
@@ -582,6 +687,10 @@ impl AgentState {
                 continue;
             }
             recovered += 1;
+            let devices = DeviceBinding::parse(&file.devices).unwrap_or_else(|e| {
+                tracing::warn!(task = %key.task_id, "unreadable device binding in the task file: {e}");
+                DeviceBinding::default()
+            });
             let blank = TaskStatus {
                 task_id: key.task_id.clone(),
                 framework_id: key.framework_id.clone(),
@@ -604,6 +713,7 @@ impl AgentState {
                     key,
                     TaskRecord {
                         resources,
+                        devices,
                         status,
                         kill_reason: file.kill_reason,
                         process: None,
@@ -634,6 +744,7 @@ impl AgentState {
                 key,
                 TaskRecord {
                     resources,
+                    devices,
                     status,
                     kill_reason: file.kill_reason,
                     process: Some(handle),

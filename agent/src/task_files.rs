@@ -15,12 +15,14 @@ use ringmaster_proto::{TaskState, TaskStatus};
 pub const TASK_FILE: &str = ".ringmaster-task";
 
 /// What the agent must know about a task after a restart.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TaskFile {
     pub framework_id: String,
     pub task_id: String,
     /// Mesos text syntax.
     pub resources: String,
+    /// The GPU devices it holds, in binding text (`gpu:0:500:0,…`; empty without GPUs).
+    pub devices: String,
     /// The group leader (the task's wrapper); 0 when no process was started.
     pub pid: u32,
     /// The leader's start time, from `/proc/PID/stat`.
@@ -67,6 +69,7 @@ impl TaskFile {
             format!("framework_id={}", escape(&self.framework_id)),
             format!("task_id={}", escape(&self.task_id)),
             format!("resources={}", escape(&self.resources)),
+            format!("devices={}", escape(&self.devices)),
             format!("pid={}", self.pid),
             format!("start_ticks={}", self.start_ticks),
         ];
@@ -90,6 +93,7 @@ impl TaskFile {
             framework_id: String::new(),
             task_id: String::new(),
             resources: String::new(),
+            devices: String::new(),
             pid: 0,
             start_ticks: 0,
             kill_reason: None,
@@ -106,6 +110,7 @@ impl TaskFile {
                 "framework_id" => (file.framework_id, has_fw) = (value, true),
                 "task_id" => (file.task_id, has_task) = (value, true),
                 "resources" => file.resources = value,
+                "devices" => file.devices = value,
                 "pid" => file.pid = value.parse().map_err(|_| bad())?,
                 "start_ticks" => file.start_ticks = value.parse().map_err(|_| bad())?,
                 "kill_reason" => file.kill_reason = Some(value),
@@ -191,6 +196,7 @@ mod tests {
             framework_id: "fw 1=%x".into(),
             task_id: "t\n1".into(),
             resources: "cpus:1;mem:128".into(),
+            devices: "gpu:0:500:0,gpu:1:1000:0".into(),
             pid: 4242,
             start_ticks: 987654,
             kill_reason: Some("killed_by_framework".into()),

@@ -195,6 +195,8 @@ fn config(master: &str, work_dir: &Path, resources: &str) -> AgentConfig {
         id: None,
         hostname: "test-host".into(),
         resources: Resources::parse(resources).unwrap(),
+        devices: Vec::new(),
+        device_selection: Default::default(),
         attributes: vec![("rack".into(), "r1".into())],
         work_dir: work_dir.to_path_buf(),
         kill_grace: Duration::from_millis(500),

@@ -39,6 +39,16 @@ impl MasterState {
                 )
             }
         };
+        let devices = match ringmaster_proto::devices::devices_from_wire(&register.devices) {
+            Ok(devices) => devices,
+            Err(e) => {
+                return self.close(
+                    conn,
+                    ErrorCode::InvalidRequest,
+                    format!("RegisterAgent: bad devices: {e}"),
+                )
+            }
+        };
         let attributes: Vec<(String, String)> = register
             .attributes
             .iter()
@@ -70,10 +80,15 @@ impl MasterState {
             }
             if let Some(key) = self.agents.get_mut(&id).and_then(|a| a.key.take()) {
                 self.cluster.remove_agent(key);
+                self.devices.remove_agent(key);
                 self.agent_by_key.remove(&key);
             }
         }
         let key = self.cluster.add_agent(total.clone());
+        if let Err(e) = self.devices.set_agent(key, devices) {
+            // Checked by devices_from_wire above; keep the agent without devices.
+            tracing::error!(agent = %id, error = %e, "agent devices refused");
+        }
         self.agent_by_key.insert(key, id.clone());
         let record = self
             .agents
@@ -363,6 +378,7 @@ impl MasterState {
             let conn = agent.conn.take();
             if let Some(key) = agent.key.take() {
                 self.cluster.remove_agent(key);
+                self.devices.remove_agent(key);
                 self.agent_by_key.remove(&key);
             }
             // A half-open connection: make the agent reconnect and re-register.

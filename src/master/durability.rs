@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use ringmaster_proto::devices::DeviceBinding;
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{TaskState, TaskStatus};
 use tokio::time::{Duration, Instant};
@@ -230,6 +231,10 @@ impl MasterState {
                 tracing::error!(task = %t.task_id, error = %e, "registry: bad task resources");
                 Resources::new()
             });
+            let devices = DeviceBinding::parse(&t.devices).unwrap_or_else(|e| {
+                tracing::error!(task = %t.task_id, error = %e, "registry: bad task devices");
+                DeviceBinding::default()
+            });
             self.launches = self.launches.max(t.started);
             let record = TaskRecord {
                 agent: t.agent_id.clone(),
@@ -247,6 +252,7 @@ impl MasterState {
                 preempted: t.preempted,
                 exit_code: t.exit_code,
                 terminal_unacked: t.terminal_unacked,
+                devices,
             };
             self.tasks.insert(key.clone(), record);
             if state.is_terminal() {
@@ -316,6 +322,7 @@ fn task_entry(key: &TaskKey, t: &TaskRecord) -> TaskEntry {
         agent_id: t.agent.clone(),
         name: t.name.clone(),
         resources: t.resources.to_string(),
+        devices: t.devices.to_string(),
         state: t.state as i32,
         reason: t.reason.clone(),
         message: t.message.clone(),

@@ -76,6 +76,10 @@ pub struct TaskEntry {
     pub name: String,
     /// Mesos text syntax.
     pub resources: String,
+    /// The GPU devices the master bound it to, in binding text (docs/devices.md; empty
+    /// without GPUs).
+    #[serde(default)]
+    pub devices: String,
     /// `TaskState` as its protobuf number.
     pub state: i32,
     pub reason: String,
@@ -341,6 +345,7 @@ mod tests {
             agent_id: "a1".into(),
             name: id.into(),
             resources: "cpus:1;mem:128".into(),
+            devices: "gpu:0:500:0".into(),
             state,
             reason: String::new(),
             message: String::new(),

@@ -120,6 +120,8 @@ pub(crate) struct TaskRecord {
     /// Ended, and the framework has not acknowledged the terminal update yet (persisted, so
     /// the update is sent again after a master restart).
     pub terminal_unacked: bool,
+    /// The GPU devices the master bound it to (docs/devices.md); empty without a GPU request.
+    pub devices: ringmaster_proto::devices::DeviceBinding,
 }
 
 /// Who is on the other end of a connection.
@@ -168,6 +170,8 @@ pub struct MasterState {
     /// The durable registry (`--work-dir`) and this turn's changes to it; `None` keeps
     /// everything in memory only.
     pub(crate) durable: Option<Durable>,
+    /// Every agent's GPUs, device by device (docs/devices.md).
+    pub(crate) devices: crate::placement::devices::DeviceBook,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -214,6 +218,7 @@ impl MasterState {
             launches: 0,
             owners: super::owners::IdOwners::default(),
             durable: None,
+            devices: Default::default(),
         }
     }
 
@@ -495,7 +500,7 @@ pub struct TaskView {
     pub reason: String,
     /// The priority the master gave the task at launch (docs/priorities.md).
     pub priority: Option<Priority>,
-    /// Device assignment (GPUs by index) is not in the protocol yet: always empty.
+    /// The task's GPU devices, `gpu:INDEX:SHARE:MEMORY` each (docs/devices.md).
     pub devices: Vec<String>,
 }
 
@@ -609,7 +614,17 @@ impl MasterState {
                 state: t.state.short_name().to_string(),
                 reason: t.reason.clone(),
                 priority: Some(t.priority),
-                devices: Vec::new(),
+                devices: t
+                    .devices
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        ringmaster_proto::devices::DeviceBinding {
+                            devices: vec![d.clone()],
+                        }
+                        .to_string()
+                    })
+                    .collect(),
             })
             .collect();
         tasks.sort_by(|a, b| (&a.framework, &a.id).cmp(&(&b.framework, &b.id)));

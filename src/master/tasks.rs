@@ -41,6 +41,10 @@ impl MasterState {
         }
         if let Some(task) = self.tasks.get_mut(task_key) {
             task.holds_resources = true;
+            if let Err(e) = self.devices.take(key, &task.devices) {
+                tracing::error!(agent = %agent_id, task = %task_key.1, error = %e,
+                    "the task's devices are not free on its agent; device accounting skips them");
+            }
         }
     }
 
@@ -55,8 +59,10 @@ impl MasterState {
         task.holds_resources = false;
         let resources = task.resources.clone();
         let agent_id = task.agent.clone();
+        let devices = task.devices.clone();
         if let Some(key) = self.agents.get(&agent_id).and_then(|a| a.key) {
             let _ = self.cluster.give_back(key, &resources);
+            self.devices.release(key, &devices);
         }
         if let Some(fw) = self.frameworks.get(&task_key.0) {
             self.drf.unallocated(fw.key, &resources);
@@ -170,6 +176,7 @@ impl MasterState {
             exit_code,
             update_id: String::new(),
             timestamp_ms: unix_ms(),
+            devices: task.devices.to_wire(),
         }
     }
 
