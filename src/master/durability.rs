@@ -16,7 +16,7 @@ use super::ids::IdMint;
 use super::registry::{
     AgentEntry, FrameworkEntry, Recovered, Registry, RegistryBatch, RegistryError, TaskEntry,
 };
-use super::state::{AgentRecord, FrameworkRecord, MasterState, TaskKey, TaskRecord};
+use super::state::{AgentRecord, FrameworkRecord, MasterState, Peer, TaskKey, TaskRecord};
 use super::{ConnId, Outbound};
 
 /// The registry and what the current actor turn changed.
@@ -111,11 +111,17 @@ impl MasterState {
             ..Default::default()
         };
         for id in durable.frameworks.drain() {
-            let entry = self.frameworks.get(&id).map(framework_entry);
+            let entry = self
+                .frameworks
+                .get(&id)
+                .map(|f| framework_entry(f, self.owners.framework(&f.id)));
             batch.frameworks.push((id, entry));
         }
         for id in durable.agents.drain() {
-            let entry = self.agents.get(&id).map(agent_entry);
+            let entry = self
+                .agents
+                .get(&id)
+                .map(|a| agent_entry(a, self.owners.agent(&a.id)));
             batch.agents.push((id, entry));
         }
         for key in durable.tasks.drain() {
@@ -158,6 +164,8 @@ impl MasterState {
         self.removed_frameworks
             .extend(recovered.removed_frameworks.iter().cloned());
         for f in recovered.frameworks {
+            self.owners
+                .restore(&Peer::Framework(f.id.clone()), &f.principal);
             let key = self.next_framework_key;
             self.next_framework_key += 1;
             let weight = if f.weight.is_finite() && f.weight > 0.0 {
@@ -193,6 +201,8 @@ impl MasterState {
         }
         let deadline = now + self.config.master.agent_reregister_timeout;
         for a in recovered.agents {
+            self.owners
+                .restore(&Peer::Agent(a.id.clone()), &a.principal);
             let total = match Resources::parse(&a.total) {
                 Ok(total) => total,
                 Err(e) => {
@@ -293,7 +303,7 @@ impl MasterState {
     }
 }
 
-fn framework_entry(f: &FrameworkRecord) -> FrameworkEntry {
+fn framework_entry(f: &FrameworkRecord, principal: String) -> FrameworkEntry {
     FrameworkEntry {
         id: f.id.clone(),
         name: f.name.clone(),
@@ -301,17 +311,18 @@ fn framework_entry(f: &FrameworkRecord) -> FrameworkEntry {
         weight: f.weight,
         partition: f.partition.clone(),
         failover_timeout_secs: f.failover_timeout.as_secs_f64(),
-        principal: String::new(),
+        principal,
     }
 }
 
-fn agent_entry(a: &AgentRecord) -> AgentEntry {
+fn agent_entry(a: &AgentRecord, principal: String) -> AgentEntry {
     AgentEntry {
         id: a.id.clone(),
         hostname: a.hostname.clone(),
         total: a.total.to_string(),
         attributes: a.attributes.clone(),
         lost: a.lost,
+        principal,
     }
 }
 

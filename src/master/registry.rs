@@ -65,6 +65,9 @@ pub struct AgentEntry {
     pub attributes: Vec<(String, String)>,
     /// Declared lost (its tasks were LOST); it may still re-register.
     pub lost: bool,
+    /// The authenticated principal that registered it (empty: anonymous).
+    #[serde(default)]
+    pub principal: String,
 }
 
 /// A launched task and its last known state, as persisted.
@@ -388,6 +391,7 @@ mod tests {
                             total: "cpus:4;mem:8192".into(),
                             attributes: vec![("rack".into(), "r1".into())],
                             lost: false,
+                            principal: "ops".into(),
                         }),
                     )],
                     tasks: vec![
