@@ -19,6 +19,7 @@ use std::str::FromStr;
 
 use super::balance::{BalanceNote, BalancePlacer, PlacementContext};
 use super::node_preference::{LeastRequested, MostBalanced};
+use super::ring_search::{pick_scored, AgentScore};
 use super::{AgentKey, Cluster, Resources};
 
 /// The phase of the ring search that found the agent.
@@ -170,12 +171,20 @@ fn fits(free: &Resources, demand: &Resources) -> bool {
     free.contains(demand)
 }
 
-/// The ring search of SPEC seed 001 step 3.
+/// The ring search of SPEC seed 001 step 3, with the options of [`RingSearch`].
 ///
 /// With D the dominant dimension, d the demand's amount in D and K the bucket holding d:
 /// 1. bucket K: best fit (least free − d among fitting agents);
 /// 2. buckets K+1 … N, N = min(K + search_up, top): best fit in the first with a fitting agent;
 /// 3. buckets top … N+1, downward: the agent with the largest free amount in the first with one.
+///
+/// Beyond the seed ([`RingsConfig::search`](super::RingsConfig::search)): a demand asking for
+/// none of a spared dimension is first searched among agents with none of it free; and when the
+/// [`PlacementContext`] carries an [`AgentScore`], the first `candidates` fitting agents of the
+/// bucket where the search stops, in the phase's order, are ranked by it (equal scores: the
+/// phase's order). [`RingsConfig::seed_001`](super::RingsConfig::seed_001) turns both off.
+///
+/// [`RingSearch`]: super::RingSearch
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RingPlacer;
 
@@ -190,36 +199,107 @@ impl Placer for RingPlacer {
         demand: &Resources,
         eligible: &dyn Fn(AgentKey) -> bool,
     ) -> Option<Decision> {
-        let dimension = dominant_dimension(demand, cluster.total())?;
-        let ring = cluster.ring(dimension)?;
-        let need = demand.milli(dimension);
-        let resolved = cluster.resolve(demand);
-        let fitting = |key: AgentKey| cluster.fits(key, &resolved) && eligible(key);
-        let decided = |agent: AgentKey, phase: Phase, bucket: usize| Decision {
-            agent,
-            phase: Some(phase),
-            bucket: Some(bucket),
-            dimension: Some(dimension.to_string()),
-            balance: None,
-        };
-        let k = ring.bucket_of(need);
-        let top = ring.len() - 1;
-        if let Some((_, agent)) = ring.best_fit(k, need, &fitting) {
-            return Some(decided(agent, Phase::Bucket, k));
-        }
-        let n = k.saturating_add(ring.search_up()).min(top);
-        for bucket in k + 1..=n {
-            if let Some((_, agent)) = ring.best_fit(bucket, need, &fitting) {
-                return Some(decided(agent, Phase::Up, bucket));
-            }
-        }
-        for bucket in (n + 1..=top).rev() {
-            if let Some((_, agent)) = ring.largest_fit(bucket, need, &fitting) {
-                return Some(decided(agent, Phase::Down, bucket));
-            }
-        }
-        None
+        self.place_in(cluster, demand, eligible, &mut PlacementContext::default())
     }
+
+    fn place_in(
+        &self,
+        cluster: &Cluster,
+        demand: &Resources,
+        eligible: &dyn Fn(AgentKey) -> bool,
+        context: &mut PlacementContext,
+    ) -> Option<Decision> {
+        let search = cluster.rings_config().search();
+        let score = context.score().filter(|_| search.candidates() > 1);
+        let k = if score.is_some() {
+            search.candidates()
+        } else {
+            1
+        };
+        // Spared dimensions this demand does not ask for, which some agent has none of free.
+        let mut spared: [usize; 4] = [0; 4];
+        let mut n_spared = 0;
+        for name in search.spare() {
+            if n_spared == spared.len() || demand.milli(name) > 0 {
+                continue;
+            }
+            if let Some(d) = cluster.dimension_of(name) {
+                if cluster.some_agent_without(d) {
+                    spared[n_spared] = d;
+                    n_spared += 1;
+                }
+            }
+        }
+        if n_spared > 0 {
+            let spared = &spared[..n_spared];
+            let without = |key: AgentKey| {
+                spared.iter().all(|&d| cluster.free_in(key, d) == 0) && eligible(key)
+            };
+            if let Some(found) = ring_search(cluster, demand, &without, k, score) {
+                return Some(found);
+            }
+        }
+        ring_search(cluster, demand, eligible, k, score)
+    }
+}
+
+/// One ring search (the three phases) among `eligible` agents; with a score and `k` > 1, the
+/// first `k` fitting agents of the bucket where it stops are ranked by the score.
+fn ring_search(
+    cluster: &Cluster,
+    demand: &Resources,
+    eligible: &dyn Fn(AgentKey) -> bool,
+    k: usize,
+    score: Option<&dyn AgentScore>,
+) -> Option<Decision> {
+    let dimension = dominant_dimension(demand, cluster.total())?;
+    let ring = cluster.ring(dimension)?;
+    let need = demand.milli(dimension);
+    let resolved = cluster.resolve(demand);
+    let fitting = |key: AgentKey| cluster.fits(key, &resolved) && eligible(key);
+    let decided = |agent: AgentKey, phase: Phase, bucket: usize| Decision {
+        agent,
+        phase: Some(phase),
+        bucket: Some(bucket),
+        dimension: Some(dimension.to_string()),
+        balance: None,
+    };
+    let mut candidates = Vec::new();
+    // The best candidate of one bucket: the first, or the best-scored of the first k.
+    let choose = |candidates: &[(u64, AgentKey)]| match score {
+        Some(score) => pick_scored(candidates, demand, score),
+        None => candidates.first().copied(),
+    };
+    let best_fit = |bucket: usize, candidates: &mut Vec<(u64, AgentKey)>| {
+        if k <= 1 {
+            return ring.best_fit(bucket, need, &fitting);
+        }
+        ring.best_fits(bucket, need, &fitting, k, candidates);
+        choose(candidates)
+    };
+    let kf = ring.bucket_of(need);
+    let top = ring.len() - 1;
+    if let Some((_, agent)) = best_fit(kf, &mut candidates) {
+        return Some(decided(agent, Phase::Bucket, kf));
+    }
+    let n = kf.saturating_add(ring.search_up()).min(top);
+    for bucket in kf + 1..=n {
+        if let Some((_, agent)) = best_fit(bucket, &mut candidates) {
+            return Some(decided(agent, Phase::Up, bucket));
+        }
+    }
+    for bucket in (n + 1..=top).rev() {
+        let found = if k <= 1 {
+            ring.largest_fit(bucket, need, &fitting)
+        } else {
+            ring.largest_fits(bucket, need, &fitting, k, &mut candidates);
+            choose(&candidates)
+        };
+        if let Some((_, agent)) = found {
+            return Some(decided(agent, Phase::Down, bucket));
+        }
+    }
+    None
 }
 
 /// Baseline: scan every agent, least leftover in the dominant dimension (ties: lowest key).
