@@ -25,9 +25,9 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use super::ring_search::AgentScore;
 use super::node_preference::fitting_agents;
 use super::placer::{dominant_dimension, Decision, Placer};
+use super::ring_search::AgentScore;
 use super::{AgentEntry, AgentKey, Cluster, Resources};
 
 /// `y after` must be below `y before` by more than this to count as an improvement (float noise).

@@ -19,8 +19,8 @@ use std::str::FromStr;
 
 use super::balance::{BalanceNote, BalancePlacer, PlacementContext};
 use super::node_preference::{LeastRequested, MostBalanced};
-use super::ring_search::{pick_scored, AgentScore};
-use super::{AgentKey, Cluster, Resources};
+use super::ring_search::AgentScore;
+use super::{AgentKey, Cluster, Resources, RingSet};
 
 /// The phase of the ring search that found the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -180,9 +180,8 @@ fn fits(free: &Resources, demand: &Resources) -> bool {
 ///
 /// Beyond the seed ([`RingsConfig::search`](super::RingsConfig::search)): a demand asking for
 /// none of a spared dimension is first searched among agents with none of it free; and when the
-/// [`PlacementContext`] carries an [`AgentScore`], the first `candidates` fitting agents of the
-/// bucket where the search stops, in the phase's order, are ranked by it (equal scores: the
-/// phase's order). [`RingsConfig::seed_001`](super::RingsConfig::seed_001) turns both off.
+/// [`PlacementContext`] carries an [`AgentScore`], the first `candidates` fitting agents in the
+/// search's order (across buckets) are ranked by it (equal scores: the search's order). [`RingsConfig::seed_001`](super::RingsConfig::seed_001) turns both off.
 ///
 /// [`RingSearch`]: super::RingSearch
 #[derive(Clone, Copy, Debug, Default)]
@@ -244,7 +243,7 @@ impl Placer for RingPlacer {
 }
 
 /// One ring search (the three phases) among `eligible` agents; with a score and `k` > 1, the
-/// first `k` fitting agents of the bucket where it stops are ranked by the score.
+/// first `k` fitting agents in the search's order are ranked by the score ([`scored_search`]).
 fn ring_search(
     cluster: &Cluster,
     demand: &Resources,
@@ -264,42 +263,76 @@ fn ring_search(
         dimension: Some(dimension.to_string()),
         balance: None,
     };
-    let mut candidates = Vec::new();
-    // The best candidate of one bucket: the first, or the best-scored of the first k.
-    let choose = |candidates: &[(u64, AgentKey)]| match score {
-        Some(score) => pick_scored(candidates, demand, score),
-        None => candidates.first().copied(),
-    };
-    let best_fit = |bucket: usize, candidates: &mut Vec<(u64, AgentKey)>| {
-        if k <= 1 {
-            return ring.best_fit(bucket, need, &fitting);
-        }
-        ring.best_fits(bucket, need, &fitting, k, candidates);
-        choose(candidates)
-    };
-    let kf = ring.bucket_of(need);
-    let top = ring.len() - 1;
-    if let Some((_, agent)) = best_fit(kf, &mut candidates) {
-        return Some(decided(agent, Phase::Bucket, kf));
+    if let Some(score) = score.filter(|_| k > 1) {
+        return scored_search(ring, need, &fitting, k, demand, score)
+            .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
     }
-    let n = kf.saturating_add(ring.search_up()).min(top);
-    for bucket in kf + 1..=n {
-        if let Some((_, agent)) = best_fit(bucket, &mut candidates) {
+    let k = ring.bucket_of(need);
+    let top = ring.len() - 1;
+    if let Some((_, agent)) = ring.best_fit(k, need, &fitting) {
+        return Some(decided(agent, Phase::Bucket, k));
+    }
+    let n = k.saturating_add(ring.search_up()).min(top);
+    for bucket in k + 1..=n {
+        if let Some((_, agent)) = ring.best_fit(bucket, need, &fitting) {
             return Some(decided(agent, Phase::Up, bucket));
         }
     }
     for bucket in (n + 1..=top).rev() {
-        let found = if k <= 1 {
-            ring.largest_fit(bucket, need, &fitting)
-        } else {
-            ring.largest_fits(bucket, need, &fitting, k, &mut candidates);
-            choose(&candidates)
-        };
-        if let Some((_, agent)) = found {
+        if let Some((_, agent)) = ring.largest_fit(bucket, need, &fitting) {
             return Some(decided(agent, Phase::Down, bucket));
         }
     }
     None
+}
+
+/// The scored tie-break: the first `k` fitting agents in the seed search's order — bucket K and
+/// the upward window in best-fit order, then the downward buckets largest first — continuing
+/// into the next buckets until `k` are found, and the lowest `score` among them (equal scores:
+/// the earlier). The first candidate is the seed search's answer. O(k log n) ordered-set steps
+/// plus the buckets visited, and `k` calls of `score`.
+fn scored_search(
+    ring: &RingSet,
+    need: u64,
+    fitting: &dyn Fn(AgentKey) -> bool,
+    k: usize,
+    demand: &Resources,
+    score: &dyn AgentScore,
+) -> Option<(AgentKey, Phase, usize)> {
+    let kf = ring.bucket_of(need);
+    let top = ring.len() - 1;
+    let n = kf.saturating_add(ring.search_up()).min(top);
+    let mut all: Vec<(AgentKey, Phase, usize)> = Vec::with_capacity(k);
+    let mut some = Vec::with_capacity(k);
+    for bucket in kf..=n {
+        ring.best_fits(bucket, need, fitting, k - all.len(), &mut some);
+        let phase = if bucket == kf {
+            Phase::Bucket
+        } else {
+            Phase::Up
+        };
+        all.extend(some.iter().map(|&(_, a)| (a, phase, bucket)));
+        if all.len() >= k {
+            break;
+        }
+    }
+    if all.len() < k {
+        for bucket in (n + 1..=top).rev() {
+            ring.largest_fits(bucket, need, fitting, k - all.len(), &mut some);
+            all.extend(some.iter().map(|&(_, a)| (a, Phase::Down, bucket)));
+            if all.len() >= k {
+                break;
+            }
+        }
+    }
+    let mut best: Option<(i64, (AgentKey, Phase, usize))> = None;
+    for c in all {
+        let s = score.score(c.0, demand);
+        if best.is_none_or(|(b, _)| s < b) {
+            best = Some((s, c));
+        }
+    }
+    best.map(|(_, c)| c)
 }
 
 /// Baseline: scan every agent, least leftover in the dominant dimension (ties: lowest key).

@@ -19,8 +19,8 @@ use super::{AgentKey, Resources};
 /// The most candidates a scored tie-break may rank (keeps a decision O(K log n) with small K).
 pub const MAX_CANDIDATES: usize = 64;
 
-/// Default number of best-fit candidates the caller's score ranks.
-pub const DEFAULT_CANDIDATES: usize = 8;
+/// Default number of candidates the caller's score ranks (measured: docs/results.md).
+pub const DEFAULT_CANDIDATES: usize = 16;
 
 /// How the ring placer searches, beyond each dimension's layout and `search_up`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub enum RingSearchError {
 }
 
 impl Default for RingSearch {
-    /// Spare `gpus`, rank 8 candidates (when the caller supplies a score).
+    /// Spare `gpus`, rank 16 candidates (when the caller supplies a score).
     fn default() -> Self {
         RingSearch {
             spare: vec!["gpus".to_string()],
@@ -76,7 +76,7 @@ impl RingSearch {
         &self.spare
     }
 
-    /// How many fitting agents of the chosen bucket the caller's score ranks.
+    /// How many fitting agents, in the search's order, the caller's score ranks.
     pub fn candidates(&self) -> usize {
         self.candidates
     }
@@ -93,22 +93,6 @@ impl<F: Fn(AgentKey, &Resources) -> i64> AgentScore for F {
     fn score(&self, agent: AgentKey, demand: &Resources) -> i64 {
         self(agent, demand)
     }
-}
-
-/// The best of `candidates` (in the search's order) by `score`; equal scores keep the earlier.
-pub(crate) fn pick_scored(
-    candidates: &[(u64, AgentKey)],
-    demand: &Resources,
-    score: &dyn AgentScore,
-) -> Option<(u64, AgentKey)> {
-    let mut best: Option<(i64, (u64, AgentKey))> = None;
-    for &c in candidates {
-        let s = score.score(c.1, demand);
-        if best.is_none_or(|(b, _)| s < b) {
-            best = Some((s, c));
-        }
-    }
-    best.map(|(_, c)| c)
 }
 
 #[cfg(test)]
@@ -130,17 +114,5 @@ mod tests {
         let s = RingSearch::new(vec!["fpgas".into()], 0).unwrap();
         assert_eq!((s.spare(), s.candidates()), (&["fpgas".to_string()][..], 0));
         assert_eq!(RingSearch::default().spare(), ["gpus"]);
-    }
-
-    #[test]
-    fn pick_scored_takes_the_lowest_score_then_the_earliest() {
-        let demand = Resources::new();
-        let candidates = [(100, 7), (200, 3), (300, 5), (400, 1)];
-        let score = |agent: AgentKey, _: &Resources| match agent {
-            3 | 1 => 10,
-            _ => 20,
-        };
-        assert_eq!(pick_scored(&candidates, &demand, &score), Some((200, 3)));
-        assert_eq!(pick_scored(&[], &demand, &score), None);
     }
 }
