@@ -881,6 +881,8 @@ rings:
     bounds: [0, 1024, 4096, 16384, 65536]
     search_up: 0
   \"*\": { bounds: [0, 10] }
+  spare: [gpus, fpgas]
+  candidates: 4
 master:
   agent_timeout: 30s
   allocation_interval: 500ms
@@ -917,6 +919,8 @@ matching: { a: 0.7, d: -1 }
             config.rings.spec_for("fpgas").layout(),
             &RingLayout::Bounds(vec![0, 10_000])
         );
+        assert_eq!(config.rings.search().spare(), ["gpus", "fpgas"]);
+        assert_eq!(config.rings.search().candidates(), 4);
         // Untouched dimensions keep their defaults.
         assert_eq!(
             config.rings.spec_for("gpus"),
@@ -1019,6 +1023,22 @@ matching: { a: 0.7, d: -1 }
             (
                 "rings:\n  cpus: { search_up: 1 }\n",
                 "cluster.yaml:2: rings.cpus: give `bounds: [...]` or `step` and `buckets` (and optionally `base`)",
+            ),
+            (
+                "rings:\n  cpus: { step: 1, buckets: 4 }\n  candidates: 65\n",
+                "cluster.yaml:3: rings.candidates: at most 64 candidates are allowed, not 65",
+            ),
+            (
+                "rings:\n  candidates: -1\n",
+                "cluster.yaml:2: rings.candidates: -1 is negative",
+            ),
+            (
+                "rings:\n  spare: [gpus, gpus]\n",
+                "cluster.yaml:2: rings.spare: `gpus` is listed twice",
+            ),
+            (
+                "rings:\n  spare:\n    - gpus\n    - 9x\n",
+                "cluster.yaml:4: rings.spare[1]: `9x` is not a valid resource name (letters, digits, `_` and `-`, starting with a letter)",
             ),
             (
                 "rings:\n  9cpus: { bounds: [0] }\n",

@@ -626,7 +626,8 @@ mod tests {
 
     #[test]
     fn sparing_keeps_gpu_agents_for_gpu_demands() {
-        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        // The seed's plain search, so `place` shows what sparing changes.
+        let mut cluster = Cluster::new(RingsConfig::seed_001(), PlacerKind::Ring);
         let gpu = cluster.add_agent(r("cpus:4;mem:1024;gpus:1"));
         let plain = cluster.add_agent(r("cpus:8;mem:1024"));
         let cpu_task = r("cpus:3;mem:10");
@@ -650,6 +651,11 @@ mod tests {
         // A GPU demand is placed as usual.
         let d = cluster.place_sparing(&r("cpus:1;gpus:1"), &|_| true, "gpus");
         assert_eq!(d.unwrap().agent, gpu);
+        // The default ring search spares `gpus` by itself.
+        let mut default = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        default.add_agent(r("cpus:4;mem:1024;gpus:1"));
+        let plain = default.add_agent(r("cpus:8;mem:1024"));
+        assert_eq!(default.place(&cpu_task, &|_| true).unwrap().agent, plain);
     }
 
     #[test]

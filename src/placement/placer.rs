@@ -606,6 +606,53 @@ mod tests {
         assert_eq!(cluster.place_with(&FirstFit, &r(""), &|_| true), None);
     }
 
+    /// The scored tie-break on a hand-made case: gpus dominant, four agents. Best-fit order is
+    /// 1 (1.5 free), 3 (2 free), 0 (4 free), 2 (8 free); the caller's score prefers 0, then 2.
+    #[test]
+    fn scored_tie_break_picks_the_lowest_score_among_the_first_k() {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        for total in [
+            "cpus:8;mem:100;gpus:4",
+            "cpus:8;mem:100;gpus:1.5",
+            "cpus:8;mem:100;gpus:8",
+            "cpus:8;mem:100;gpus:2",
+        ] {
+            cluster.add_agent(r(total));
+        }
+        let demand = r("cpus:1;mem:1;gpus:1");
+        let score = |agent: AgentKey, _: &Resources| match agent {
+            0 => 1,
+            2 => 2,
+            _ => 5,
+        };
+        let place = |cluster: &Cluster, candidates: usize| {
+            let mut rings = cluster.rings_config().clone();
+            let spare = rings.search().spare().to_vec();
+            rings.set_search(crate::placement::RingSearch::new(spare, candidates).unwrap());
+            let mut c = Cluster::new(rings, PlacerKind::Ring);
+            for (_, a) in cluster.agents() {
+                c.add_agent(a.total.clone());
+            }
+            let mut context = PlacementContext::default().with_score(&score);
+            let d = c.place_in(&demand, &|_| true, &mut context).unwrap();
+            (d.agent, d.phase.unwrap(), d.bucket.unwrap())
+        };
+        // K = 1: no tie-break, the seed's best fit (bucket 1 holds 1.5).
+        assert_eq!(place(&cluster, 1), (1, Phase::Bucket, 1));
+        // K = 2: candidates 1, 3 (both score 5): the earlier, 1.
+        assert_eq!(place(&cluster, 2), (1, Phase::Bucket, 1));
+        // K = 3: candidates spill into bucket 4 and take 0 (score 1).
+        assert_eq!(place(&cluster, 3), (0, Phase::Up, 4));
+        // The same with agent 0 not eligible: 2 (score 2) once K reaches it.
+        let mut context = PlacementContext::default().with_score(&score);
+        let d = cluster
+            .place_in(&demand, &|k| k != 0, &mut context)
+            .unwrap();
+        assert_eq!((d.agent, d.bucket), (2, Some(8)));
+        // Without a score the default search is the seed's, whatever K.
+        assert_eq!(cluster.place(&demand, &|_| true).unwrap().agent, 1);
+    }
+
     /// SPEC seed 001 example: one 4 CPU / 8 GB agent takes (2, 1 GB) then (2, 2 GB).
     #[test]
     fn seed_001_example() {
