@@ -5,7 +5,9 @@
 //! [`PlacerKind`]) run through [`Cluster::place`] — the same code the master runs — over a
 //! scalar view of each node (`cpus`, `mem`, and `gpus` = its total free milli-GPU, exact in
 //! milli fixed point). The per-GPU check (enough GPUs with enough free milli, the GPU model) is
-//! the `eligible` filter, and the GPUs inside the chosen node are picked by best fit. The paper's
+//! the `eligible` filter, and the GPUs inside the chosen node are picked by best fit. The ring's
+//! scored tie-break gets FGD's fragment growth per node through the [`PlacementContext`] (then
+//! the node's GPUs are the ones that score assumed). The paper's
 //! policies ([`PaperPolicy`]) score nodes from the same state; their scores are cached per
 //! (node, task shape) and recomputed only when the node changed.
 //!
