@@ -40,8 +40,13 @@ fn res(cpus_milli: u64, mem_mib: u64, gpus: u64) -> Resources {
 
 /// `n` agents; with `used`, each has a random part of its resources taken.
 fn cluster(n: usize, placer: PlacerKind, used: bool) -> Cluster {
+    cluster_with(n, placer, used, RingsConfig::default())
+}
+
+/// [`cluster`] with other rings (the seed-001 search, for the ring's baseline).
+fn cluster_with(n: usize, placer: PlacerKind, used: bool, rings: RingsConfig) -> Cluster {
     let mut rng = Rng(0x5eed_0001 + n as u64);
-    let mut cluster = Cluster::new(RingsConfig::default(), placer);
+    let mut cluster = Cluster::new(rings, placer);
     for _ in 0..n {
         let cpus = (1 + rng.below(64)) * 1000;
         let mem = 1024 * (1 + rng.below(256));
@@ -87,6 +92,27 @@ fn one_decision(c: &mut Criterion) {
                 })
             });
         }
+        // The ring's baselines and variants on the same agents: the seed's plain search, and
+        // the default search with a caller's score (a cheap one: the cost measured is the
+        // search's, K = 16 candidates).
+        let seed = cluster_with(n, PlacerKind::Ring, true, RingsConfig::seed_001());
+        let mut i = 0;
+        group.bench_with_input(BenchmarkId::new("ring-seed001", n), &n, |b, _| {
+            b.iter(|| {
+                i = (i + 1) % demands.len();
+                black_box(seed.place(&demands[i], &|_| true))
+            })
+        });
+        let scored = cluster(n, PlacerKind::Ring, true);
+        let score = |agent: usize, _: &Resources| (agent % 7) as i64;
+        let mut i = 0;
+        group.bench_with_input(BenchmarkId::new("ring-scored", n), &n, |b, _| {
+            b.iter(|| {
+                i = (i + 1) % demands.len();
+                let mut context = PlacementContext::default().with_score(&score);
+                black_box(scored.place_in(&demands[i], &|_| true, &mut context))
+            })
+        });
     }
     group.finish();
 }

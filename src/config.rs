@@ -15,6 +15,8 @@
 //! rings:
 //!   cpus: { base: 0, step: 1, buckets: 64, search_up: 2 }
 //!   mem:  { bounds: [0, 1024, 4096, 16384, 65536], search_up: 1 }
+//!   spare: [gpus]         # demands without these go first to agents with none free ([] = off)
+//!   candidates: 8         # ring tie-break: how many best fits a caller's score ranks (≤ 64)
 //! master:
 //!   agent_timeout: 15s
 //! matching:               # batch matching scores (docs/batch.md); each optional
@@ -42,8 +44,8 @@ use crate::placement::balance::BalanceSettingsError;
 use crate::placement::matching::MatchingCoefficients;
 use crate::placement::priority::PriorityConfigError;
 use crate::placement::{
-    BalanceSettings, PlacerKind, PriorityConfig, Resources, RingLayout, RingSpec, RingsConfig,
-    UserGrant,
+    BalanceSettings, PlacerKind, PriorityConfig, Resources, RingLayout, RingSearch,
+    RingSearchError, RingSpec, RingsConfig, UserGrant,
 };
 use ringmaster_proto::resources::MILLI;
 
@@ -345,11 +347,55 @@ pub struct RawRing {
     search_up: Option<serde_yaml::Value>,
 }
 
-/// The `rings:` section: dimension name (or `"*"` for all others) → ring.
-pub type RawRings = BTreeMap<String, RawRing>;
+/// The `rings:` section: dimension name (or `"*"` for all others) → ring, plus the ring
+/// search's options under the reserved names `spare` and `candidates`.
+#[derive(Debug, Default)]
+pub struct RawRings {
+    dimensions: BTreeMap<String, RawRing>,
+    spare: Option<Vec<String>>,
+    candidates: Option<serde_yaml::Value>,
+}
 
 /// The name under `rings:` that sets the ring of every dimension not named.
 pub const FALLBACK_RING: &str = "*";
+/// The name under `rings:` listing the dimensions to spare ([`crate::placement::RingSearch`]).
+pub const SPARE_KEY: &str = "spare";
+/// The name under `rings:` giving how many candidates the caller's score ranks.
+pub const CANDIDATES_KEY: &str = "candidates";
+
+impl<'de> Deserialize<'de> for RawRings {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(RawRingsVisitor)
+    }
+}
+
+/// Reads `rings:` entry by entry from the YAML deserializer itself, so errors inside a ring
+/// keep their line and path.
+struct RawRingsVisitor;
+
+impl<'de> Visitor<'de> for RawRingsVisitor {
+    type Value = RawRings;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a mapping of dimension names to rings, `spare` and `candidates`")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<RawRings, E> {
+        Ok(RawRings::default())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawRings, A::Error> {
+        let mut rings = RawRings::default();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                SPARE_KEY => rings.spare = Some(map.next_value()?),
+                CANDIDATES_KEY => rings.candidates = Some(map.next_value()?),
+                _ => {
+                    let ring: RawRing = map.next_value()?;
+                    rings.dimensions.insert(key, ring);
+                }
+            }
+        }
+        Ok(rings)
+    }
+}
 
 /// Applies a `rings:` section (found at `at` in `source`) on top of `rings`.
 pub fn apply_rings(
@@ -358,7 +404,42 @@ pub fn apply_rings(
     raw: &RawRings,
     rings: &mut RingsConfig,
 ) -> Result<(), ConfigError> {
-    for (name, ring) in raw {
+    let key = |k: &str| {
+        let mut p = at.to_vec();
+        p.push(Seg::Key(k.to_string()));
+        p
+    };
+    if raw.spare.is_some() || raw.candidates.is_some() {
+        let spare = match &raw.spare {
+            None => rings.search().spare().to_vec(),
+            Some(names) => {
+                for (i, name) in names.iter().enumerate() {
+                    if let Err(e) = Resources::from_milli([(name.as_str(), 1)]) {
+                        let mut p = key(SPARE_KEY);
+                        p.push(Seg::Index(i));
+                        return Err(source.error(&p, e.to_string()));
+                    }
+                }
+                names.clone()
+            }
+        };
+        let candidates = match &raw.candidates {
+            None => rings.search().candidates(),
+            Some(v) => {
+                let n = whole_number(v).map_err(|m| source.error(&key(CANDIDATES_KEY), m))?;
+                usize::try_from(n).unwrap_or(usize::MAX)
+            }
+        };
+        let search = RingSearch::new(spare, candidates).map_err(|e| {
+            let at = match e {
+                RingSearchError::TooManyCandidates(_) => CANDIDATES_KEY,
+                RingSearchError::DuplicateSpare(_) => SPARE_KEY,
+            };
+            source.error(&key(at), e.to_string())
+        })?;
+        rings.set_search(search);
+    }
+    for (name, ring) in &raw.dimensions {
         let mut path = at.to_vec();
         path.push(Seg::Key(name.clone()));
         if name != FALLBACK_RING {
@@ -849,6 +930,8 @@ rings:
     bounds: [0, 1024, 4096, 16384, 65536]
     search_up: 0
   \"*\": { bounds: [0, 10] }
+  spare: [gpus, fpgas]
+  candidates: 4
 master:
   agent_timeout: 30s
   allocation_interval: 500ms
@@ -885,6 +968,8 @@ matching: { a: 0.7, d: -1 }
             config.rings.spec_for("fpgas").layout(),
             &RingLayout::Bounds(vec![0, 10_000])
         );
+        assert_eq!(config.rings.search().spare(), ["gpus", "fpgas"]);
+        assert_eq!(config.rings.search().candidates(), 4);
         // Untouched dimensions keep their defaults.
         assert_eq!(
             config.rings.spec_for("gpus"),
@@ -987,6 +1072,22 @@ matching: { a: 0.7, d: -1 }
             (
                 "rings:\n  cpus: { search_up: 1 }\n",
                 "cluster.yaml:2: rings.cpus: give `bounds: [...]` or `step` and `buckets` (and optionally `base`)",
+            ),
+            (
+                "rings:\n  cpus: { step: 1, buckets: 4 }\n  candidates: 65\n",
+                "cluster.yaml:3: rings.candidates: at most 64 candidates are allowed, not 65",
+            ),
+            (
+                "rings:\n  candidates: -1\n",
+                "cluster.yaml:2: rings.candidates: -1 is negative",
+            ),
+            (
+                "rings:\n  spare: [gpus, gpus]\n",
+                "cluster.yaml:2: rings.spare: `gpus` is listed twice",
+            ),
+            (
+                "rings:\n  spare:\n    - gpus\n    - 9x\n",
+                "cluster.yaml:4: rings.spare[1]: `9x` is not a valid resource name (letters, digits, `_` and `-`, starting with a letter)",
             ),
             (
                 "rings:\n  9cpus: { bounds: [0] }\n",

@@ -8,8 +8,9 @@ use ringmaster::placement::{
 };
 
 /// Small rings so that every phase is exercised: 6 one-cpu buckets (search_up 1), 4 mem buckets.
+/// The seed-001 search (no sparing): these properties compare it with a linear best fit.
 fn rings() -> RingsConfig {
-    let mut rings = RingsConfig::default();
+    let mut rings = RingsConfig::seed_001();
     rings.set(
         "cpus",
         RingSpec::new(

@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 
 use super::node_preference::fitting_agents;
 use super::placer::{dominant_dimension, Decision, Placer};
+use super::ring_search::AgentScore;
 use super::{AgentEntry, AgentKey, Cluster, Resources};
 
 /// `y after` must be below `y before` by more than this to count as an improvement (float noise).
@@ -193,20 +194,33 @@ struct WeightCache {
     stale: bool,
 }
 
-/// What a placer may know beyond the cluster: the balance settings and the pending demands.
+/// What a placer may know beyond the cluster: the balance settings, the pending demands, and
+/// the caller's per-agent score for the ring search's tie-break ([`AgentScore`]).
 ///
 /// The pending set is a multiset of demands with copy counts, indexed per dimension by amount so
 /// that "how many pending copies ask for more of i than any agent has free" is a range sum, and
 /// a change to the set adjusts the blocked counts directly.
-#[derive(Clone, Debug, Default)]
-pub struct PlacementContext {
+#[derive(Clone, Default)]
+pub struct PlacementContext<'s> {
     settings: BalanceSettings,
     /// Dimension → amount asked (thousandths) → pending copies.
     pending: BTreeMap<String, BTreeMap<u64, u64>>,
     cache: Option<WeightCache>,
+    score: Option<&'s dyn AgentScore>,
 }
 
-impl PlacementContext {
+impl std::fmt::Debug for PlacementContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlacementContext")
+            .field("settings", &self.settings)
+            .field("pending", &self.pending)
+            .field("cache", &self.cache)
+            .field("score", &self.score.map(|_| "caller's"))
+            .finish()
+    }
+}
+
+impl<'s> PlacementContext<'s> {
     pub fn new(settings: BalanceSettings) -> Self {
         PlacementContext {
             settings,
@@ -216,6 +230,17 @@ impl PlacementContext {
 
     pub fn settings(&self) -> &BalanceSettings {
         &self.settings
+    }
+
+    /// Lets the ring search rank its best candidates by `score` ([`super::RingSearch`]).
+    pub fn with_score(mut self, score: &'s dyn AgentScore) -> Self {
+        self.score = Some(score);
+        self
+    }
+
+    /// The caller's per-agent score, if it gave one.
+    pub fn score(&self) -> Option<&'s dyn AgentScore> {
+        self.score
     }
 
     /// Replaces the pending set.

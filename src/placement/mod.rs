@@ -5,6 +5,7 @@
 //! - [`rings`]: how a dimension is cut into buckets; [`ring_set`]: the agents in those buckets;
 //! - [`Cluster`] (here): agents in a slab, one ring set per dimension, running totals;
 //! - [`placer`]: the [`Placer`] interface and the ring search of SPEC seed 001, plus baselines;
+//!   [`ring_search`]: its options beyond the seed (sparing, a caller-scored tie-break);
 //! - [`balance`]: balance-degree placement with dynamic weights (seed 000) and the
 //!   [`PlacementContext`] it needs; [`node_preference`]: least-requested, most-balanced (seed 004);
 //! - [`drf`]: the weighted dominant-resource-fairness order of frameworks;
@@ -22,6 +23,7 @@ pub mod matching;
 pub mod node_preference;
 pub mod placer;
 pub mod priority;
+pub mod ring_search;
 pub mod ring_set;
 pub mod rings;
 pub mod why;
@@ -41,6 +43,7 @@ pub use priority::{
     plan_preemption, task_priority, PreemptionPlan, Priority, PriorityConfig, QuotaLedger,
     RunningTask, TaskPriority, UserGrant, DEFAULT_PARTITION,
 };
+pub use ring_search::{AgentScore, RingSearch, RingSearchError};
 pub use ring_set::RingSet;
 pub use ringmaster_proto::resources::{ResourceError, Resources};
 pub use rings::{RingLayout, RingLayoutError, RingSpec, RingsConfig};
@@ -354,6 +357,26 @@ impl Cluster {
         })
     }
 
+    /// The rings' layouts and the ring placer's search options.
+    pub fn rings_config(&self) -> &RingsConfig {
+        &self.config
+    }
+
+    /// The index of a dimension some agent has had.
+    pub(crate) fn dimension_of(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// The agent's free amount of dimension index `d` (0 for absent agents).
+    pub(crate) fn free_in(&self, key: AgentKey, d: usize) -> u64 {
+        self.dimensions[d].free_of(key)
+    }
+
+    /// Some agent has none of dimension index `d` free (or lacks it).
+    pub(crate) fn some_agent_without(&self, d: usize) -> bool {
+        self.dimensions[d].ring.positive() < self.agents.len()
+    }
+
     /// The name of dimension index `d`.
     pub(crate) fn dimension_name(&self, d: usize) -> &str {
         self.dimensions[d].ring.name()
@@ -605,7 +628,8 @@ mod tests {
 
     #[test]
     fn sparing_keeps_gpu_agents_for_gpu_demands() {
-        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        // The seed's plain search, so `place` shows what sparing changes.
+        let mut cluster = Cluster::new(RingsConfig::seed_001(), PlacerKind::Ring);
         let gpu = cluster.add_agent(r("cpus:4;mem:1024;gpus:1"));
         let plain = cluster.add_agent(r("cpus:8;mem:1024"));
         let cpu_task = r("cpus:3;mem:10");
@@ -629,6 +653,11 @@ mod tests {
         // A GPU demand is placed as usual.
         let d = cluster.place_sparing(&r("cpus:1;gpus:1"), &|_| true, "gpus");
         assert_eq!(d.unwrap().agent, gpu);
+        // The default ring search spares `gpus` by itself.
+        let mut default = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        default.add_agent(r("cpus:4;mem:1024;gpus:1"));
+        let plain = default.add_agent(r("cpus:8;mem:1024"));
+        assert_eq!(default.place(&cpu_task, &|_| true).unwrap().agent, plain);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use std::str::FromStr;
 
 use super::balance::{BalanceNote, BalancePlacer, PlacementContext};
 use super::node_preference::{LeastRequested, MostBalanced};
-use super::{AgentKey, Cluster, Resources};
+use super::ring_search::AgentScore;
+use super::{AgentKey, Cluster, Resources, RingSet};
 
 /// The phase of the ring search that found the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -170,12 +171,19 @@ fn fits(free: &Resources, demand: &Resources) -> bool {
     free.contains(demand)
 }
 
-/// The ring search of SPEC seed 001 step 3.
+/// The ring search of SPEC seed 001 step 3, with the options of [`RingSearch`].
 ///
 /// With D the dominant dimension, d the demand's amount in D and K the bucket holding d:
 /// 1. bucket K: best fit (least free − d among fitting agents);
 /// 2. buckets K+1 … N, N = min(K + search_up, top): best fit in the first with a fitting agent;
 /// 3. buckets top … N+1, downward: the agent with the largest free amount in the first with one.
+///
+/// Beyond the seed ([`RingsConfig::search`](super::RingsConfig::search)): a demand asking for
+/// none of a spared dimension is first searched among agents with none of it free; and when the
+/// [`PlacementContext`] carries an [`AgentScore`], the first `candidates` fitting agents in the
+/// search's order (across buckets) are ranked by it (equal scores: the search's order). [`RingsConfig::seed_001`](super::RingsConfig::seed_001) turns both off.
+///
+/// [`RingSearch`]: super::RingSearch
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RingPlacer;
 
@@ -190,36 +198,141 @@ impl Placer for RingPlacer {
         demand: &Resources,
         eligible: &dyn Fn(AgentKey) -> bool,
     ) -> Option<Decision> {
-        let dimension = dominant_dimension(demand, cluster.total())?;
-        let ring = cluster.ring(dimension)?;
-        let need = demand.milli(dimension);
-        let resolved = cluster.resolve(demand);
-        let fitting = |key: AgentKey| cluster.fits(key, &resolved) && eligible(key);
-        let decided = |agent: AgentKey, phase: Phase, bucket: usize| Decision {
-            agent,
-            phase: Some(phase),
-            bucket: Some(bucket),
-            dimension: Some(dimension.to_string()),
-            balance: None,
-        };
-        let k = ring.bucket_of(need);
-        let top = ring.len() - 1;
-        if let Some((_, agent)) = ring.best_fit(k, need, &fitting) {
-            return Some(decided(agent, Phase::Bucket, k));
-        }
-        let n = k.saturating_add(ring.search_up()).min(top);
-        for bucket in k + 1..=n {
-            if let Some((_, agent)) = ring.best_fit(bucket, need, &fitting) {
-                return Some(decided(agent, Phase::Up, bucket));
-            }
-        }
-        for bucket in (n + 1..=top).rev() {
-            if let Some((_, agent)) = ring.largest_fit(bucket, need, &fitting) {
-                return Some(decided(agent, Phase::Down, bucket));
-            }
-        }
-        None
+        self.place_in(cluster, demand, eligible, &mut PlacementContext::default())
     }
+
+    fn place_in(
+        &self,
+        cluster: &Cluster,
+        demand: &Resources,
+        eligible: &dyn Fn(AgentKey) -> bool,
+        context: &mut PlacementContext,
+    ) -> Option<Decision> {
+        let search = cluster.rings_config().search();
+        let score = context.score().filter(|_| search.candidates() > 1);
+        let k = if score.is_some() {
+            search.candidates()
+        } else {
+            1
+        };
+        // Spared dimensions this demand does not ask for, which some agent has none of free.
+        let mut spared: [usize; 4] = [0; 4];
+        let mut n_spared = 0;
+        for name in search.spare() {
+            if n_spared == spared.len() || demand.milli(name) > 0 {
+                continue;
+            }
+            if let Some(d) = cluster.dimension_of(name) {
+                if cluster.some_agent_without(d) {
+                    spared[n_spared] = d;
+                    n_spared += 1;
+                }
+            }
+        }
+        if n_spared > 0 {
+            let spared = &spared[..n_spared];
+            let without = |key: AgentKey| {
+                spared.iter().all(|&d| cluster.free_in(key, d) == 0) && eligible(key)
+            };
+            if let Some(found) = ring_search(cluster, demand, &without, k, score) {
+                return Some(found);
+            }
+        }
+        ring_search(cluster, demand, eligible, k, score)
+    }
+}
+
+/// One ring search (the three phases) among `eligible` agents; with a score and `k` > 1, the
+/// first `k` fitting agents in the search's order are ranked by the score ([`scored_search`]).
+fn ring_search(
+    cluster: &Cluster,
+    demand: &Resources,
+    eligible: &dyn Fn(AgentKey) -> bool,
+    k: usize,
+    score: Option<&dyn AgentScore>,
+) -> Option<Decision> {
+    let dimension = dominant_dimension(demand, cluster.total())?;
+    let ring = cluster.ring(dimension)?;
+    let need = demand.milli(dimension);
+    let resolved = cluster.resolve(demand);
+    let fitting = |key: AgentKey| cluster.fits(key, &resolved) && eligible(key);
+    let decided = |agent: AgentKey, phase: Phase, bucket: usize| Decision {
+        agent,
+        phase: Some(phase),
+        bucket: Some(bucket),
+        dimension: Some(dimension.to_string()),
+        balance: None,
+    };
+    if let Some(score) = score.filter(|_| k > 1) {
+        return scored_search(ring, need, &fitting, k, demand, score)
+            .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
+    }
+    let k = ring.bucket_of(need);
+    let top = ring.len() - 1;
+    if let Some((_, agent)) = ring.best_fit(k, need, &fitting) {
+        return Some(decided(agent, Phase::Bucket, k));
+    }
+    let n = k.saturating_add(ring.search_up()).min(top);
+    for bucket in k + 1..=n {
+        if let Some((_, agent)) = ring.best_fit(bucket, need, &fitting) {
+            return Some(decided(agent, Phase::Up, bucket));
+        }
+    }
+    for bucket in (n + 1..=top).rev() {
+        if let Some((_, agent)) = ring.largest_fit(bucket, need, &fitting) {
+            return Some(decided(agent, Phase::Down, bucket));
+        }
+    }
+    None
+}
+
+/// The scored tie-break: the first `k` fitting agents in the seed search's order — bucket K and
+/// the upward window in best-fit order, then the downward buckets largest first — continuing
+/// into the next buckets until `k` are found, and the lowest `score` among them (equal scores:
+/// the earlier). The first candidate is the seed search's answer. O(k log n) ordered-set steps
+/// plus the buckets visited, and `k` calls of `score`.
+fn scored_search(
+    ring: &RingSet,
+    need: u64,
+    fitting: &dyn Fn(AgentKey) -> bool,
+    k: usize,
+    demand: &Resources,
+    score: &dyn AgentScore,
+) -> Option<(AgentKey, Phase, usize)> {
+    let kf = ring.bucket_of(need);
+    let top = ring.len() - 1;
+    let n = kf.saturating_add(ring.search_up()).min(top);
+    let mut all: Vec<(AgentKey, Phase, usize)> = Vec::with_capacity(k);
+    let mut some = Vec::with_capacity(k);
+    for bucket in kf..=n {
+        ring.best_fits(bucket, need, fitting, k - all.len(), &mut some);
+        let phase = if bucket == kf {
+            Phase::Bucket
+        } else {
+            Phase::Up
+        };
+        all.extend(some.iter().map(|&(_, a)| (a, phase, bucket)));
+        if all.len() >= k {
+            break;
+        }
+    }
+    if all.len() < k {
+        for bucket in (n + 1..=top).rev() {
+            ring.largest_fits(bucket, need, fitting, k - all.len(), &mut some);
+            all.extend(some.iter().map(|&(_, a)| (a, Phase::Down, bucket)));
+            if all.len() >= k {
+                break;
+            }
+        }
+    }
+    let mut best: Option<(i64, (AgentKey, Phase, usize))> = None;
+    for c in all {
+        let s = score.score(c.0, demand);
+        if best.is_none_or(|(b, _)| s < b) {
+            best = Some((s, c));
+        }
+    }
+    best.map(|(_, c)| c)
 }
 
 /// Baseline: scan every agent, least leftover in the dominant dimension (ties: lowest key).
@@ -491,6 +604,53 @@ mod tests {
         assert_eq!(ff.agent, 1);
         assert_eq!(ff.dimension, None);
         assert_eq!(cluster.place_with(&FirstFit, &r(""), &|_| true), None);
+    }
+
+    /// The scored tie-break on a hand-made case: gpus dominant, four agents. Best-fit order is
+    /// 1 (1.5 free), 3 (2 free), 0 (4 free), 2 (8 free); the caller's score prefers 0, then 2.
+    #[test]
+    fn scored_tie_break_picks_the_lowest_score_among_the_first_k() {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        for total in [
+            "cpus:8;mem:100;gpus:4",
+            "cpus:8;mem:100;gpus:1.5",
+            "cpus:8;mem:100;gpus:8",
+            "cpus:8;mem:100;gpus:2",
+        ] {
+            cluster.add_agent(r(total));
+        }
+        let demand = r("cpus:1;mem:1;gpus:1");
+        let score = |agent: AgentKey, _: &Resources| match agent {
+            0 => 1,
+            2 => 2,
+            _ => 5,
+        };
+        let place = |cluster: &Cluster, candidates: usize| {
+            let mut rings = cluster.rings_config().clone();
+            let spare = rings.search().spare().to_vec();
+            rings.set_search(crate::placement::RingSearch::new(spare, candidates).unwrap());
+            let mut c = Cluster::new(rings, PlacerKind::Ring);
+            for (_, a) in cluster.agents() {
+                c.add_agent(a.total.clone());
+            }
+            let mut context = PlacementContext::default().with_score(&score);
+            let d = c.place_in(&demand, &|_| true, &mut context).unwrap();
+            (d.agent, d.phase.unwrap(), d.bucket.unwrap())
+        };
+        // K = 1: no tie-break, the seed's best fit (bucket 1 holds 1.5).
+        assert_eq!(place(&cluster, 1), (1, Phase::Bucket, 1));
+        // K = 2: candidates 1, 3 (both score 5): the earlier, 1.
+        assert_eq!(place(&cluster, 2), (1, Phase::Bucket, 1));
+        // K = 3: candidates spill into bucket 4 and take 0 (score 1).
+        assert_eq!(place(&cluster, 3), (0, Phase::Up, 4));
+        // The same with agent 0 not eligible: 2 (score 2) once K reaches it.
+        let mut context = PlacementContext::default().with_score(&score);
+        let d = cluster
+            .place_in(&demand, &|k| k != 0, &mut context)
+            .unwrap();
+        assert_eq!((d.agent, d.bucket), (2, Some(8)));
+        // Without a score the default search is the seed's, whatever K.
+        assert_eq!(cluster.place(&demand, &|_| true).unwrap().agent, 1);
     }
 
     /// SPEC seed 001 example: one 4 CPU / 8 GB agent takes (2, 1 GB) then (2, 2 GB).

@@ -128,6 +128,8 @@ pub struct RingSet {
     empty: KeyBits,
     /// The bucket of amount 0 (bucket 0 for every valid layout).
     zero_bucket: usize,
+    /// Agents in `buckets` (those with more than 0 free).
+    positive: usize,
 }
 
 impl RingSet {
@@ -140,6 +142,7 @@ impl RingSet {
             buckets,
             empty: KeyBits::default(),
             zero_bucket,
+            positive: 0,
         }
     }
 
@@ -175,7 +178,9 @@ impl RingSet {
             return;
         }
         let b = self.bucket_of(free);
-        self.buckets[b].insert((free, key));
+        if self.buckets[b].insert((free, key)) {
+            self.positive += 1;
+        }
     }
 
     /// Removes the agent filed under `free`; true if it was there.
@@ -184,7 +189,9 @@ impl RingSet {
             return self.empty.remove(key);
         }
         let b = self.bucket_of(free);
-        self.buckets[b].remove(&(free, key))
+        let removed = self.buckets[b].remove(&(free, key));
+        self.positive -= usize::from(removed);
+        removed
     }
 
     /// Refiles an agent whose free amount changed from `old` to `new`.
@@ -218,6 +225,11 @@ impl RingSet {
     pub fn members(&self, bucket: usize) -> impl DoubleEndedIterator<Item = (u64, AgentKey)> + '_ {
         let filed = self.buckets.get(bucket).into_iter().flatten().copied();
         self.empty_members(bucket).chain(filed)
+    }
+
+    /// Number of agents with more than 0 free.
+    pub fn positive(&self) -> usize {
+        self.positive
     }
 
     /// Number of agents in one bucket.
@@ -280,6 +292,73 @@ impl RingSet {
     }
 }
 
+impl RingSet {
+    /// Up to `k` fitting agents of one bucket in best-fit order: the first is
+    /// [`best_fit`](RingSet::best_fit)'s answer, the others follow in (free, key) order. `out` is
+    /// cleared first. Walks past non-fitting agents like `best_fit`, and stops at `k`.
+    pub fn best_fits(
+        &self,
+        bucket: usize,
+        need: u64,
+        fits: &dyn Fn(AgentKey) -> bool,
+        k: usize,
+        out: &mut Vec<(u64, AgentKey)>,
+    ) {
+        out.clear();
+        if k == 0 {
+            return;
+        }
+        if need == 0 {
+            out.extend(
+                self.empty_members(bucket)
+                    .filter(|(_, key)| fits(*key))
+                    .take(k),
+            );
+        }
+        if out.len() < k {
+            if let Some(set) = self.buckets.get(bucket) {
+                let room = k - out.len();
+                out.extend(
+                    set.range((need, 0)..)
+                        .copied()
+                        .filter(|(_, key)| fits(*key))
+                        .take(room),
+                );
+            }
+        }
+    }
+
+    /// Up to `k` fitting agents of one bucket for the downward phase: the first is
+    /// [`largest_fit`](RingSet::largest_fit)'s answer, the others the next largest. `out` is
+    /// cleared first.
+    pub fn largest_fits(
+        &self,
+        bucket: usize,
+        need: u64,
+        fits: &dyn Fn(AgentKey) -> bool,
+        k: usize,
+        out: &mut Vec<(u64, AgentKey)>,
+    ) {
+        out.clear();
+        if k == 0 {
+            return;
+        }
+        let Some(first) = self.largest_fit(bucket, need, fits) else {
+            return;
+        };
+        out.push(first);
+        let rest = self
+            .buckets
+            .get(bucket)
+            .into_iter()
+            .flat_map(|set| set.range((need, 0)..).rev().copied())
+            .chain(self.empty_members(bucket).filter(|_| need == 0))
+            .filter(|&c| c != first && fits(c.1))
+            .take(k - 1);
+        out.extend(rest);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,8 +409,28 @@ mod tests {
     }
 
     #[test]
+    fn candidate_lists_start_with_the_single_answers() {
+        let ring = ring();
+        let all = |_: AgentKey| true;
+        let mut out = Vec::new();
+        ring.best_fits(1, 1000, &all, 3, &mut out);
+        assert_eq!(out, [(1200, 2), (1500, 1), (1800, 3)]);
+        ring.best_fits(1, 1300, &|k| k != 3, 8, &mut out);
+        assert_eq!(out, [(1500, 1), (1800, 4)]);
+        ring.best_fits(1, 1000, &all, 0, &mut out);
+        assert!(out.is_empty());
+        ring.largest_fits(1, 0, &all, 3, &mut out);
+        assert_eq!(out, [(1800, 3), (1800, 4), (1500, 1)]);
+        ring.largest_fits(1, 1600, &|k| k != 3, 3, &mut out);
+        assert_eq!(out, [(1800, 4)]);
+        ring.largest_fits(2, 0, &all, 3, &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
     fn relocate_moves_between_buckets() {
         let mut ring = ring();
+        assert_eq!(ring.positive(), 6);
         ring.relocate(5, 9000, 200);
         assert_eq!(ring.count(3), 0);
         assert!(ring.holds(0, 5, 200));
@@ -370,6 +469,7 @@ mod tests {
         assert_eq!(ring.largest_fit(0, 0, &|k| k != 0), Some((0, 3)));
         assert_eq!(ring.largest_fit(0, 1, &|k| k != 0), None);
         assert!(ring.remove(64, 0) && !ring.remove(64, 0) && !ring.remove(9999, 0));
+        assert_eq!(ring.positive(), 5);
         ring.relocate(130, 0, 2500);
         assert_eq!(ring.count(0), 3);
         assert!(ring.holds(2, 130, 2500));

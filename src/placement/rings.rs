@@ -10,6 +10,8 @@ use std::fmt;
 
 use ringmaster_proto::resources::{format_milli, MILLI};
 
+use super::ring_search::RingSearch;
+
 /// The most buckets one ring may have: each bucket is a small ordered set, and a ring with more
 /// buckets than agents only slows the downward search.
 pub const MAX_BUCKETS: usize = 65_536;
@@ -159,18 +161,28 @@ impl RingSpec {
     }
 }
 
-/// Per-dimension ring layouts, with one fallback for dimensions not named.
+/// Per-dimension ring layouts, with one fallback for dimensions not named, and the search
+/// options ([`RingSearch`]) of the ring placer.
 ///
 /// Defaults (amounts in units):
 /// - `cpus`: equal spans, base 0, step 1, 64 buckets, search_up 2;
 /// - `mem` and `disk` (MiB): bounds 0, 256, 512, 1024, 2048, …, 1048576 (doubling), search_up 1;
-/// - `gpus`: equal spans, base 0, step 1, 16 buckets, search_up 1;
-/// - any other name: bounds 0, 1, 2, 4, …, 2^30 (doubling), search_up 1.
+/// - `gpus`: equal spans, base 0, step 1, 16 buckets, search_up 16 (upward only: a GPU demand
+///   never breaks into the emptiest GPU agent while a fuller one fits);
+/// - any other name: bounds 0, 1, 2, 4, …, 2^30 (doubling), search_up 1;
+/// - search: spare `gpus`, 16 scored candidates ([`RingSearch::default`]).
+///
+/// [`RingsConfig::seed_001`] is the same with SPEC seed 001's plain search (gpus search_up 1,
+/// no sparing, no tie-break).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RingsConfig {
     dimensions: BTreeMap<String, RingSpec>,
     fallback: RingSpec,
+    search: RingSearch,
 }
+
+/// `search_up` of the default `gpus` ring: at least its bucket count, so never a downward phase.
+pub const DEFAULT_GPUS_SEARCH_UP: usize = 16;
 
 fn doubling(first: u64, last: u64) -> Vec<u64> {
     let mut bounds = vec![0];
@@ -212,7 +224,7 @@ impl Default for RingsConfig {
                     step: MILLI,
                     buckets: 16,
                 },
-                1,
+                DEFAULT_GPUS_SEARCH_UP,
             ),
         );
         // GPU devices (docs/devices.md): free milli-GPU share in tenths of a GPU up to 8 GPUs,
@@ -235,11 +247,33 @@ impl Default for RingsConfig {
         RingsConfig {
             dimensions,
             fallback: checked(RingLayout::Bounds(doubling(1, 1 << 30)), 1),
+            search: RingSearch::default(),
         }
     }
 }
 
 impl RingsConfig {
+    /// The layouts and search of SPEC seed 001 as first shipped: the default layouts with
+    /// `gpus` search_up 1, no sparing and no tie-break.
+    pub fn seed_001() -> Self {
+        let mut rings = RingsConfig::default();
+        if let Some(gpus) = rings.dimensions.get_mut("gpus") {
+            gpus.search_up = 1;
+        }
+        rings.search = RingSearch::seed_001();
+        rings
+    }
+
+    /// The ring placer's search options.
+    pub fn search(&self) -> &RingSearch {
+        &self.search
+    }
+
+    /// Replaces the ring placer's search options.
+    pub fn set_search(&mut self, search: RingSearch) {
+        self.search = search;
+    }
+
     /// The spec used for `dimension` (its own, else the fallback).
     pub fn spec_for(&self, dimension: &str) -> &RingSpec {
         self.dimensions.get(dimension).unwrap_or(&self.fallback)

@@ -5,7 +5,9 @@
 //! [`PlacerKind`]) run through [`Cluster::place`] — the same code the master runs — over a
 //! scalar view of each node (`cpus`, `mem`, and `gpus` = its total free milli-GPU, exact in
 //! milli fixed point). The per-GPU check (enough GPUs with enough free milli, the GPU model) is
-//! the `eligible` filter, and the GPUs inside the chosen node are picked by best fit. The paper's
+//! the `eligible` filter, and the GPUs inside the chosen node are picked by best fit. The ring's
+//! scored tie-break gets FGD's fragment growth per node through the [`PlacementContext`] (then
+//! the node's GPUs are the ones that score assumed). The paper's
 //! policies ([`PaperPolicy`]) score nodes from the same state; their scores are cached per
 //! (node, task shape) and recomputed only when the node changed.
 //!
@@ -13,6 +15,7 @@
 //! ([`TargetWorkload::node_fragment`]), updated on every change, so the fragmented share of the
 //! cluster is always at hand.
 
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::str::FromStr;
 
@@ -24,7 +27,7 @@ use ringmaster_proto::resources::{Resources, MILLI};
 use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape};
 use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
 use super::trace::{Node, Task, GPU_MILLI};
-use crate::placement::{Cluster, PlacementError, PlacerKind, RingsConfig};
+use crate::placement::{Cluster, PlacementContext, PlacementError, PlacerKind, RingsConfig};
 
 /// Above this many (node, shape) pairs the paper's policies score without a cache.
 const MAX_CACHE_ENTRIES: usize = 32 << 20;
@@ -48,6 +51,10 @@ pub enum SimPolicy {
     /// The same, through [`Cluster::place_sparing`] on `gpus`: tasks without GPUs first go to
     /// nodes without free GPUs. Named `PLACER+spare-gpus`.
     SparingGpus(PlacerKind),
+    /// The `ring` placer with [`RingsConfig::seed_001`] whatever the configuration says: the
+    /// search exactly as SPEC seed 001 states it and as first shipped, for comparison. Named
+    /// `ring-seed001`.
+    Seed001Ring,
     /// A policy of the ATC'23 paper (or `random`).
     Paper(PaperPolicy),
 }
@@ -58,7 +65,7 @@ impl SimPolicy {
         PlacerKind::ALL
             .iter()
             .map(|&k| SimPolicy::Allocator(k))
-            .chain([SimPolicy::SparingGpus(PlacerKind::Ring)])
+            .chain([SimPolicy::Seed001Ring])
             .chain(PaperPolicy::ALL.iter().map(|&p| SimPolicy::Paper(p)))
             .collect()
     }
@@ -67,6 +74,7 @@ impl SimPolicy {
         match self {
             SimPolicy::Allocator(k) => k.to_string(),
             SimPolicy::SparingGpus(k) => format!("{k}{SPARE_SUFFIX}"),
+            SimPolicy::Seed001Ring => SEED_001_RING.to_string(),
             SimPolicy::Paper(p) => p.name().to_string(),
         }
     }
@@ -79,13 +87,14 @@ impl fmt::Display for SimPolicy {
 }
 
 const SPARE_SUFFIX: &str = "+spare-gpus";
+const SEED_001_RING: &str = "ring-seed001";
 
 /// A policy name that is neither a placer nor a paper policy.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown policy `{0}` (expected `all` or one of: {names})", names = policy_names().join(", "))]
 pub struct UnknownPolicy(pub String);
 
-/// Every policy name, in [`SimPolicy::all`] order.
+/// Every policy name, in [`SimPolicy::all`] order (`PLACER+spare-gpus` is accepted too).
 pub fn policy_names() -> Vec<String> {
     SimPolicy::all().iter().map(SimPolicy::name).collect()
 }
@@ -95,6 +104,9 @@ impl FromStr for SimPolicy {
     fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
         if let Ok(kind) = s.parse::<PlacerKind>() {
             return Ok(SimPolicy::Allocator(kind));
+        }
+        if s == SEED_001_RING {
+            return Ok(SimPolicy::Seed001Ring);
         }
         if let Some(kind) = s
             .strip_suffix(SPARE_SUFFIX)
@@ -290,8 +302,14 @@ impl<'w> SimCluster<'w> {
         let max_gpus = workload.shapes.iter().map(|s| s.num_gpu).max().unwrap_or(0);
         let kinds = vec![vec![0u32; 2 + max_gpus as usize]; states.len()];
         let allocator = match policy {
-            SimPolicy::Allocator(kind) | SimPolicy::SparingGpus(kind) => {
-                let mut cluster = Cluster::new(rings.clone(), kind);
+            SimPolicy::Allocator(_) | SimPolicy::SparingGpus(_) | SimPolicy::Seed001Ring => {
+                let (rings, kind) = match policy {
+                    SimPolicy::Allocator(kind) | SimPolicy::SparingGpus(kind) => {
+                        (rings.clone(), kind)
+                    }
+                    _ => (RingsConfig::seed_001(), PlacerKind::Ring),
+                };
+                let mut cluster = Cluster::new(rings, kind);
                 for (i, s) in states.iter().enumerate() {
                     let key = cluster.add_agent(scalar(s.cpu_total, s.memory_total, s.gpu_total()));
                     debug_assert_eq!(key, i, "agent keys follow node order");
@@ -306,8 +324,11 @@ impl<'w> SimCluster<'w> {
             SimPolicy::Paper(_) => None,
         };
         let entries = states.len().saturating_mul(workload.shapes.len());
-        let cache = (matches!(policy, SimPolicy::Paper(_)) && entries <= MAX_CACHE_ENTRIES)
-            .then(|| vec![CacheEntry::default(); entries]);
+        // The paper's policies cache their scores; the ring caches the FGD growth it ranks its
+        // candidates by (see `decide`).
+        let scored = matches!(policy, SimPolicy::Paper(_) | SimPolicy::Allocator(_));
+        let cache =
+            (scored && entries <= MAX_CACHE_ENTRIES).then(|| vec![CacheEntry::default(); entries]);
         let node_fragment: Vec<u64> = states
             .iter()
             .map(|s| target.node_fragment(s.cpu_free, &s.gpu_free, s.model))
@@ -379,16 +400,53 @@ impl<'w> SimCluster<'w> {
             ..
         } = self;
         match *policy {
-            SimPolicy::Allocator(_) | SimPolicy::SparingGpus(_) => {
+            SimPolicy::Allocator(_) | SimPolicy::SparingGpus(_) | SimPolicy::Seed001Ring => {
                 let (cluster, demands) = allocator.as_ref()?;
                 let eligible = |key: usize| nodes[key].fits(s);
+                // The ring's tie-break score: FGD's growth of the node's expected GPU fragment
+                // (and the GPUs that growth assumes), cached per (node, shape) like the paper's.
+                let shapes = workload.shapes.len();
+                let cache = RefCell::new(cache.as_mut());
+                let fgd = |node: usize| -> Option<(i64, GpuPick)> {
+                    let compute = || {
+                        let view = NodeView {
+                            state: &nodes[node],
+                            kinds: &kinds[node],
+                            fragment: node_fragment[node],
+                        };
+                        score(PaperPolicy::Fgd, &view, s, target)
+                    };
+                    let mut cache = cache.borrow_mut();
+                    match cache.as_mut() {
+                        Some(cache) => {
+                            let entry = &mut cache[node * shapes + shape];
+                            if entry.generation != generation[node] {
+                                entry.value = compute();
+                                entry.generation = generation[node];
+                            }
+                            entry.value
+                        }
+                        None => compute(),
+                    }
+                };
+                let ranked = Cell::new(false);
+                let fragment_growth = |agent: usize, _: &Resources| {
+                    ranked.set(true);
+                    fgd(agent).map_or(i64::MAX, |(growth, _)| growth)
+                };
+                let mut context = PlacementContext::default().with_score(&fragment_growth);
                 let decision = match policy {
                     SimPolicy::SparingGpus(_) => {
                         cluster.place_sparing(&demands[shape], &eligible, "gpus")?
                     }
-                    _ => cluster.place(&demands[shape], &eligible)?,
+                    _ => cluster.place_in(&demands[shape], &eligible, &mut context)?,
                 };
-                let gpus = nodes.get(decision.agent)?.best_fit_gpus(s)?;
+                let node = nodes.get(decision.agent)?;
+                // A node chosen by FGD's score gets the GPUs that score assumed.
+                let gpus = match ranked.get() {
+                    true => fgd(decision.agent).map(|(_, pick)| pick),
+                    false => node.best_fit_gpus(s),
+                }?;
                 Some(Placement {
                     node: decision.agent,
                     gpus,
