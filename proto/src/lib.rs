@@ -8,7 +8,9 @@
 mod connection;
 pub mod resources;
 
-pub use connection::{Connection, ConnectionError, DEFAULT_MAX_FRAME_BYTES};
+pub use connection::{
+    Connection, ConnectionError, ConnectionReader, ConnectionWriter, DEFAULT_MAX_FRAME_BYTES,
+};
 pub use resources::ResourceError;
 
 /// Generated protobuf messages, package `ringmaster.v1`.

@@ -15,6 +15,7 @@ mod connection;
 mod frameworks;
 pub mod http;
 mod ids;
+mod limits;
 pub mod metrics;
 mod offers;
 mod pending;
@@ -44,7 +45,7 @@ pub(crate) enum Event {
     Opened {
         conn: ConnId,
         peer: SocketAddr,
-        outbound: mpsc::UnboundedSender<Outbound>,
+        outbound: limits::OutboundSender,
         first: ringmaster_proto::Message,
     },
     /// A later message on an opened connection.

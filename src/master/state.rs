@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
 use super::ids::IdMint;
+use super::limits::{OutboundSender, SendRefused};
 use super::metrics::Metrics;
 use super::pending::PendingView;
 use super::{ConnId, Event, Outbound};
@@ -121,7 +122,8 @@ pub(crate) enum Peer {
 }
 
 pub(crate) struct ConnRecord {
-    pub outbound: mpsc::UnboundedSender<Outbound>,
+    /// Bounded: see [`super::limits`].
+    pub outbound: OutboundSender,
     pub peer: Option<Peer>,
 }
 
@@ -327,7 +329,15 @@ impl MasterState {
 
     pub(crate) fn send(&mut self, conn: ConnId, message: Message) {
         if let Some(c) = self.conns.get(&conn) {
-            let _ = c.outbound.send(Outbound::Send(message));
+            if c.outbound.send(Outbound::Send(message)) == Err(SendRefused::Overflowed) {
+                // The connection task closes it with SLOW_CONSUMER (and counts it); its peer
+                // is then disconnected the usual way when its Closed event arrives.
+                tracing::warn!(
+                    conn,
+                    "outbound queue full: closing a connection that does not read"
+                );
+                self.counters.errors_sent += 1;
+            }
         }
     }
 
