@@ -6,11 +6,13 @@
 //! and agents in one process; [`dry_run`] runs placement over a scenario file for
 //! `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:` section); [`status`]
 //! renders the master's `/state` for `ringmaster status`; [`sim`] replays real traces through
-//! the same placement code for `ringmaster sim`.
+//! the same placement code for `ringmaster sim`; [`fuzz`] generates bad input for the
+//! protocol fuzz tests and `ringmaster-stress fuzz`.
 
 pub mod config;
 pub mod dry_run;
 pub mod dry_run_batch;
+pub mod fuzz;
 pub mod local;
 pub mod master;
 pub mod placement;
