@@ -133,11 +133,19 @@ impl FrameFuzzer {
                     .collect()
             }
             5 => "x".repeat(self.rng.random_range(100..5000)),
-            6 => ["é", "\u{0}", "\u{202e}", "💥", "\n", "../../etc/passwd", " "]
-                [self.rng.random_range(0..7)]
+            6 => [
+                "é",
+                "\u{0}",
+                "\u{202e}",
+                "💥",
+                "\n",
+                "../../etc/passwd",
+                " ",
+            ][self.rng.random_range(0..7)]
             .repeat(self.rng.random_range(1..8)),
-            7 => ["default", "gpu", "cpus", "mem", "user", "base", "*"][self.rng.random_range(0..7)]
-                .to_string(),
+            7 => ["default", "gpu", "cpus", "mem", "user", "base", "*"]
+                [self.rng.random_range(0..7)]
+            .to_string(),
             8 => self.rng.random::<u64>().to_string(),
             _ => format!("fuzz-{}", self.rng.random_range(0..20)),
         }
@@ -331,8 +339,9 @@ impl FrameFuzzer {
         let in_role = self.chance(percent);
         let kind = match (in_role, role) {
             (true, FuzzRole::Agent) => [0, 1, 12, 15, 15, 15][self.rng.random_range(0..6)],
-            (true, FuzzRole::Framework) => [0, 1, 22, 23, 24, 27, 27, 28, 16, 30, 31, 32, 33]
-                [self.rng.random_range(0..13)],
+            (true, FuzzRole::Framework) => {
+                [0, 1, 22, 23, 24, 27, 27, 28, 16, 30, 31, 32, 33][self.rng.random_range(0..13)]
+            }
             (false, _) => self.rng.random_range(0..35),
         };
         match kind {
@@ -640,8 +649,7 @@ pub async fn fuzz_master(
                     if garbage {
                         // A bad frame usually ends the connection: give the master a moment
                         // to say so, so later frames are not written into a closed socket.
-                        let _ =
-                            tokio::time::timeout(GARBAGE_PACE, ended.wait_for(|e| *e)).await;
+                        let _ = tokio::time::timeout(GARBAGE_PACE, ended.wait_for(|e| *e)).await;
                     }
                 }
                 Ok(Err(_)) => {
@@ -701,7 +709,10 @@ mod tests {
                 None => invalid += 1,
             }
         }
-        assert!(valid > 500 && invalid > 300, "valid {valid}, invalid {invalid}");
+        assert!(
+            valid > 500 && invalid > 300,
+            "valid {valid}, invalid {invalid}"
+        );
     }
 
     #[test]

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::*;
-use prost::Message as _;
 use proptest::prelude::*;
+use prost::Message as _;
 use ringmaster::fuzz::{fuzz_master, FrameFuzzer, FuzzRole};
 use ringmaster_proto::{Connection, Envelope, Message, Ping};
 use tokio::io::AsyncWriteExt;
@@ -57,7 +57,10 @@ async fn decode_stream(bytes: Vec<u8>, max_frame: usize) -> usize {
                 // Compared as bytes: NaN fields are not equal to themselves.
                 let bytes = Envelope::new(message).encode_to_vec();
                 let again = Envelope::decode(&bytes[..]).expect("a decoded message re-encodes");
-                assert!(again.encode_to_vec() == bytes, "re-encoding changed a message");
+                assert!(
+                    again.encode_to_vec() == bytes,
+                    "re-encoding changed a message"
+                );
                 messages += 1;
             }
             Ok(None) | Err(_) => return messages,
@@ -147,11 +150,19 @@ async fn live_master_survives_fuzz_and_keeps_answering_others() {
     }
     let mut total = ringmaster::fuzz::FuzzStats::default();
     for f in fuzzers {
-        total.add(&f.await.unwrap().expect("fuzz connections were all closed or served"));
+        total.add(
+            &f.await
+                .unwrap()
+                .expect("fuzz connections were all closed or served"),
+        );
     }
     assert!(total.frames >= frames - 8, "{total:?}");
     assert!(total.connections > 8, "{total:?}");
-    assert_eq!(PANICS.load(Ordering::SeqCst), 0, "a task panicked (see output)");
+    assert_eq!(
+        PANICS.load(Ordering::SeqCst),
+        0,
+        "a task panicked (see output)"
+    );
     let s = master.snapshot().await.unwrap();
     assert!(s.agents.iter().any(|a| a.id == "steady" && a.connected));
     assert!(s.frameworks.iter().any(|f| f.id == fw.id && f.connected));

@@ -76,7 +76,12 @@ async fn a_flooding_client_is_cut_off_and_others_keep_getting_offers() {
     let flood = tokio::spawn(async move {
         // Far more than the burst, as fast as the socket takes them, without reading.
         for nonce in 0..50_000u64 {
-            if flooder.conn.feed(Message::Ping(Ping { nonce })).await.is_err() {
+            if flooder
+                .conn
+                .feed(Message::Ping(Ping { nonce }))
+                .await
+                .is_err()
+            {
                 break;
             }
             if nonce % 64 == 0 && flooder.conn.flush().await.is_err() {
@@ -91,8 +96,17 @@ async fn a_flooding_client_is_cut_off_and_others_keep_getting_offers() {
         one_offer_round(&mut good).await;
     }
     let error = flood.await.unwrap().expect("an Error before the close");
-    assert_eq!(error.code, ErrorCode::RateLimited as i32, "{}", error.message);
-    assert!(error.message.contains("200 messages per second"), "{}", error.message);
+    assert_eq!(
+        error.code,
+        ErrorCode::RateLimited as i32,
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("200 messages per second"),
+        "{}",
+        error.message
+    );
     one_offer_round(&mut good).await;
 
     let http = master.http_addr().unwrap();
@@ -143,7 +157,9 @@ async fn a_client_that_stops_reading_is_disconnected_and_memory_stays_bounded() 
         let mut got = 0;
         while got < 1000 {
             reader
-                .expect("an Update", |m| matches!(m, Message::Update(_)).then_some(()))
+                .expect("an Update", |m| {
+                    matches!(m, Message::Update(_)).then_some(())
+                })
                 .await;
             got += 1;
         }
@@ -162,7 +178,9 @@ async fn a_client_that_stops_reading_is_disconnected_and_memory_stays_bounded() 
         deaf
     });
     wait_for_state(&master, "the deaf framework disconnected", |s| {
-        s.frameworks.iter().any(|f| f.name == "deaf" && !f.connected)
+        s.frameworks
+            .iter()
+            .any(|f| f.name == "deaf" && !f.connected)
     })
     .await;
     let grown = vm_rss_mib() - before;
