@@ -422,6 +422,12 @@ async fn run_fuzz(args: FuzzArgs) -> anyhow::Result<()> {
         total.replies
     );
     println!(
+        "state the fuzzing left in the master: {} agents, {} frameworks, {} tasks",
+        master.metric("agents{").await?,
+        master.metric("frameworks{").await?,
+        master.metric("tasks{").await?
+    );
+    println!(
         "bystanders: {rounds} rounds, slowest {:.1} ms; master RSS start {rss_start:.1} MiB, end {:.1} MiB; panics in master stderr: {}",
         worst.as_secs_f64() * 1000.0,
         master.rss_mib(),
@@ -1042,14 +1048,14 @@ async fn run_faults(args: FaultArgs) -> anyhow::Result<()> {
             master.wait_ready().await?;
         } else if roll < 60 {
             let idx = rng.random_range(0..fleet.agents.len());
-            if down.iter().all(|d| !(d.1 && d.2 == idx)) {
+            if !down.iter().any(|d| d.1 && d.2 == idx) {
                 fleet.agents[idx].abort();
                 down.push((now + args.down_for, true, idx));
                 agent_kills += 1;
             }
         } else {
             let idx = rng.random_range(0..fleet.frameworks.len());
-            if down.iter().all(|d| !(!d.1 && d.2 == idx)) {
+            if !down.iter().any(|d| !d.1 && d.2 == idx) {
                 fleet.frameworks[idx].abort();
                 down.push((now + args.down_for, false, idx));
                 framework_kills += 1;

@@ -122,6 +122,7 @@ fn protocol_error(e: &ConnectionError, metrics: &Metrics) -> ringmaster_proto::E
     ringmaster_proto::Error::new(code, e.to_string())
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn handle(
     conn: ConnId,
     stream: TcpStream,
