@@ -548,6 +548,8 @@ struct RawConfig {
     matching: Option<RawMatching>,
     priorities: Option<RawPriorities>,
     limits: Option<RawLimits>,
+    tls: Option<crate::security::RawTls>,
+    auth: Option<crate::security::RawAuth>,
 }
 
 /// The `matching:` section: coefficients of the batch-matching scores.
@@ -687,6 +689,10 @@ pub struct Config {
     pub priorities: PriorityConfig,
     /// Per-connection message rate and outbound queue bounds.
     pub limits: LimitsConfig,
+    /// TLS material of the protocol listener; `None` serves plain TCP (docs/security.md).
+    pub tls: Option<ringmaster_proto::transport::TlsServerFiles>,
+    /// Principals and what they may do (default: nobody is asked to authenticate).
+    pub auth: crate::security::AuthConfig,
 }
 
 /// The `balance:` section as written (checked after parsing, with its lines).
@@ -810,6 +816,12 @@ impl Config {
         }
         if let Some(l) = &raw.limits {
             apply_limits(&source, l, &mut config.limits)?;
+        }
+        if let Some(t) = &raw.tls {
+            config.tls = Some(crate::security::apply_tls(&source, &["tls".into()], t)?);
+        }
+        if let Some(a) = &raw.auth {
+            config.auth = crate::security::apply_auth(&source, &["auth".into()], a)?;
         }
         if let Some(m) = &raw.master {
             let out = &mut config.master;

@@ -23,10 +23,11 @@ use prost::Message as _;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ringmaster_proto::{
-    Accept, AgentHeartbeat, AgentRegistered, Attribute, BatchTask, Decline, Demand, Envelope,
-    Hello, HelloAck, Kill, KillTask, Message, Offer, Offers, Ping, Pong, Reconcile, RegisterAgent,
-    Rescind, Resources, Revive, RunTasks, Scalar, StatusAck, StatusUpdate, SubmitBatch, Subscribe,
-    Subscribed, Suppress, TaskInfo, TaskStatus, Teardown, Update, PROTOCOL_VERSION,
+    Accept, AgentHeartbeat, AgentRegistered, Attribute, Authenticate, BatchTask, Decline, Demand,
+    Envelope, Hello, HelloAck, Kill, KillTask, Message, Offer, Offers, Ping, Pong, Reconcile,
+    RegisterAgent, Rescind, Resources, Revive, RunTasks, Scalar, StatusAck, StatusUpdate,
+    SubmitBatch, Subscribe, Subscribed, Suppress, TaskInfo, TaskStatus, Teardown, Update,
+    PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -357,6 +358,14 @@ impl FrameFuzzer {
             3 => Message::HelloAck(HelloAck {
                 protocol_version: PROTOCOL_VERSION,
                 master: self.wild_string(&[]),
+                ..Default::default()
+            }),
+            5 => Message::Authenticate(Authenticate {
+                principal: self.wild_string(&[]),
+                role: ["agent", "framework", ""][self.rng.random_range(0..3)].into(),
+                mac: (0..self.rng.random_range(0..40))
+                    .map(|_| self.rng.random())
+                    .collect(),
             }),
             4 => Message::Error(ringmaster_proto::Error {
                 code: self.wild_enum(),

@@ -6,9 +6,11 @@
 //! and agents in one process; [`dry_run`] runs placement over a scenario file for
 //! `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:` section); [`status`]
 //! renders the master's `/state` for `ringmaster status`; [`sim`] replays real traces through
-//! the same placement code for `ringmaster sim`; [`fuzz`] generates bad input for the
-//! protocol fuzz tests and `ringmaster-stress fuzz`.
+//! the same placement code for `ringmaster sim`; [`security`] reads the TLS and authentication
+//! settings, and [`certs`] writes development certificates for `ringmaster certs`; [`fuzz`]
+//! generates bad input for the protocol fuzz tests and `ringmaster-stress fuzz`.
 
+pub mod certs;
 pub mod config;
 pub mod dry_run;
 pub mod dry_run_batch;
@@ -16,5 +18,6 @@ pub mod fuzz;
 pub mod local;
 pub mod master;
 pub mod placement;
+pub mod security;
 pub mod sim;
 pub mod status;

@@ -40,6 +40,12 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// Starts the master and `agents` agents, and waits until every agent has registered.
     pub async fn start(options: &LocalOptions) -> anyhow::Result<LocalCluster> {
+        if options.config.tls.is_some() || options.config.auth.required {
+            anyhow::bail!(
+                "local mode runs its agents and demo frameworks in-process without TLS or \
+                 credentials: drop the tls: section and auth.required from its config"
+            );
+        }
         let master = Master::start_with_http(
             &options.listen,
             options.http.as_deref(),
@@ -71,6 +77,7 @@ impl LocalCluster {
                 work_dir,
                 kill_grace: Duration::from_secs(3),
                 reconnect_max_backoff: Duration::from_secs(2),
+                security: Default::default(),
             };
             let mut stop = stop_rx.clone();
             agents.push(tokio::spawn(async move {
@@ -180,6 +187,7 @@ async fn demo(cluster: &LocalCluster) -> anyhow::Result<()> {
             framework_id: None,
             reconnect_max_backoff: Duration::from_secs(2),
             give_up_after: Some(Duration::from_secs(30)),
+            security: Default::default(),
         };
         let scheduler = DemoScheduler {
             resources: Resources::parse(plan.resources)?,

@@ -1,6 +1,6 @@
 //! The `ringmaster` command: the master (`serve`), local mode (`local`), the dry-run
-//! placement tool (`place`), the operator view (`status`) and the trace-driven simulator
-//! (`sim`). Thin: parse arguments, call the library, print, set the exit code.
+//! placement tool (`place`), the operator view (`status`), the trace-driven simulator
+//! (`sim`) and development TLS certificates (`certs`). Thin: parse arguments, call the library, print, set the exit code.
 //!
 //! Exit codes: 0 success; 1 a runtime failure; 2 bad input (arguments, config or scenario),
 //! with one line on stderr naming the file, line and field.
@@ -79,6 +79,23 @@ enum Command {
     Place(PlaceArgs),
     /// Trace-driven simulation: compare placement policies on a real trace (see docs/simulator.md).
     Sim(SimArgs),
+    /// Write a development CA, a master certificate and client certificates for TLS
+    /// (see docs/security.md). Keys are written with mode 0600.
+    Certs {
+        /// Directory to write into (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Extra name (DNS name or IP address) of the master, beyond localhost, 127.0.0.1
+        /// and ::1; repeatable.
+        #[arg(long, value_name = "NAME")]
+        san: Vec<String>,
+        /// Also write a client certificate for mutual TLS with this name; repeatable.
+        #[arg(long, value_name = "NAME")]
+        client: Vec<String>,
+        /// Overwrite files that already exist.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -255,6 +272,23 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Sim(args) => sim(args),
+        Command::Certs {
+            out,
+            san,
+            client,
+            force,
+        } => match ringmaster::certs::write_dev_certs(&out, &san, &client, force) {
+            Ok(written) => {
+                for file in written {
+                    println!("wrote {}  ({})", file.path.display(), file.what);
+                }
+                println!(
+                    "development certificates only: use your own CA in production (docs/security.md)"
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => bad_input(&format!("{e:#}")),
+        },
         Command::Place(args) => {
             match ringmaster::dry_run::place(&args.scenario, args.config.as_deref(), args.placer) {
                 Ok(lines) => {

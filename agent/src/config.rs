@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use ringmaster_proto::resources::Resources;
+use ringmaster_proto::transport::ClientSecurity;
 
 use crate::detect::{detect_hostname, detect_resources};
 
@@ -48,6 +49,21 @@ pub struct AgentArgs {
     /// Hostname to report. Default: this machine's hostname.
     #[arg(long, value_name = "H")]
     pub hostname: Option<String>,
+    /// Connect over TLS, trusting the master certificate's CA in this PEM file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a master that requires mutual TLS; needs --tls-key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Principal to authenticate as (needs --secret-file); see docs/security.md.
+    #[arg(long, value_name = "NAME")]
+    pub principal: Option<String>,
+    /// File holding the principal's shared secret (one trailing newline is ignored).
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
 }
 
 /// The validated configuration of one agent.
@@ -66,6 +82,8 @@ pub struct AgentConfig {
     pub kill_grace: Duration,
     /// Cap of the exponential reconnect backoff (which starts at 100 ms).
     pub reconnect_max_backoff: Duration,
+    /// TLS and credential for the master connection (default: plain TCP, anonymous).
+    pub security: ClientSecurity,
 }
 
 impl AgentConfig {
@@ -97,6 +115,14 @@ impl AgentConfig {
             Some(h) => h,
             None => detect_hostname(),
         };
+        let security = ClientSecurity::from_flags(
+            args.tls_ca.as_deref(),
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+            args.principal.as_deref(),
+            args.secret_file.as_deref(),
+        )
+        .map_err(anyhow::Error::msg)?;
         Ok(AgentConfig {
             master: args.master,
             id: args.id,
@@ -106,6 +132,7 @@ impl AgentConfig {
             work_dir: args.work_dir,
             kill_grace: DEFAULT_KILL_GRACE,
             reconnect_max_backoff: DEFAULT_RECONNECT_MAX_BACKOFF,
+            security,
         })
     }
 }

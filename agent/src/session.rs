@@ -9,11 +9,12 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _};
+use ringmaster_proto::security::AuthRole;
+use ringmaster_proto::transport::BoxedStream;
 use ringmaster_proto::{
     Connection, ConnectionError, ErrorCode, Hello, Message, Pong, PROTOCOL_VERSION,
 };
-use tokio::net::TcpStream;
-use tokio::time::{timeout, Instant};
+use tokio::time::Instant;
 
 use crate::state::{AgentState, ExitReceiver};
 use crate::updates::STATUS_RETRY;
@@ -29,7 +30,7 @@ const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 /// How often due status updates are looked for.
 const RETRY_CHECK: Duration = Duration::from_millis(250);
 
-type MasterConnection = Connection<TcpStream>;
+type MasterConnection = Connection<BoxedStream>;
 
 /// Why a connection attempt or a served connection ended.
 enum Ended {
@@ -108,11 +109,11 @@ pub async fn run_sessions<F: Future<Output = ()>>(
 /// interval the master chose.
 async fn establish(state: &AgentState) -> Result<(MasterConnection, String, Duration), Ended> {
     let master = &state.config().master;
-    let stream = timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(master))
+    let security = &state.config().security;
+    let stream = security
+        .connect(master, HANDSHAKE_TIMEOUT)
         .await
-        .map_err(|_| Ended::Retry(anyhow!("connecting to {master} timed out")))?
-        .map_err(|e| Ended::Retry(anyhow!("cannot connect to {master}: {e}")))?;
-    let _ = stream.set_nodelay(true);
+        .map_err(|e| Ended::Retry(anyhow!("{e}")))?;
     let mut conn = Connection::new(stream);
     let retry = |e: ConnectionError| Ended::Retry(anyhow!("{e}"));
     conn.send(Message::Hello(Hello {
@@ -124,6 +125,21 @@ async fn establish(state: &AgentState) -> Result<(MasterConnection, String, Dura
     match recv_handshake(&mut conn, "HelloAck").await? {
         Message::HelloAck(ack) => {
             tracing::debug!(master = %ack.master, version = ack.protocol_version, "handshake done");
+            let answer = security
+                .authenticate(&ack, AuthRole::Agent)
+                .map_err(|e| Ended::Fatal(anyhow!("{e}")))?;
+            if let Some(answer) = answer {
+                let principal = answer.principal.clone();
+                conn.send(Message::Authenticate(answer))
+                    .await
+                    .map_err(retry)?;
+                match recv_handshake(&mut conn, "Authenticated").await? {
+                    Message::Authenticated(_) => {
+                        tracing::debug!(%principal, "authenticated with the master");
+                    }
+                    other => return Err(unexpected(other, "Authenticated")),
+                }
+            }
         }
         other => return Err(unexpected(other, "HelloAck")),
     }
@@ -177,6 +193,22 @@ fn unexpected(message: Message, expected: &str) -> Ended {
                 "the master does not speak protocol version {PROTOCOL_VERSION} \
                  (it supports {:?}): {}",
                 error.supported_versions,
+                error.message
+            ))
+        }
+        // Credentials and permissions do not change by retrying.
+        Message::Error(error)
+            if matches!(
+                ErrorCode::try_from(error.code),
+                Ok(ErrorCode::AuthenticationRequired
+                    | ErrorCode::AuthenticationFailed
+                    | ErrorCode::NotAuthorized
+                    | ErrorCode::TlsRequired)
+            ) =>
+        {
+            Ended::Fatal(anyhow!(
+                "master refused us with {}: {}",
+                error_code_name(error.code),
                 error.message
             ))
         }

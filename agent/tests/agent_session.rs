@@ -59,6 +59,7 @@ impl FakeMaster {
         link.send(Message::HelloAck(HelloAck {
             protocol_version: PROTOCOL_VERSION,
             master: "fake".into(),
+            ..Default::default()
         }))
         .await;
         let register = match link.recv().await {
@@ -198,6 +199,7 @@ fn config(master: &str, work_dir: &Path, resources: &str) -> AgentConfig {
         work_dir: work_dir.to_path_buf(),
         kill_grace: Duration::from_millis(500),
         reconnect_max_backoff: Duration::from_millis(200),
+        security: Default::default(),
     }
 }
 

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use ringmaster_proto::transport::ClientSecurity;
+
 use crate::SdkError;
 
 /// Everything [`crate::run`] needs to subscribe a framework.
@@ -30,6 +32,9 @@ pub struct FrameworkConfig {
     /// Give up with [`SdkError::Connect`] when no subscription succeeded for this long, counted
     /// from the start or from the last lost connection. `None` retries forever.
     pub give_up_after: Option<Duration>,
+    /// TLS and credential for the master connection (default: plain TCP, anonymous); see
+    /// docs/security.md.
+    pub security: ClientSecurity,
 }
 
 /// The failover timeout used by [`FrameworkConfig::new`]: one minute.
@@ -51,6 +56,7 @@ impl FrameworkConfig {
             framework_id: None,
             reconnect_max_backoff: DEFAULT_RECONNECT_MAX_BACKOFF,
             give_up_after: None,
+            security: ClientSecurity::default(),
         }
     }
 

@@ -72,9 +72,45 @@ pub struct ExecArgs {
     /// docs/batch.md); then no --resources, --instances or command.
     #[arg(long, value_name = "FILE")]
     pub batch: Option<std::path::PathBuf>,
+    /// TLS and authentication (docs/security.md).
+    #[command(flatten)]
+    pub security: SecurityFlags,
     /// The command, run with `sh -c` (words joined with spaces).
     #[arg(last = true, required_unless_present = "batch", value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// The flags every framework-side command-line client shares for TLS and authentication.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SecurityFlags {
+    /// Connect over TLS, trusting the master certificate's CA in this PEM file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for a master that requires mutual TLS; needs --tls-key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Principal to authenticate as (needs --secret-file).
+    #[arg(long, value_name = "NAME")]
+    pub principal: Option<String>,
+    /// File holding the principal's shared secret (one trailing newline is ignored).
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<std::path::PathBuf>,
+}
+
+impl SecurityFlags {
+    /// Loads the files the flags name; the error names the flag and the file.
+    pub fn load(&self) -> Result<ringmaster_proto::transport::ClientSecurity, String> {
+        ringmaster_proto::transport::ClientSecurity::from_flags(
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.principal.as_deref(),
+            self.secret_file.as_deref(),
+        )
+    }
 }
 
 /// A command line that parsed but cannot be run; the message names the bad part.
@@ -191,6 +227,7 @@ impl ExecArgs {
         config.weight = self.weight;
         config.failover_timeout = failover_timeout;
         config.give_up_after = Some(connect_timeout);
+        config.security = self.security.load().map_err(UsageError)?;
         if let Err(e) = config.validate() {
             return usage(e.to_string());
         }

@@ -11,11 +11,12 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ringmaster_proto::security::AuthRole;
+use ringmaster_proto::transport::BoxedStream;
 use ringmaster_proto::{
     Accept, Connection, Decline, Demand, Hello, Kill, Message, Ping, Pong, Reconcile, StatusAck,
     SubmitBatch, Subscribe, Subscribed, Suppress, Teardown, PROTOCOL_VERSION,
 };
-use tokio::net::TcpStream;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::time::{sleep_until, timeout};
 use tracing::{debug, info, warn};
@@ -79,7 +80,7 @@ enum AttemptError {
     Fatal(SdkError),
 }
 
-type MasterConnection = Connection<TcpStream>;
+type MasterConnection = Connection<BoxedStream>;
 
 struct Session {
     config: FrameworkConfig,
@@ -207,18 +208,11 @@ impl Session {
     /// Connects, shakes hands and subscribes.
     async fn attempt(&mut self) -> Result<(MasterConnection, Subscribed), AttemptError> {
         let master = &self.config.master;
-        let stream = match timeout(CONNECT_TIMEOUT, TcpStream::connect(master.as_str())).await {
-            Err(_) => {
-                return Err(AttemptError::Transient(format!(
-                    "connect timed out after {CONNECT_TIMEOUT:?}"
-                )))
-            }
-            Ok(Err(e)) => return Err(AttemptError::Transient(format!("connect: {e}"))),
-            Ok(Ok(stream)) => stream,
-        };
-        if let Err(e) = stream.set_nodelay(true) {
-            debug!(error = %e, "could not set TCP_NODELAY");
-        }
+        let security = &self.config.security;
+        let stream = security
+            .connect(master, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| AttemptError::Transient(e.to_string()))?;
         let mut connection = Connection::new(stream);
         let hello = Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -232,6 +226,24 @@ impl Session {
         match recv_handshake(&mut connection, "HelloAck").await? {
             Message::HelloAck(ack) => {
                 debug!(master = %ack.master, version = ack.protocol_version, "handshake done");
+                let answer = security
+                    .authenticate(&ack, AuthRole::Framework)
+                    .map_err(|e| AttemptError::Fatal(SdkError::Refused(e)))?;
+                if let Some(answer) = answer {
+                    send_or_transient(&mut connection, Message::Authenticate(answer)).await?;
+                    match recv_handshake(&mut connection, "Authenticated").await? {
+                        Message::Authenticated(done) => {
+                            debug!(principal = %done.principal, "authenticated with the master");
+                        }
+                        Message::Error(error) => return Err(refusal(&error, "Authenticate")),
+                        other => {
+                            return Err(AttemptError::Transient(format!(
+                                "expected Authenticated, got {}",
+                                other.kind()
+                            )))
+                        }
+                    }
+                }
             }
             Message::Error(error) => return Err(refusal(&error, "Hello")),
             other => {
@@ -577,13 +589,16 @@ fn refusal(error: &ProtoError, during: &str) -> AttemptError {
             "this SDK speaks version {PROTOCOL_VERSION}, the master speaks {:?}: {}",
             error.supported_versions, error.message
         ))),
-        ErrorCode::FrameworkConflict | ErrorCode::InvalidRequest => {
-            AttemptError::Fatal(SdkError::Refused(format!(
-                "{} in answer to {during}: {}",
-                code.as_str_name(),
-                error.message
-            )))
-        }
+        ErrorCode::FrameworkConflict
+        | ErrorCode::InvalidRequest
+        | ErrorCode::AuthenticationRequired
+        | ErrorCode::AuthenticationFailed
+        | ErrorCode::NotAuthorized
+        | ErrorCode::TlsRequired => AttemptError::Fatal(SdkError::Refused(format!(
+            "{} in answer to {during}: {}",
+            code.as_str_name(),
+            error.message
+        ))),
         _ => AttemptError::Transient(format!(
             "{} in answer to {during}: {}",
             code.as_str_name(),

@@ -7,6 +7,8 @@
 
 mod connection;
 pub mod resources;
+pub mod security;
+pub mod transport;
 
 pub use connection::{
     Connection, ConnectionError, ConnectionReader, ConnectionWriter, DEFAULT_MAX_FRAME_BYTES,
@@ -72,6 +74,8 @@ impl Message {
             Message::Teardown(_) => "Teardown",
             Message::SubmitBatch(_) => "SubmitBatch",
             Message::BatchResult(_) => "BatchResult",
+            Message::Authenticate(_) => "Authenticate",
+            Message::Authenticated(_) => "Authenticated",
         }
     }
 }
@@ -120,6 +124,8 @@ pub fn answer_hello(hello: &Hello, master: &str) -> Result<HelloAck, Error> {
         Ok(HelloAck {
             protocol_version: hello.protocol_version,
             master: master.to_string(),
+            challenge: Vec::new(),
+            auth_required: false,
         })
     } else {
         let mut error = Error::new(

@@ -16,11 +16,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use ringmaster_proto::resources::Resources;
+use ringmaster_proto::security::AuthRole;
+use ringmaster_proto::transport::{BoxedStream, ClientSecurity};
 use ringmaster_proto::{
     Accept, AgentHeartbeat, Connection, Demand, Hello, Message, RegisterAgent, StatusAck,
     StatusUpdate, Subscribe, TaskInfo, TaskState, TaskStatus, PROTOCOL_VERSION,
 };
-use tokio::net::TcpStream;
+use ringmaster_sdk::exec::SecurityFlags;
+
+/// TLS and credential of every simulated agent and framework, set once from the flags.
+static SECURITY: std::sync::OnceLock<ClientSecurity> = std::sync::OnceLock::new();
 
 #[derive(Parser)]
 #[command(
@@ -48,23 +53,38 @@ struct Args {
     /// Print this process's VmRSS (the master's pid) once the agents are registered.
     #[arg(long)]
     master_pid: Option<u32>,
+    /// TLS and authentication; one principal for all (it needs both roles and user `load`).
+    #[command(flatten)]
+    security: SecurityFlags,
 }
 
-async fn connect(addr: &str) -> anyhow::Result<Connection<TcpStream>> {
-    let stream = TcpStream::connect(addr)
+async fn connect(addr: &str, role: AuthRole) -> anyhow::Result<Connection<BoxedStream>> {
+    let security = SECURITY.get_or_init(ClientSecurity::default);
+    let stream = security
+        .connect(addr, Duration::from_secs(30))
         .await
         .with_context(|| format!("connect {addr}"))?;
-    stream.set_nodelay(true)?;
     let mut conn = Connection::new(stream);
     conn.send(Message::Hello(Hello {
         protocol_version: PROTOCOL_VERSION,
         client: "ringmaster-loadgen".into(),
     }))
     .await?;
-    match conn.recv().await? {
-        Some(Message::HelloAck(_)) => Ok(conn),
+    let ack = match conn.recv().await? {
+        Some(Message::HelloAck(ack)) => ack,
         other => bail!("handshake failed: {other:?}"),
+    };
+    if let Some(answer) = security
+        .authenticate(&ack, role)
+        .map_err(anyhow::Error::msg)?
+    {
+        conn.send(Message::Authenticate(answer)).await?;
+        match conn.recv().await? {
+            Some(Message::Authenticated(_)) => {}
+            other => bail!("authentication failed: {other:?}"),
+        }
     }
+    Ok(conn)
 }
 
 async fn sim_agent(
@@ -73,7 +93,7 @@ async fn sim_agent(
     resources: Resources,
     registered: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
-    let mut conn = connect(&addr).await?;
+    let mut conn = connect(&addr, AuthRole::Agent).await?;
     conn.send(Message::RegisterAgent(RegisterAgent {
         agent_id: format!("sim-{index}"),
         hostname: format!("sim-{index}"),
@@ -139,7 +159,7 @@ async fn sim_framework(
     tasks: u64,
     unit: Resources,
 ) -> anyhow::Result<FrameworkResult> {
-    let mut conn = connect(&addr).await?;
+    let mut conn = connect(&addr, AuthRole::Framework).await?;
     conn.send(Message::Subscribe(Subscribe {
         framework_id: String::new(),
         name: format!("load-{index}"),
@@ -243,6 +263,8 @@ fn vm_rss_kib(pid: u32) -> Option<u64> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let security = args.security.load().map_err(anyhow::Error::msg)?;
+    let _ = SECURITY.set(security);
     let agent_resources = Resources::parse(&args.agent_resources)?;
     let unit = Resources::parse(&args.task_resources)?;
     let registered = Arc::new(AtomicU64::new(0));

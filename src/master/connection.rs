@@ -7,22 +7,32 @@
 //!
 //! Messages in and out and refused frames are counted here, in shared atomic [`Metrics`], so
 //! counting never waits on the actor.
+//!
+//! With `tls:` configured each socket is wrapped in TLS before the first frame; the
+//! authentication handshake (`Authenticate` answering the `HelloAck` challenge) and the
+//! role/user checks of `auth:` also happen here, before the actor hears of the connection.
+//! See docs/security.md.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use ringmaster_proto::security::{new_challenge, AuthRole};
+use ringmaster_proto::transport::{BoxedStream, TLS_HANDSHAKE_RECORD};
 use ringmaster_proto::{
-    answer_hello, Connection, ConnectionError, ConnectionReader, ConnectionWriter, ErrorCode,
-    Message,
+    answer_hello, Authenticated, Connection, ConnectionError, ConnectionReader, ConnectionWriter,
+    Envelope, ErrorCode, Message,
 };
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
+use tokio_rustls::TlsAcceptor;
 
 use super::limits::{outbound_queue, OutboundReceiver, TokenBucket};
 use super::metrics::{Limit, Metrics, Rejection};
 use super::{ConnId, Event, Outbound};
 use crate::config::{Config, LimitsConfig};
+use crate::security::AuthConfig;
 
 /// How long a client has to send `Hello` and its first message.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -35,6 +45,7 @@ static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) async fn accept_loop(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     events: mpsc::Sender<Event>,
     config: Arc<Config>,
     metrics: Arc<Metrics>,
@@ -46,13 +57,13 @@ pub(crate) async fn accept_loop(
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-                    tokio::spawn(handle(
+                    tokio::spawn(secure_and_handle(
                         conn,
                         stream,
                         peer,
+                        tls.clone(),
                         events.clone(),
-                        config.master.max_frame_bytes,
-                        config.limits.clone(),
+                        config.clone(),
                         metrics.clone(),
                         shutdown.clone(),
                     ));
@@ -69,11 +80,7 @@ pub(crate) async fn accept_loop(
 }
 
 /// Which conversation a connection is in after its first message.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Agent,
-    Framework,
-}
+type Role = AuthRole;
 
 fn role_of(message: &Message) -> Option<Role> {
     match message {
@@ -81,6 +88,102 @@ fn role_of(message: &Message) -> Option<Role> {
         Message::Subscribe(_) => Some(Role::Framework),
         _ => None,
     }
+}
+
+/// Wraps the socket in TLS when the master serves TLS, then runs the connection. A client that
+/// sends plain protocol bytes to a TLS master gets a plain `Error` with `TLS_REQUIRED` (it could
+/// not read anything else) and is closed; a failed handshake is logged and counted.
+#[allow(clippy::too_many_arguments)]
+async fn secure_and_handle(
+    conn: ConnId,
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    events: mpsc::Sender<Event>,
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let stream: BoxedStream = match tls {
+        None => Box::new(stream),
+        Some(acceptor) => {
+            match tokio::time::timeout(
+                HANDSHAKE_TIMEOUT,
+                accept_tls(acceptor, stream, peer, &metrics),
+            )
+            .await
+            {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(Some(reason))) => {
+                    metrics.tls_failed(reason);
+                    return;
+                }
+                Ok(Err(None)) => return,
+                Err(_) => {
+                    tracing::warn!(%peer, "no TLS handshake within 10 s");
+                    metrics.tls_failed("timeout");
+                    return;
+                }
+            }
+        }
+    };
+    handle(conn, stream, peer, events, config, metrics, shutdown).await;
+}
+
+/// The TLS handshake. `Err(Some(reason))`: a failure to count; `Err(None)`: the peer left
+/// before sending anything, or was refused and counted already.
+async fn accept_tls(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    metrics: &Metrics,
+) -> Result<BoxedStream, Option<&'static str>> {
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(0) | Err(_) => return Err(None),
+        Ok(_) => {}
+    }
+    if first[0] != TLS_HANDSHAKE_RECORD {
+        tracing::warn!(%peer, "plain bytes on the TLS port: refused with TLS_REQUIRED");
+        // Counted before the (bounded) graceful close, which waits for the client to go.
+        metrics.tls_failed("plaintext");
+        refuse_plaintext(stream).await;
+        return Err(None);
+    }
+    match acceptor.accept(stream).await {
+        Ok(tls) => Ok(Box::new(tls)),
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "TLS handshake failed");
+            Err(Some("handshake"))
+        }
+    }
+}
+
+/// Answers a plain-TCP client with one plain `Error` frame, then closes gracefully: the
+/// client's unread `Hello` is drained first so the close is a FIN, not a reset that could
+/// destroy the error before it is read.
+async fn refuse_plaintext(mut stream: TcpStream) {
+    let error = ringmaster_proto::Error::new(
+        ErrorCode::TlsRequired,
+        "this master only accepts TLS connections: connect with TLS (--tls-ca FILE)",
+    );
+    let body = prost::Message::encode_to_vec(&Envelope::new(Message::Error(error)));
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    let close = async {
+        stream.write_all(&frame).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut drained = 0usize;
+        while drained < 64 * 1024 {
+            match stream.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        std::io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), close).await;
 }
 
 /// Messages a peer in `role` may send after its first message.
@@ -125,19 +228,17 @@ fn protocol_error(e: &ConnectionError, metrics: &Metrics) -> ringmaster_proto::E
 #[allow(clippy::too_many_arguments)]
 async fn handle(
     conn: ConnId,
-    stream: TcpStream,
+    stream: BoxedStream,
     peer: SocketAddr,
     events: mpsc::Sender<Event>,
-    max_frame_bytes: usize,
-    limits: LimitsConfig,
+    config: Arc<Config>,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let mut connection = Connection::with_max_frame(stream, max_frame_bytes);
-    let opened = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut connection, &metrics))
-        .await
-    {
-        Ok(Ok(Some(first))) => first,
+    let mut connection = Connection::with_max_frame(stream, config.master.max_frame_bytes);
+    let handshake = handshake(&mut connection, &config.auth, &metrics, peer);
+    let (opened, principal) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(Some(opened))) => opened,
         Ok(Ok(None)) => return,
         Ok(Err(error)) => {
             tracing::warn!(%peer, message = %error.message, "handshake refused");
@@ -158,6 +259,7 @@ async fn handle(
         }
     };
     let role = role_of(&opened).expect("handshake returns a role message");
+    let limits: &LimitsConfig = &config.limits;
     let (outbound_tx, mut outbound_rx) = outbound_queue(limits.outbound_queue);
     if events
         .send(Event::Opened {
@@ -165,6 +267,7 @@ async fn handle(
             peer,
             outbound: outbound_tx,
             first: opened,
+            principal,
         })
         .await
         .is_err()
@@ -179,7 +282,7 @@ async fn handle(
         role,
         &events,
         &mut outbound_rx,
-        &limits,
+        limits,
         &metrics,
         shutdown,
     )
@@ -233,11 +336,27 @@ where
     }
 }
 
-/// Reads `Hello` and the role message. `Ok(None)`: the peer left quietly.
+/// Counts an authentication or authorization failure and builds the error that closes the
+/// connection.
+fn auth_failure(
+    metrics: &Metrics,
+    reason: &'static str,
+    code: ErrorCode,
+    message: String,
+) -> ringmaster_proto::Error {
+    metrics.auth_failed(reason);
+    ringmaster_proto::Error::new(code, message)
+}
+
+/// Reads `Hello`, an optional `Authenticate`, and the role message. Returns the role message
+/// and the authenticated principal (`None`: anonymous, allowed only when auth is not
+/// required). `Ok(None)`: the peer left quietly.
 async fn handshake<S>(
     connection: &mut Connection<S>,
+    auth: &AuthConfig,
     metrics: &Metrics,
-) -> Result<Option<Message>, ringmaster_proto::Error>
+    peer: SocketAddr,
+) -> Result<Option<(Message, Option<String>)>, ringmaster_proto::Error>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -257,30 +376,158 @@ where
         }
         Err(e) => return Err(protocol_error(&e, metrics)),
     };
-    let ack = answer_hello(&hello, concat!("ringmaster ", env!("CARGO_PKG_VERSION")))?;
+    let mut ack = answer_hello(&hello, concat!("ringmaster ", env!("CARGO_PKG_VERSION")))?;
+    let challenge = new_challenge().map_err(|_| {
+        ringmaster_proto::Error::new(
+            ErrorCode::ShuttingDown,
+            "the master cannot draw a random challenge",
+        )
+    })?;
+    ack.challenge = challenge.to_vec();
+    ack.auth_required = auth.required;
     metrics.message_sent("HelloAck");
     if connection.send(Message::HelloAck(ack)).await.is_err() {
         return Ok(None);
     }
-    match connection.recv().await {
-        Ok(None) => Ok(None),
+    let mut next = connection.recv().await;
+    let mut authenticated: Option<(String, Role)> = None;
+    if let Ok(Some(Message::Authenticate(answer))) = &next {
+        metrics.message_received("Authenticate");
+        let Some(role) = AuthRole::parse(&answer.role) else {
+            return Err(auth_failure(
+                metrics,
+                "malformed",
+                ErrorCode::AuthenticationFailed,
+                format!(
+                    "Authenticate: role must be agent or framework, got {:?}",
+                    answer.role
+                ),
+            ));
+        };
+        let principal = answer.principal.as_str();
+        let grant = auth.principals.get(principal);
+        let verified = match grant {
+            Some(g) => g.verify(&challenge, principal, role, &answer.mac),
+            None => {
+                // Spend the same HMAC work as for a known principal, so the answer's timing
+                // does not tell which principals exist.
+                let _ = ringmaster_proto::security::verify_mac(
+                    &challenge,
+                    &challenge,
+                    principal,
+                    role.as_str(),
+                    &answer.mac,
+                );
+                false
+            }
+        };
+        if !verified {
+            // The same answer for an unknown principal and a wrong secret: a client cannot
+            // probe which principals exist. The log and the metric tell them apart.
+            let reason = if grant.is_none() {
+                "unknown_principal"
+            } else {
+                "bad_secret"
+            };
+            tracing::warn!(%peer, principal, reason, "authentication failed");
+            return Err(auth_failure(
+                metrics,
+                reason,
+                ErrorCode::AuthenticationFailed,
+                format!(
+                    "authentication failed for principal {principal:?}: unknown principal or wrong secret"
+                ),
+            ));
+        }
+        if !grant.is_some_and(|g| g.allows_role(role)) {
+            tracing::warn!(%peer, principal, %role, "principal may not take this role");
+            return Err(auth_failure(
+                metrics,
+                "role_not_allowed",
+                ErrorCode::NotAuthorized,
+                format!("principal {principal:?} may not connect as {role}"),
+            ));
+        }
+        metrics.message_sent("Authenticated");
+        let done = Authenticated {
+            principal: principal.to_string(),
+            role: role.as_str().to_string(),
+        };
+        if connection.send(Message::Authenticated(done)).await.is_err() {
+            return Ok(None);
+        }
+        tracing::debug!(%peer, principal, %role, "authenticated");
+        authenticated = Some((principal.to_string(), role));
+        next = connection.recv().await;
+    }
+    let message = match next {
+        Ok(None) => return Ok(None),
         Ok(Some(message)) if role_of(&message).is_some() => {
             metrics.message_received(message.kind());
-            Ok(Some(message))
+            message
         }
         Ok(Some(other)) => {
             metrics.message_received(other.kind());
             metrics.frame_rejected(Rejection::UnexpectedMessage);
-            Err(ringmaster_proto::Error::new(
+            let what = if authenticated.is_some() {
+                "after Authenticated"
+            } else {
+                "before RegisterAgent or Subscribe"
+            };
+            return Err(ringmaster_proto::Error::new(
                 ErrorCode::NotRegistered,
-                format!(
-                    "{} before RegisterAgent or Subscribe: register or subscribe first",
-                    other.kind()
-                ),
-            ))
+                format!("{} {what}: register or subscribe first", other.kind()),
+            ));
         }
-        Err(e) => Err(protocol_error(&e, metrics)),
+        Err(e) => return Err(protocol_error(&e, metrics)),
+    };
+    let role = role_of(&message).expect("checked above");
+    let Some((principal, authenticated_role)) = authenticated else {
+        if auth.required {
+            tracing::warn!(%peer, kind = message.kind(), "unauthenticated client refused");
+            return Err(auth_failure(
+                metrics,
+                "missing",
+                ErrorCode::AuthenticationRequired,
+                format!(
+                    "this master requires authentication: send Authenticate before {} \
+                     (agent and ringmaster-exec flags --principal NAME --secret-file FILE)",
+                    message.kind()
+                ),
+            ));
+        }
+        return Ok(Some((message, None)));
+    };
+    if role != authenticated_role {
+        return Err(auth_failure(
+            metrics,
+            "role_not_allowed",
+            ErrorCode::NotAuthorized,
+            format!(
+                "authenticated as {authenticated_role} but sent {}",
+                message.kind()
+            ),
+        ));
     }
+    if let Message::Subscribe(subscribe) = &message {
+        let allowed = auth
+            .principals
+            .get(&principal)
+            .is_some_and(|g| g.allows_user(&subscribe.user));
+        if !allowed {
+            tracing::warn!(%peer, %principal, user = %subscribe.user, "framework user not allowed");
+            return Err(auth_failure(
+                metrics,
+                "user_not_allowed",
+                ErrorCode::NotAuthorized,
+                format!(
+                    "principal {principal:?} may not run frameworks as user {:?}",
+                    subscribe.user
+                ),
+            ));
+        }
+    }
+    Ok(Some((message, Some(principal))))
 }
 
 /// Forwards frames until the peer leaves, breaks the protocol or a limit, or the actor closes

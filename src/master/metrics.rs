@@ -70,6 +70,22 @@ impl Limit {
     }
 }
 
+/// Labels of `auth_failures_total`: no Authenticate where one is required, a malformed one,
+/// an unknown principal, a wrong answer, a role, user or id the principal may not take.
+pub(crate) const AUTH_FAILURE_REASONS: [&str; 7] = [
+    "missing",
+    "malformed",
+    "unknown_principal",
+    "bad_secret",
+    "role_not_allowed",
+    "user_not_allowed",
+    "not_owner",
+];
+
+/// Labels of `tls_handshake_failures_total`: plain protocol bytes sent to the TLS port, a failed
+/// handshake (bad certificate, wrong CA, garbage), or no handshake in time.
+pub(crate) const TLS_FAILURE_REASONS: [&str; 3] = ["plaintext", "handshake", "timeout"];
+
 /// Every task state a series exists for, so series do not appear and vanish.
 const TASK_STATES: [TaskState; 6] = [
     TaskState::TaskStaging,
@@ -105,6 +121,8 @@ pub struct Metrics {
     agents_lost: Counter,
     frameworks_removed: Counter,
     errors_sent: Counter,
+    auth_failures: Family<Label, Counter>,
+    tls_handshake_failures: Family<Label, Counter>,
     /// Dimensions with a `resources` series, so one that disappears is set to 0.
     dimensions: Mutex<BTreeSet<String>>,
 }
@@ -143,6 +161,8 @@ impl Metrics {
             agents_lost: Counter::default(),
             frameworks_removed: Counter::default(),
             errors_sent: Counter::default(),
+            auth_failures: Family::default(),
+            tls_handshake_failures: Family::default(),
             dimensions: Mutex::new(BTreeSet::new()),
         };
         let r = &mut registry;
@@ -241,7 +261,25 @@ impl Metrics {
             "Protocol errors sent to peers",
             m.errors_sent.clone(),
         );
+        r.register(
+            "auth_failures",
+            "Connections refused by authentication or authorization, by reason (docs/security.md)",
+            m.auth_failures.clone(),
+        );
+        r.register(
+            "tls_handshake_failures",
+            "Connections closed before or during the TLS handshake, by reason",
+            m.tls_handshake_failures.clone(),
+        );
         // Series that exist from the start read 0 instead of being absent.
+        for reason in AUTH_FAILURE_REASONS {
+            let _ = m.auth_failures.get_or_create(&[("reason", reason)]);
+        }
+        for reason in TLS_FAILURE_REASONS {
+            let _ = m
+                .tls_handshake_failures
+                .get_or_create(&[("reason", reason)]);
+        }
         for phase in ["bucket", "up", "down"] {
             let _ = m.placements.get_or_create(&[("phase", phase)]);
         }
@@ -287,6 +325,22 @@ impl Metrics {
     pub(crate) fn connection_limited(&self, limit: Limit) {
         self.connections_limited
             .get_or_create(&[("limit", limit.label())])
+            .inc();
+    }
+
+    /// A connection refused by authentication or authorization; `reason` is one of
+    /// [`AUTH_FAILURE_REASONS`].
+    pub(crate) fn auth_failed(&self, reason: &'static str) {
+        self.auth_failures
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// A connection lost before or during the TLS handshake; `reason` is one of
+    /// [`TLS_FAILURE_REASONS`].
+    pub(crate) fn tls_failed(&self, reason: &'static str) {
+        self.tls_handshake_failures
+            .get_or_create(&[("reason", reason)])
             .inc();
     }
 

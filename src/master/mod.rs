@@ -18,6 +18,7 @@ mod ids;
 mod limits;
 pub mod metrics;
 mod offers;
+mod owners;
 mod pending;
 mod state;
 mod tasks;
@@ -47,6 +48,8 @@ pub(crate) enum Event {
         peer: SocketAddr,
         outbound: limits::OutboundSender,
         first: ringmaster_proto::Message,
+        /// The principal the connection authenticated as (`None`: anonymous).
+        principal: Option<String>,
     },
     /// A later message on an opened connection.
     Inbound {
@@ -93,6 +96,12 @@ impl Master {
         http: Option<&str>,
         config: Config,
     ) -> anyhow::Result<Master> {
+        // Certificates are read before binding, so a bad file fails the start, naming it.
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|files| files.acceptor())
+            .transpose()?;
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
@@ -123,8 +132,10 @@ impl Master {
                 shutdown_rx.clone(),
             ))
         });
+        let tls_on = tls.is_some();
         let accept_task = tokio::spawn(connection::accept_loop(
             listener,
+            tls,
             events_tx.clone(),
             config,
             metrics,
@@ -137,7 +148,7 @@ impl Master {
             }
             let _ = actor_task.await;
         });
-        tracing::info!(%addr, "master listening");
+        tracing::info!(%addr, tls = tls_on, "master listening");
         if let Some(http) = http_addr {
             tracing::info!(%http, "operator HTTP (state, metrics, dashboard) on http://{http}/");
         }

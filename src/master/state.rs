@@ -156,6 +156,8 @@ pub struct MasterState {
     pub(crate) ledger: QuotaLedger,
     /// Launch counter: the next task's start order.
     pub(crate) launches: u64,
+    /// Which principal holds each framework and agent id (docs/security.md).
+    pub(crate) owners: super::owners::IdOwners,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -200,6 +202,7 @@ impl MasterState {
             started: Instant::now(),
             ledger: QuotaLedger::default(),
             launches: 0,
+            owners: super::owners::IdOwners::default(),
         }
     }
 
@@ -257,6 +260,7 @@ impl MasterState {
                 peer,
                 outbound,
                 first,
+                principal,
             } => {
                 self.conns.insert(
                     conn,
@@ -265,6 +269,10 @@ impl MasterState {
                         peer: None,
                     },
                 );
+                if let Err(refusal) = self.owners.check(&first, principal.as_deref()) {
+                    self.metrics.auth_failed("not_owner");
+                    return self.close(conn, ErrorCode::NotAuthorized, refusal);
+                }
                 match first {
                     Message::RegisterAgent(register) => {
                         self.register_agent(conn, peer, register, now)
@@ -275,6 +283,9 @@ impl MasterState {
                         ErrorCode::NotRegistered,
                         format!("{} before RegisterAgent or Subscribe", other.kind()),
                     ),
+                }
+                if let Some(peer) = self.conns.get(&conn).and_then(|c| c.peer.as_ref()) {
+                    self.owners.record(peer, principal);
                 }
             }
             Event::Inbound { conn, message } => {

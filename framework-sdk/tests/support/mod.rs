@@ -88,6 +88,7 @@ impl MasterSide {
         self.send(Message::HelloAck(HelloAck {
             protocol_version: ringmaster_proto::PROTOCOL_VERSION,
             master: "fake".into(),
+            ..Default::default()
         }))
         .await;
     }

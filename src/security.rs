@@ -1,0 +1,327 @@
+//! The master's `tls:` and `auth:` configuration sections: what TLS material to serve, which
+//! principals exist, what secret each proves, and what each may do.
+//!
+//! Kept apart from [`crate::config`] (which only calls [`apply_tls`] and [`apply_auth`]) so
+//! the security rules live in one place. Errors name file, line and key like every other
+//! config error; a certificate or secret file that cannot be read is reported at load time
+//! with the file's name, not when the first client connects.
+//!
+//! ```yaml
+//! tls:
+//!   cert: certs/master.pem       # relative paths are relative to the config file
+//!   key: certs/master.key
+//!   client_ca: certs/ca.pem      # optional: require client certificates (mutual TLS)
+//! auth:
+//!   required: true               # refuse agents and frameworks that do not authenticate
+//!   principals:
+//!     rack1:  { secret_file: secrets/rack1, roles: [agent] }
+//!     spark:  { secret_file: secrets/spark, roles: [framework], users: [alice, bob] }
+//!     ops:    { secret: "inline only for tests", roles: [agent, framework], users: ["*"] }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use ringmaster_proto::security::{check_principal, read_secret_file, verify_mac, AuthRole};
+use ringmaster_proto::transport::TlsServerFiles;
+use serde::Deserialize;
+
+use crate::config::{ConfigError, Seg, YamlSource};
+
+/// The `tls:` section as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    cert: String,
+    key: String,
+    client_ca: Option<String>,
+}
+
+/// The `auth:` section as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    required: Option<bool>,
+    #[serde(default)]
+    principals: BTreeMap<String, RawPrincipal>,
+}
+
+/// One principal as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrincipal {
+    secret: Option<String>,
+    secret_file: Option<String>,
+    #[serde(default)]
+    roles: Vec<String>,
+    users: Option<Vec<String>>,
+}
+
+/// Which users a framework principal may subscribe as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AllowedUsers {
+    /// `users: ["*"]`.
+    Any,
+    Only(BTreeSet<String>),
+}
+
+/// What one principal proves and may do. `Debug` never shows the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PrincipalGrant {
+    secret: Vec<u8>,
+    pub roles: BTreeSet<AuthRole>,
+    pub users: AllowedUsers,
+}
+
+impl fmt::Debug for PrincipalGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrincipalGrant")
+            .field("secret", &"<redacted>")
+            .field("roles", &self.roles)
+            .field("users", &self.users)
+            .finish()
+    }
+}
+
+impl PrincipalGrant {
+    /// A grant with this secret, these roles and these users (tests, embedding).
+    pub fn new(secret: Vec<u8>, roles: BTreeSet<AuthRole>, users: AllowedUsers) -> Self {
+        PrincipalGrant {
+            secret,
+            roles,
+            users,
+        }
+    }
+
+    /// Is `mac` the right answer to `challenge` for `principal` in `role`? Constant time.
+    pub fn verify(&self, challenge: &[u8], principal: &str, role: AuthRole, mac: &[u8]) -> bool {
+        verify_mac(&self.secret, challenge, principal, role.as_str(), mac)
+    }
+
+    pub fn allows_role(&self, role: AuthRole) -> bool {
+        self.roles.contains(&role)
+    }
+
+    pub fn allows_user(&self, user: &str) -> bool {
+        match &self.users {
+            AllowedUsers::Any => true,
+            AllowedUsers::Only(users) => users.contains(user),
+        }
+    }
+}
+
+/// Who may connect. With `required: false` and no principals (the default) every client is
+/// accepted as today; a client that does authenticate is held to its grant either way.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    pub required: bool,
+    pub principals: BTreeMap<String, PrincipalGrant>,
+}
+
+/// Resolves a path from the config file against the file's directory.
+fn resolve(config_file: &str, path: &str) -> PathBuf {
+    let path = Path::new(path);
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    match Path::new(config_file).parent() {
+        Some(dir) => dir.join(path),
+        None => path.to_path_buf(),
+    }
+}
+
+/// Reads a `tls:` section found at `at`, and checks that the files load.
+pub fn apply_tls(
+    source: &YamlSource,
+    at: &[Seg],
+    raw: &RawTls,
+) -> Result<TlsServerFiles, ConfigError> {
+    let files = TlsServerFiles {
+        cert: resolve(source.file, &raw.cert),
+        key: resolve(source.file, &raw.key),
+        client_ca: raw.client_ca.as_deref().map(|p| resolve(source.file, p)),
+    };
+    if let Err(e) = files.acceptor() {
+        let key = if Some(&e.file) == files.client_ca.as_ref() {
+            "client_ca"
+        } else if e.file == files.key && e.what == "TLS key" {
+            "key"
+        } else {
+            "cert"
+        };
+        let mut path = at.to_vec();
+        path.push(key.into());
+        return Err(source.error(&path, e.to_string()));
+    }
+    Ok(files)
+}
+
+/// Reads an `auth:` section found at `at`, reading every secret file.
+pub fn apply_auth(
+    source: &YamlSource,
+    at: &[Seg],
+    raw: &RawAuth,
+) -> Result<AuthConfig, ConfigError> {
+    let path = |keys: &[&str]| -> Vec<Seg> {
+        let mut p = at.to_vec();
+        p.extend(keys.iter().map(|k| Seg::Key(k.to_string())));
+        p
+    };
+    let required = raw.required.unwrap_or(false);
+    if required && raw.principals.is_empty() {
+        return Err(source.error(
+            &path(&["required"]),
+            "authentication is required but no principals are configured: nobody could connect",
+        ));
+    }
+    let mut principals = BTreeMap::new();
+    for (name, p) in &raw.principals {
+        check_principal(name)
+            .map_err(|e| source.error(&path(&["principals", name]), e.to_string()))?;
+        let secret = match (&p.secret, &p.secret_file) {
+            (Some(_), Some(_)) => {
+                return Err(source.error(
+                    &path(&["principals", name]),
+                    "give either secret or secret_file, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(source.error(
+                    &path(&["principals", name]),
+                    "no secret: give secret_file (or secret)",
+                ))
+            }
+            (Some(secret), None) if secret.is_empty() => {
+                return Err(source.error(&path(&["principals", name, "secret"]), "secret is empty"))
+            }
+            (Some(secret), None) => secret.as_bytes().to_vec(),
+            (None, Some(file)) => read_secret_file(&resolve(source.file, file)).map_err(|e| {
+                source.error(&path(&["principals", name, "secret_file"]), e.to_string())
+            })?,
+        };
+        let mut roles = BTreeSet::new();
+        for role in &p.roles {
+            let parsed = AuthRole::parse(role).ok_or_else(|| {
+                source.error(
+                    &path(&["principals", name, "roles"]),
+                    format!("unknown role {role:?}: roles are agent and framework"),
+                )
+            })?;
+            roles.insert(parsed);
+        }
+        if roles.is_empty() {
+            return Err(source.error(
+                &path(&["principals", name, "roles"]),
+                "no roles: list agent, framework or both",
+            ));
+        }
+        let users = match &p.users {
+            Some(users) if users.iter().any(|u| u == "*") => AllowedUsers::Any,
+            Some(users) if !users.is_empty() => AllowedUsers::Only(users.iter().cloned().collect()),
+            _ if roles.contains(&AuthRole::Framework) => {
+                return Err(source.error(
+                    &path(&["principals", name]),
+                    "a framework principal needs users: the users its frameworks may run as (or [\"*\"] for any)",
+                ))
+            }
+            _ => AllowedUsers::Only(BTreeSet::new()),
+        };
+        principals.insert(
+            name.clone(),
+            PrincipalGrant {
+                secret,
+                roles,
+                users,
+            },
+        );
+    }
+    Ok(AuthConfig {
+        required,
+        principals,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use ringmaster_proto::security::{auth_mac, AuthRole};
+
+    #[test]
+    fn reads_principals_and_checks_their_grants() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("rack1"), "agent-secret\n").unwrap();
+        let file = dir.path().join("cluster.yaml");
+        let text = "\
+auth:
+  required: true
+  principals:
+    rack1: { secret_file: rack1, roles: [agent] }
+    spark: { secret: fw-secret, roles: [framework], users: [alice] }
+    ops: { secret: x, roles: [agent, framework], users: ['*'] }
+";
+        let config = Config::from_yaml(text, &file.display().to_string()).unwrap();
+        let auth = &config.auth;
+        assert!(auth.required);
+        let rack1 = &auth.principals["rack1"];
+        let challenge = [7u8; 32];
+        let mac = auth_mac(b"agent-secret", &challenge, "rack1", "agent");
+        assert!(rack1.verify(&challenge, "rack1", AuthRole::Agent, &mac));
+        assert!(!rack1.verify(&challenge, "rack1", AuthRole::Framework, &mac));
+        assert!(rack1.allows_role(AuthRole::Agent));
+        assert!(!rack1.allows_role(AuthRole::Framework));
+        let spark = &auth.principals["spark"];
+        assert!(spark.allows_user("alice") && !spark.allows_user("bob"));
+        assert!(auth.principals["ops"].allows_user("anyone"));
+        assert!(!format!("{auth:?}").contains("fw-secret"));
+    }
+
+    #[test]
+    fn errors_name_line_key_and_file() {
+        let cases = [
+            ("auth:\n  required: true\n", "cluster.yaml:2: auth.required: ", "no principals"),
+            (
+                "auth:\n  principals:\n    p: { roles: [agent] }\n",
+                "cluster.yaml:3: auth.principals.p: ",
+                "no secret",
+            ),
+            (
+                "auth:\n  principals:\n    p: { secret: s, secret_file: f, roles: [agent] }\n",
+                "cluster.yaml:3: auth.principals.p: ",
+                "not both",
+            ),
+            (
+                "auth:\n  principals:\n    p:\n      secret: s\n      roles: [agent, root]\n",
+                "cluster.yaml:5: auth.principals.p.roles: ",
+                "\"root\"",
+            ),
+            (
+                "auth:\n  principals:\n    p: { secret: s, roles: [framework] }\n",
+                "cluster.yaml:3: auth.principals.p: ",
+                "needs users",
+            ),
+            (
+                "auth:\n  principals:\n    p:\n      secret_file: /nonexistent/secret\n      roles: [agent]\n",
+                "cluster.yaml:4: auth.principals.p.secret_file: ",
+                "/nonexistent/secret",
+            ),
+            (
+                "tls:\n  cert: /nonexistent/master.pem\n  key: /nonexistent/master.key\n",
+                "cluster.yaml:2: tls.cert: ",
+                "/nonexistent/master.pem",
+            ),
+            ("tls:\n  cert: a.pem\n", "cluster.yaml", "key"),
+            ("auth:\n  principals:\n    p: { secret: s, roles: [agent], colour: red }\n", "cluster.yaml:3", "colour"),
+        ];
+        for (text, prefix, word) in cases {
+            let err = Config::from_yaml(text, "cluster.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(prefix),
+                "{err:?} should start with {prefix:?}"
+            );
+            assert!(err.contains(word), "{err:?} should mention {word}");
+        }
+    }
+}
