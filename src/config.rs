@@ -26,6 +26,8 @@
 //!   partitions: [default, gpu]
 //!   users:
 //!     alice: { gpu: { priority: 10, quota: "gpus:4" } }
+//! devices:                # GPU devices (docs/devices.md)
+//!   selection: least-used # least-used (spread) | most-used-that-fits (pack)
 //! ```
 
 use std::collections::BTreeMap;
@@ -446,6 +448,9 @@ pub struct MasterConfig {
     pub status_retry_interval: Duration,
     /// Largest frame accepted on any connection.
     pub max_frame_bytes: usize,
+    /// After a restart from a registry (`--work-dir`): how long a recovered agent has to
+    /// re-register before its tasks become LOST with reason `agent_lost` (docs/reliability.md).
+    pub agent_reregister_timeout: Duration,
 }
 
 impl Default for MasterConfig {
@@ -458,6 +463,7 @@ impl Default for MasterConfig {
             default_refuse: Duration::from_secs(5),
             status_retry_interval: Duration::from_secs(2),
             max_frame_bytes: 4 * 1024 * 1024,
+            agent_reregister_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -472,6 +478,7 @@ struct RawMaster {
     default_refuse: Option<String>,
     status_retry_interval: Option<String>,
     max_frame_bytes: Option<serde_yaml::Value>,
+    agent_reregister_timeout: Option<String>,
 }
 
 /// Per-connection limits (see `master::limits` and docs/reliability.md, "Limits").
@@ -550,6 +557,21 @@ struct RawConfig {
     limits: Option<RawLimits>,
     tls: Option<crate::security::RawTls>,
     auth: Option<crate::security::RawAuth>,
+    devices: Option<RawDevices>,
+}
+
+/// The `devices:` section: how the master picks a GPU task's devices on its agent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevices {
+    selection: Option<String>,
+}
+
+/// Device settings (docs/devices.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevicesConfig {
+    /// `least-used` (spread, default) or `most-used-that-fits` (pack).
+    pub selection: ringmaster_proto::devices::DeviceSelection,
 }
 
 /// The `matching:` section: coefficients of the batch-matching scores.
@@ -693,6 +715,8 @@ pub struct Config {
     pub tls: Option<ringmaster_proto::transport::TlsServerFiles>,
     /// Principals and what they may do (default: nobody is asked to authenticate).
     pub auth: crate::security::AuthConfig,
+    /// How GPU tasks get their devices.
+    pub devices: DevicesConfig,
 }
 
 /// The `balance:` section as written (checked after parsing, with its lines).
@@ -823,9 +847,17 @@ impl Config {
         if let Some(a) = &raw.auth {
             config.auth = crate::security::apply_auth(&source, &["auth".into()], a)?;
         }
+        if let Some(selection) = raw.devices.as_ref().and_then(|d| d.selection.as_ref()) {
+            config.devices.selection =
+                selection
+                    .parse()
+                    .map_err(|e: ringmaster_proto::devices::DeviceError| {
+                        source.error(&["devices".into(), "selection".into()], e.to_string())
+                    })?;
+        }
         if let Some(m) = &raw.master {
             let out = &mut config.master;
-            let durations: [(&str, &Option<String>, &mut Duration); 6] = [
+            let durations: [(&str, &Option<String>, &mut Duration); 7] = [
                 ("agent_timeout", &m.agent_timeout, &mut out.agent_timeout),
                 ("offer_timeout", &m.offer_timeout, &mut out.offer_timeout),
                 (
@@ -843,6 +875,11 @@ impl Config {
                     "status_retry_interval",
                     &m.status_retry_interval,
                     &mut out.status_retry_interval,
+                ),
+                (
+                    "agent_reregister_timeout",
+                    &m.agent_reregister_timeout,
+                    &mut out.agent_reregister_timeout,
                 ),
             ];
             for (name, text, slot) in durations {
@@ -1165,6 +1202,27 @@ matching: { a: 0.7, d: -1 }
         let err = Config::from_yaml("limits:\n  rate: 5\n", "c.yaml").unwrap_err();
         assert!(err.to_string().starts_with("c.yaml:2"), "{err}");
         assert!(err.to_string().contains("rate"), "{err}");
+    }
+
+    #[test]
+    fn agent_reregister_timeout_is_read_and_checked() {
+        assert_eq!(
+            Config::default().master.agent_reregister_timeout,
+            Duration::from_secs(60)
+        );
+        let config =
+            Config::from_yaml("master:\n  agent_reregister_timeout: 2m\n", "c.yaml").unwrap();
+        assert_eq!(
+            config.master.agent_reregister_timeout,
+            Duration::from_secs(120)
+        );
+        let err = Config::from_yaml("master:\n  agent_reregister_timeout: later\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("c.yaml:2: master.agent_reregister_timeout:"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -247,6 +247,7 @@ impl FrameFuzzer {
             agent_id: self.wild_string(&known.agents),
             env: self.attributes(),
             priority_class: ["", "user", "base", "weird"][self.rng.random_range(0..4)].into(),
+            ..Default::default()
         }
     }
 
@@ -262,6 +263,7 @@ impl FrameFuzzer {
             exit_code: self.chance(50).then(|| self.rng.random()),
             update_id: self.wild_string(&known.updates),
             timestamp_ms: self.wild_u64(),
+            ..Default::default()
         }
     }
 
@@ -308,6 +310,7 @@ impl FrameFuzzer {
                 } else {
                     self.some_tasks(3, Self::task_status)
                 },
+                ..Default::default()
             }),
             FuzzRole::Framework => Message::Subscribe(Subscribe {
                 framework_id: if tame {
@@ -381,6 +384,7 @@ impl FrameFuzzer {
                 agent_id: self.wild_string(&known.agents),
                 free: self.wild_resources(),
                 tasks: self.some_tasks(4, Self::task_status),
+                ..Default::default()
             }),
             13 => Message::RunTasks(RunTasks {
                 tasks: self.some_tasks(3, Self::task_info),

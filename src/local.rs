@@ -46,10 +46,12 @@ impl LocalCluster {
                  credentials: drop the tls: section and auth.required from its config"
             );
         }
-        let master = Master::start_with_http(
+        // With a work dir given, the master keeps its registry in `<dir>/master`.
+        let master = Master::start_durable(
             &options.listen,
             options.http.as_deref(),
             options.config.clone(),
+            options.work_dir.as_ref().map(|dir| dir.join("master")),
         )
         .await?;
         let (work_root, temp) = match &options.work_dir {
@@ -73,6 +75,8 @@ impl LocalCluster {
                 id: Some(format!("local-agent-{i}")),
                 hostname: format!("local-agent-{i}"),
                 resources: options.agent_resources.clone(),
+                devices: Vec::new(),
+                device_selection: Default::default(),
                 attributes: Vec::new(),
                 work_dir,
                 kill_grace: Duration::from_secs(3),

@@ -37,6 +37,11 @@ enum Command {
         /// with the port plus one.
         #[arg(long, value_name = "ADDR|none")]
         http: Option<String>,
+        /// Directory of the durable registry (`registry.redb`): the master recovers its
+        /// frameworks, agents and tasks from it after a restart. Without it, nothing survives
+        /// a restart.
+        #[arg(long, value_name = "DIR")]
+        work_dir: Option<PathBuf>,
     },
     /// Run a master and N agents in one process on loopback (like mesos-local).
     Local {
@@ -55,7 +60,8 @@ enum Command {
         /// YAML config file (placer, rings, master timers).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Where the agents keep their sandboxes (default: a temporary directory).
+        /// Where the agents keep their sandboxes and the master its registry (`DIR/master`);
+        /// default: a temporary directory and an in-memory master.
         #[arg(long, value_name = "DIR")]
         work_dir: Option<PathBuf>,
         /// Address for HTTP (state, metrics, dashboard), or `none`. Default: the --listen host
@@ -196,6 +202,7 @@ fn main() -> ExitCode {
             listen,
             config,
             http,
+            work_dir,
         } => {
             let config = match load_config(config.as_ref()) {
                 Ok(c) => c,
@@ -208,13 +215,20 @@ fn main() -> ExitCode {
             init_logging("info");
             let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
                 rt.block_on(async {
-                    let master = ringmaster::master::Master::start_with_http(
+                    let master = ringmaster::master::Master::start_durable(
                         &listen,
                         http.as_deref(),
                         config,
+                        work_dir,
                     )
                     .await?;
-                    shutdown_signal().await;
+                    tokio::select! {
+                        _ = shutdown_signal() => {}
+                        _ = master.stopped() => {
+                            master.wait().await;
+                            anyhow::bail!("the master stopped on its own (see the log above)");
+                        }
+                    }
                     tracing::info!("shutting down");
                     master.shutdown().await;
                     Ok(())

@@ -62,6 +62,7 @@ async fn agent(
             .into_iter()
             .collect(),
         tasks: vec![],
+        ..Default::default()
     }))
     .await;
     c.id = c

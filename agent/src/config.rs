@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
+use ringmaster_proto::devices::{parse_agent_resources, Device, DeviceSelection, DeviceState};
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::transport::ClientSecurity;
 
-use crate::detect::{detect_hostname, detect_resources};
+use crate::detect::{detect_gpus, detect_hostname, detect_resources};
 
 /// Grace between SIGTERM and SIGKILL when a task is killed.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
@@ -37,9 +38,15 @@ pub struct AgentArgs {
     pub id: Option<String>,
     /// Resources to offer, Mesos text (`cpus:4;mem:8192;disk:10240`, mem and disk in MiB).
     /// Each dimension given replaces the detected amount (`disk:0` drops disk); dimensions not
-    /// given are detected (cpus, mem, free disk of the work dir).
+    /// given are detected (cpus, mem, free disk of the work dir, NVIDIA GPUs by nvidia-smi).
+    /// GPUs as devices: `gpus:2x16384` (two 16 GiB GPUs), `gpus:2x16384@V100M16+1x32768@A100`;
+    /// they replace detected GPUs (`gpus:0` drops them). See docs/devices.md.
     #[arg(long, value_name = "SPEC")]
     pub resources: Option<String>,
+    /// How a GPU slice picks its device: `least-used` (spread) or `most-used-that-fits` (pack).
+    /// Used when the master sends no binding of its own.
+    #[arg(long, value_name = "POLICY", default_value = "least-used")]
+    pub device_selection: String,
     /// Attributes of this agent, `key:value;key:value` (e.g. `partition:gpu;rack:r1`).
     #[arg(long, value_name = "SPEC")]
     pub attributes: Option<String>,
@@ -74,8 +81,12 @@ pub struct AgentConfig {
     /// Id to register with (`None`: the saved id, else master-assigned).
     pub id: Option<String>,
     pub hostname: String,
-    /// Total resources offered to the cluster.
+    /// Total resources offered to the cluster (with the devices' `gpu_milli` / `gpu_mem` sums).
     pub resources: Resources,
+    /// GPUs, each with its own share and memory (docs/devices.md).
+    pub devices: Vec<Device>,
+    /// How a GPU slice picks its device when the master does not bind it.
+    pub device_selection: DeviceSelection,
     pub attributes: Vec<(String, String)>,
     pub work_dir: PathBuf,
     /// Grace between SIGTERM and SIGKILL of a task's process group.
@@ -94,16 +105,48 @@ impl AgentConfig {
             check_agent_id(id).with_context(|| format!("--id `{id}`"))?;
         }
         let mut resources = detect_resources(&args.work_dir);
+        let mut devices = detect_gpus();
         if let Some(spec) = &args.resources {
-            let given = Resources::parse(spec).with_context(|| format!("--resources `{spec}`"))?;
+            let (given, given_devices) =
+                parse_agent_resources(spec).with_context(|| format!("--resources `{spec}`"))?;
+            let zeros = zero_dimensions(spec);
+            if !given_devices.is_empty() || zeros.iter().any(|n| n == "gpus") {
+                devices = given_devices;
+            }
             for (name, milli) in given.iter() {
                 resources.set_milli(name, milli);
             }
             // A dimension given as 0 is absent from `given`; honour it as "none of this".
-            for name in zero_dimensions(spec) {
+            for name in zeros {
                 resources.set_milli(&name, 0);
             }
         }
+        let sums = DeviceState::new(devices.clone())
+            .context("GPU devices")?
+            .free_scalars();
+        for name in [
+            ringmaster_proto::devices::GPU_MILLI,
+            ringmaster_proto::devices::GPU_MEM,
+        ] {
+            if devices.is_empty() && resources.milli(name) > 0 {
+                bail!(
+                    "--resources: `{name}` is derived from GPU devices; declare them as \
+                     `gpus:COUNTxMEMORY` (e.g. `gpus:2x16384`)"
+                );
+            }
+            resources.set_milli(name, sums.milli(name));
+        }
+        // With devices, `gpus` counts them; without, it stays the plain scalar given.
+        if !devices.is_empty() {
+            resources.set_milli(
+                ringmaster_proto::devices::GPUS,
+                sums.milli(ringmaster_proto::devices::GPUS),
+            );
+        }
+        let device_selection: DeviceSelection = args
+            .device_selection
+            .parse()
+            .with_context(|| format!("--device-selection `{}`", args.device_selection))?;
         let attributes = match &args.attributes {
             Some(spec) => {
                 parse_attributes(spec).with_context(|| format!("--attributes `{spec}`"))?
@@ -128,6 +171,8 @@ impl AgentConfig {
             id: args.id,
             hostname,
             resources,
+            devices,
+            device_selection,
             attributes,
             work_dir: args.work_dir,
             kill_grace: DEFAULT_KILL_GRACE,
@@ -235,6 +280,32 @@ mod tests {
         assert_eq!(config.resources.milli("disk"), 0);
         assert_eq!(config.kill_grace, DEFAULT_KILL_GRACE);
         assert!(!config.hostname.is_empty());
+    }
+
+    #[test]
+    fn gpu_devices_come_from_the_resources_flag() {
+        let config = AgentConfig::from_args(args(&[
+            "--resources",
+            "cpus:2;gpus:2x16384@V100M16",
+            "--device-selection",
+            "most-used-that-fits",
+        ]))
+        .unwrap();
+        assert_eq!(config.devices.len(), 2);
+        assert_eq!(config.devices[1].model, "V100M16");
+        assert_eq!(config.resources.milli("gpu_milli"), 2_000_000);
+        assert_eq!(config.resources.milli("gpu_mem"), 32_768_000);
+        assert_eq!(config.resources.milli("gpus"), 2000);
+        assert_eq!(config.device_selection, DeviceSelection::MostUsedThatFits);
+        let none = AgentConfig::from_args(args(&["--resources", "cpus:2;gpus:0"])).unwrap();
+        assert!(none.devices.is_empty());
+        assert_eq!(none.resources.milli("gpu_milli"), 0);
+        let err = error_of(&["--device-selection", "random"]);
+        assert!(err.contains("--device-selection `random`"), "{err}");
+        let err = error_of(&["--resources", "gpu_milli:500"]);
+        assert!(err.contains("declare them as"), "{err}");
+        let err = error_of(&["--resources", "gpus:1;gpus:2x1"]);
+        assert!(err.contains("--resources"), "{err}");
     }
 
     #[test]

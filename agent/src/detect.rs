@@ -7,6 +7,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
+use ringmaster_proto::devices::{parse_nvidia_smi, Device};
 use ringmaster_proto::resources::{Resources, MILLI};
 
 const MIB: u64 = 1024 * 1024;
@@ -32,6 +33,36 @@ pub fn detect_resources(work_dir: &Path) -> Resources {
         ),
     }
     resources
+}
+
+/// NVIDIA GPUs, by `nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader`.
+/// None when nvidia-smi is absent, fails, or prints what cannot be parsed (logged).
+pub fn detect_gpus() -> Vec<Device> {
+    let output = match std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=index,name,memory.total",
+            "--format=csv,noheader",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) => {
+            tracing::debug!("no nvidia-smi ({e}); no GPUs detected");
+            return Vec::new();
+        }
+    };
+    if !output.status.success() {
+        tracing::warn!(status = %output.status, "nvidia-smi failed; no GPUs detected");
+        return Vec::new();
+    }
+    match parse_nvidia_smi(&String::from_utf8_lossy(&output.stdout)) {
+        Ok(devices) => devices,
+        Err(e) => {
+            tracing::warn!("cannot read nvidia-smi output ({e}); no GPUs detected");
+            Vec::new()
+        }
+    }
 }
 
 /// This machine's hostname, or `localhost` when it cannot be read.

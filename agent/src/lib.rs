@@ -12,8 +12,8 @@
 //!    connection is retried with backoff.
 //! 2. **Register.** Send `RegisterAgent{agent_id, hostname, total, attributes, tasks}`. The id is
 //!    `--id`, else the one saved in `<work_dir>/agent_id`, else empty (the master assigns one).
-//!    `tasks` holds the status of every non-terminal task still running (reconciliation), with
-//!    empty `update_id`. Expect `AgentRegistered{agent_id, heartbeat_interval_ms}` (0 means
+//!    `tasks` holds the status of every non-terminal task still running (reconciliation) and of
+//!    every ended task whose terminal update is not acknowledged yet, with empty `update_id`. Expect `AgentRegistered{agent_id, heartbeat_interval_ms}` (0 means
 //!    5 s); the id is saved to `<work_dir>/agent_id` and used from then on.
 //! 3. **After registering**, send every unacknowledged `StatusUpdate` (oldest first), then an
 //!    `AgentHeartbeat{agent_id, free, tasks}` (`free` = total − resources of non-terminal tasks,
@@ -22,10 +22,17 @@
 //! 4. **Serving.** `Ping` → `Pong` with the same nonce. `RunTasks` → per task:
 //!    already known → its pending updates are resent (or its current status under a fresh
 //!    update id); unusable (bad resources, empty id or command) → `FAILED` `launch_failed`;
-//!    not fitting in free → `FAILED` `insufficient_resources`; else `sh -c COMMAND` in its own
-//!    process group in `<work_dir>/sandboxes/<framework_id>/<task_id>` (ids escaped) with
+//!    not fitting in free → `FAILED` `insufficient_resources`; else `sh -c COMMAND` (under a
+//!    small `sh` wrapper that records the exit status in the sandbox) in its own process group in `<work_dir>/sandboxes/<framework_id>/<task_id>` (ids escaped) with
 //!    `stdout`/`stderr` files and `RINGMASTER_{TASK_ID,FRAMEWORK_ID,AGENT_ID,RESOURCES,SANDBOX}`
-//!    plus the task's env → `RUNNING`; a spawn failure → `FAILED` `launch_failed`. When the
+//!    plus the task's env → `RUNNING`; on an agent with GPUs (docs/devices.md) a GPU task
+//!    (`gpus`, or `gpu_milli` / `gpu_mem`, in its resources; `gpu_models`) gets the devices of the
+//!    master's binding (`TaskInfo.devices`, checked against the agent's own per-device
+//!    accounting) or, without one, devices picked by `--device-selection`; the task sees
+//!    `CUDA_VISIBLE_DEVICES` and `RINGMASTER_DEVICES` (`gpu:INDEX:SHARE:MEMORY,…`; both empty
+//!    for tasks without GPUs) and `RUNNING` carries the binding in `TaskStatus.devices`; no
+//!    device with room → `FAILED` `insufficient_resources`. Registration sends `devices`,
+//!    heartbeats `free_devices`; a spawn failure → `FAILED` `launch_failed`. When the
 //!    process ends (and its whole group is gone): exit 0 → `FINISHED` (`exit_code` 0); non-zero
 //!    → `FAILED` `exit_status` with `exit_code`; a signal the agent did not send → `FAILED`
 //!    `signal` (message names it). `KillTask` → SIGTERM to the group, SIGKILL after the grace
@@ -38,6 +45,10 @@
 //!    up to `reconnect_max_backoff` (5 s), reset after a successful registration.
 //! 7. **Shutdown.** Every task is killed (reason `agent_shutdown`); once their groups are gone
 //!    (bounded by grace + 2 s) the pending updates and a heartbeat are sent best-effort.
+//! 8. **Restart.** Each task has a task file in its sandbox ([`task_files`]). An agent started
+//!    on the same work dir (after a crash or `kill -9`) adopts the tasks still running (pid
+//!    plus process start time, so a reused pid is never signalled) and reports the others with
+//!    the exit status their wrapper recorded ([`process::adopt`], docs/reliability.md).
 
 mod config;
 mod detect;
@@ -45,6 +56,7 @@ pub mod process;
 pub mod sandbox;
 mod session;
 pub mod state;
+pub mod task_files;
 pub mod updates;
 
 use std::future::Future;
@@ -56,7 +68,7 @@ pub use config::{
     parse_attributes, AgentArgs, AgentConfig, DEFAULT_KILL_GRACE, DEFAULT_RECONNECT_MAX_BACKOFF,
     DEFAULT_WORK_DIR,
 };
-pub use detect::{detect_hostname, detect_resources};
+pub use detect::{detect_gpus, detect_hostname, detect_resources};
 
 /// The file in the work dir that keeps the agent id between runs.
 pub const AGENT_ID_FILE: &str = "agent_id";
@@ -74,7 +86,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     tracing::info!(master = %config.master, hostname = %config.hostname,
         resources = %config.resources, work_dir = %config.work_dir.display(),
         agent_id = %agent_id, "agent starting");
-    let (state, exits) = state::AgentState::new(config, agent_id);
+    let (mut state, exits) = state::AgentState::new(config, agent_id);
+    let recovered = state.recover_tasks();
+    if recovered > 0 {
+        tracing::info!(
+            recovered,
+            "recovered tasks left by an earlier run in the work dir"
+        );
+    }
     let shutdown = std::pin::pin!(shutdown);
     session::run_sessions(state, exits, shutdown).await
 }

@@ -18,6 +18,20 @@ use tokio::time::Instant;
 
 /// How often a killed group is checked for survivors during the grace period.
 const GROUP_POLL: Duration = Duration::from_millis(20);
+/// How often a task adopted after an agent restart (not our child) is checked for its end.
+const ADOPTED_POLL: Duration = Duration::from_millis(100);
+
+/// The file in the sandbox where the task's wrapper records the command's exit status, so an
+/// agent that restarted (and so cannot wait for the process) still learns how it ended.
+pub const EXIT_STATUS_FILE: &str = ".ringmaster-exit";
+
+/// Every task runs under this small `sh` wrapper (the group leader): it runs the command as
+/// `sh -c COMMAND`, writes its exit status to [`EXIT_STATUS_FILE`] (atomically, by rename),
+/// then ends the same way the command did (re-raising a signal), so a waiting parent sees
+/// exactly what the command did. The wrapper outlives a SIGTERM sent to the group (the trap
+/// has a handler, so the command itself gets the default action), so a killed task's status
+/// is recorded too; only SIGKILL ends the wrapper without a record.
+const WRAPPER: &str = r#"trap : TERM INT HUP; sh -c "$1"; c=$?; printf '%s\n' "$c" > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; if [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then trap - TERM INT HUP; kill -$((c - 128)) $$ 2>/dev/null; fi; exit "$c""#;
 
 /// Everything needed to start one task.
 #[derive(Debug, Clone)]
@@ -107,6 +121,8 @@ pub fn launch<T: Send + 'static>(
     let mut command = Command::new("sh");
     command
         .arg("-c")
+        .arg(WRAPPER)
+        .arg("ringmaster-task")
         .arg(&spec.command)
         .current_dir(&spec.sandbox)
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -122,6 +138,98 @@ pub fn launch<T: Send + 'static>(
     let (kill_tx, kill_rx) = mpsc::unbounded_channel();
     tokio::spawn(watch(child, pid, spec.kill_grace, kill_rx, tag, exits));
     Ok(ProcessHandle { pid, kill: kill_tx })
+}
+
+/// Takes over a task started by an earlier run of the agent (the process is not our child):
+/// `pid` is its group leader, trusted only while its start time (from `/proc`) is
+/// `start_ticks`, so a reused pid is never signalled. Its end is found by polling, its exit
+/// status read from the sandbox's [`EXIT_STATUS_FILE`]; `(tag, outcome)` is sent on `exits`
+/// once the group is gone. Kill works as for [`launch`]. Must be called within a runtime.
+pub fn adopt<T: Send + 'static>(
+    pid: u32,
+    start_ticks: u64,
+    sandbox: PathBuf,
+    kill_grace: Duration,
+    tag: T,
+    exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
+) -> ProcessHandle {
+    let (kill_tx, kill_rx) = mpsc::unbounded_channel();
+    tokio::spawn(watch_adopted(
+        pid,
+        start_ticks,
+        sandbox,
+        kill_grace,
+        kill_rx,
+        tag,
+        exits,
+    ));
+    ProcessHandle { pid, kill: kill_tx }
+}
+
+async fn watch_adopted<T>(
+    pid: u32,
+    start_ticks: u64,
+    sandbox: PathBuf,
+    grace: Duration,
+    mut kill_rx: mpsc::UnboundedReceiver<()>,
+    tag: T,
+    exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
+) {
+    let ours = || process_start_ticks(pid) == Some(start_ticks) && process_is_alive(pid);
+    let mut poll = tokio::time::interval(ADOPTED_POLL);
+    let mut kill_deadline: Option<Instant> = None;
+    let mut sigkilled = false;
+    while ours() {
+        tokio::select! {
+            _ = poll.tick() => {}
+            Some(()) = kill_rx.recv(), if kill_deadline.is_none() => {
+                signal_group(pid, libc::SIGTERM);
+                kill_deadline = Some(Instant::now() + grace);
+            }
+            _ = sleep_until_opt(kill_deadline), if !sigkilled && kill_deadline.is_some() => {
+                signal_group(pid, libc::SIGKILL);
+                sigkilled = true;
+            }
+        }
+    }
+    // The leader is gone. Whatever is left in its group goes with it, unless the pid now
+    // belongs to another process (then the group, which held the pid, is gone too).
+    let reused = process_start_ticks(pid).is_some_and(|t| t != start_ticks);
+    if !reused && group_has_live_members(pid) {
+        signal_group(pid, libc::SIGKILL);
+        drain_group(pid, Instant::now() + grace).await;
+    }
+    let _ = exits.send((tag, recorded_outcome(&sandbox)));
+}
+
+/// How the task ended, from the exit status its wrapper wrote in the sandbox.
+pub fn recorded_outcome(sandbox: &Path) -> ExitOutcome {
+    let path = sandbox.join(EXIT_STATUS_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match text.trim().parse::<i32>() {
+            Ok(code) if (129..193).contains(&code) => ExitOutcome::Signal(code - 128),
+            Ok(code) => ExitOutcome::Code(code),
+            Err(_) => ExitOutcome::WaitFailed(format!(
+                "{} holds {:?}, not an exit status",
+                path.display(),
+                text.trim()
+            )),
+        },
+        Err(_) => ExitOutcome::WaitFailed(
+            "the task ended while the agent was not running it and left no exit status \
+             (killed with its wrapper?)"
+                .into(),
+        ),
+    }
+}
+
+/// The start time of a process (clock ticks since boot, `/proc/PID/stat` field 22): with the
+/// pid, it identifies one process even when pids are reused.
+pub fn process_start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Fields after the comm start at field 3 (state); starttime is field 22.
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
 fn create_output(sandbox: &Path, name: &str) -> Result<File, LaunchError> {
@@ -331,6 +439,47 @@ mod tests {
         );
         assert_eq!(signal_name(libc::SIGSEGV), "SIGSEGV");
         assert_eq!(signal_name(200), "signal 200");
+    }
+
+    #[tokio::test]
+    async fn an_adopted_pid_with_another_start_time_is_never_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        use std::os::unix::process::CommandExt as _;
+        let mut other = std::process::Command::new("sleep")
+            .arg("100")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = other.id();
+        let real = process_start_ticks(pid).expect("a live process has a start time");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        // As if the task's pid had been reused by `other`.
+        let handle = adopt(pid, real + 1, dir.path().to_path_buf(), WAIT, (), tx);
+        handle.kill();
+        let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert!(matches!(outcome, ExitOutcome::WaitFailed(_)), "{outcome:?}");
+        assert!(process_is_alive(pid), "a reused pid was signalled");
+        other.kill().unwrap();
+        other.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_wrapper_records_exit_codes_and_signals_in_the_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(dir.path(), "exit 5");
+        assert_eq!(run_to_end(&s).await, ExitOutcome::Code(5));
+        assert_eq!(recorded_outcome(&s.sandbox), ExitOutcome::Code(5));
+        let s = spec(dir.path(), "kill -USR1 $$");
+        assert_eq!(run_to_end(&s).await, ExitOutcome::Signal(libc::SIGUSR1));
+        assert_eq!(
+            recorded_outcome(&s.sandbox),
+            ExitOutcome::Signal(libc::SIGUSR1)
+        );
+        std::fs::remove_file(s.sandbox.join(EXIT_STATUS_FILE)).unwrap();
+        assert!(matches!(
+            recorded_outcome(&s.sandbox),
+            ExitOutcome::WaitFailed(_)
+        ));
     }
 
     #[tokio::test]

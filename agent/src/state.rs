@@ -7,6 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ringmaster_proto::devices::{
+    DeviceBinding, DeviceRequest, DeviceState, GpuDemand, GPUS, GPU_MEM, GPU_MILLI,
+};
 use ringmaster_proto::resources::{format_milli, Resources};
 use ringmaster_proto::{
     AgentHeartbeat, Attribute, KillTask, Message, RegisterAgent, RunTasks, StatusUpdate, TaskInfo,
@@ -17,6 +20,7 @@ use tokio::sync::mpsc;
 use crate::config::AgentConfig;
 use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
 use crate::sandbox::sandbox_dir;
+use crate::task_files::{self, TaskFile};
 use crate::updates::{unix_ms, StatusQueue};
 
 /// Status reasons the agent sends (machine-readable, see docs/protocol.md).
@@ -50,11 +54,17 @@ pub struct TaskKey {
 #[derive(Debug)]
 struct TaskRecord {
     resources: Resources,
+    /// The devices it holds (empty without a GPU request).
+    devices: DeviceBinding,
     /// The latest status (as last issued).
     status: TaskStatus,
     /// Set once a kill was requested: the reason to report.
     kill_reason: Option<String>,
     process: Option<ProcessHandle>,
+    /// The process group leader and its start time (0 when nothing was started), kept in
+    /// the task file so a restarted agent can adopt the process.
+    pid: u32,
+    start_ticks: u64,
 }
 
 impl TaskRecord {
@@ -108,14 +118,96 @@ impl AgentState {
         self.agent_id = id;
     }
 
-    /// Total minus what non-terminal tasks hold.
+    /// Total minus what non-terminal tasks hold; the GPU sums come from the devices, since a
+    /// whole device also takes its memory.
     pub fn free(&self) -> Resources {
-        self.tasks
+        let mut free = self
+            .tasks
             .values()
             .filter(|t| t.is_active())
             .fold(self.config.resources.clone(), |free, t| {
                 free.saturating_sub(&t.resources)
-            })
+            });
+        if !self.config.devices.is_empty() {
+            let sums = self.device_state().free_scalars();
+            for name in [GPUS, GPU_MILLI, GPU_MEM] {
+                free.set_milli(name, sums.milli(name));
+            }
+        }
+        free
+    }
+
+    /// Each device's free share and memory: all devices minus the bindings of active tasks.
+    pub fn device_state(&self) -> DeviceState {
+        let mut state = DeviceState::new(self.config.devices.clone())
+            .unwrap_or_else(|_| DeviceState::new(Vec::new()).expect("no devices"));
+        for t in self.tasks.values().filter(|t| t.is_active()) {
+            if state.bind(&t.devices).is_err() {
+                // Bindings are checked before launch, so this cannot happen; keep going.
+                tracing::error!(devices = %t.devices, "a running task's devices do not fit");
+            }
+        }
+        state
+    }
+
+    /// The devices for a task: the master's binding checked against this agent's own
+    /// accounting, or one chosen here by the configured policy. `Err((reason, message))`.
+    fn bind_devices(
+        &self,
+        info: &TaskInfo,
+        resources: &Resources,
+    ) -> Result<DeviceBinding, (&'static str, String)> {
+        let request =
+            DeviceRequest::from_scalars(resources, info.gpu_models.clone()).map_err(|e| {
+                (
+                    reason::LAUNCH_FAILED,
+                    format!("invalid device request: {e}"),
+                )
+            })?;
+        let Some(request) = request else {
+            if info.devices.is_empty() {
+                return Ok(DeviceBinding::default());
+            }
+            return Err((
+                reason::LAUNCH_FAILED,
+                "devices are bound but the task asks for no GPU".into(),
+            ));
+        };
+        if self.config.devices.is_empty() && matches!(request.demand, GpuDemand::Whole { .. }) {
+            // No device list: `gpus` is the plain scalar it always was, checked above.
+            return Ok(DeviceBinding::default());
+        }
+        let state = self.device_state();
+        if info.devices.is_empty() {
+            return state
+                .select(&request, self.config.device_selection)
+                .ok_or_else(|| {
+                    let free: Vec<String> = state
+                        .devices()
+                        .iter()
+                        .enumerate()
+                        .map(|(i, d)| {
+                            format!(
+                                "gpu {} {}: {} milli, {} MiB",
+                                d.index,
+                                d.model,
+                                state.free_share()[i],
+                                state.free_memory()[i]
+                            )
+                        })
+                        .collect();
+                    (
+                        reason::INSUFFICIENT_RESOURCES,
+                        format!("no GPU can hold {request:?} (free: {})", free.join("; ")),
+                    )
+                });
+        }
+        let binding = DeviceBinding::from_wire(&info.devices)
+            .map_err(|e| (reason::LAUNCH_FAILED, e.to_string()))?;
+        state
+            .check_binding(&request, &binding)
+            .map_err(|e| (reason::INSUFFICIENT_RESOURCES, e.to_string()))?;
+        Ok(binding)
     }
 
     /// Number of tasks whose process still runs.
@@ -140,7 +232,9 @@ impl AgentState {
             .collect()
     }
 
-    /// The registration message: who we are, what we have, what still runs.
+    /// The registration message: who we are, what we have, what still runs, and what ended
+    /// without the master acknowledging it (so the master learns the real terminal state
+    /// instead of declaring the task lost).
     pub fn register_message(&self) -> RegisterAgent {
         RegisterAgent {
             agent_id: self.agent_id.clone(),
@@ -155,7 +249,15 @@ impl AgentState {
                     value: value.clone(),
                 })
                 .collect(),
-            tasks: self.active_statuses(),
+            tasks: self
+                .tasks
+                .values()
+                .map(|t| TaskStatus {
+                    update_id: String::new(),
+                    ..t.status.clone()
+                })
+                .collect(),
+            devices: self.config.devices.iter().map(Into::into).collect(),
         }
     }
 
@@ -164,6 +266,7 @@ impl AgentState {
             agent_id: self.agent_id.clone(),
             free: Some(self.free().to_wire()),
             tasks: self.active_statuses(),
+            free_devices: self.device_state().free_to_wire(),
         })
     }
 
@@ -257,6 +360,10 @@ impl AgentState {
                 out,
             );
         }
+        let devices = match self.bind_devices(&info, &resources) {
+            Ok(devices) => devices,
+            Err((why, message)) => return self.refuse(key, resources, blank, why, message, out),
+        };
         let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
         let mut env = vec![
             ("RINGMASTER_TASK_ID".to_string(), key.task_id.clone()),
@@ -271,6 +378,14 @@ impl AgentState {
                 sandbox.to_string_lossy().into_owned(),
             ),
         ];
+        if !self.config.devices.is_empty() || !devices.is_empty() {
+            // Empty for a task without GPUs: it sees none of this agent's devices.
+            env.push((
+                "CUDA_VISIBLE_DEVICES".to_string(),
+                devices.cuda_visible_devices(),
+            ));
+            env.push(("RINGMASTER_DEVICES".to_string(), devices.to_string()));
+        }
         env.extend(info.env.iter().map(|a| (a.key.clone(), a.value.clone())));
         let spec = LaunchSpec {
             command: info.command.clone(),
@@ -281,23 +396,29 @@ impl AgentState {
         match process::launch(&spec, key.clone(), self.exits_tx.clone()) {
             Ok(handle) => {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,
-                    pid = handle.pid(), resources = %resources, sandbox = %sandbox.display(),
+                    pid = handle.pid(), resources = %resources, devices = %devices, sandbox = %sandbox.display(),
                     "launched task");
                 let status = TaskStatus {
                     state: TaskState::TaskRunning as i32,
                     message: format!("pid {}", handle.pid()),
+                    devices: devices.to_wire(),
                     ..blank
                 };
                 let status = self.issue(status, out);
+                let pid = handle.pid();
                 self.tasks.insert(
-                    key,
+                    key.clone(),
                     TaskRecord {
                         resources,
+                        devices,
                         status,
                         kill_reason: None,
                         process: Some(handle),
+                        pid,
+                        start_ticks: process::process_start_ticks(pid).unwrap_or(0),
                     },
                 );
+                self.save_task_file(&key);
             }
             Err(e) => {
                 let message = e.to_string();
@@ -329,9 +450,12 @@ impl AgentState {
             key,
             TaskRecord {
                 resources,
+                devices: DeviceBinding::default(),
                 status,
                 kill_reason: None,
                 process: None,
+                pid: 0,
+                start_ticks: 0,
             },
         );
     }
@@ -389,6 +513,7 @@ impl AgentState {
                     pid = process.pid(), reason = %reason, "killing task");
                 record.kill_reason = Some(reason);
                 process.kill();
+                self.save_task_file(&key);
             }
             Some(_) => tracing::info!(task = %key.task_id, "task is already being killed"),
             None => self.resend_status(&key, &mut out),
@@ -464,6 +589,7 @@ impl AgentState {
         if let Some(record) = self.tasks.get_mut(&key) {
             record.status = status;
         }
+        self.save_task_file(&key);
         out.push(self.heartbeat());
         out
     }
@@ -486,6 +612,11 @@ impl AgentState {
         if done {
             tracing::debug!(task = %key.task_id, "terminal update acknowledged; task forgotten");
             self.tasks.remove(&key);
+            task_files::remove(&sandbox_dir(
+                &self.config.work_dir,
+                &key.framework_id,
+                &key.task_id,
+            ));
         }
     }
 
@@ -503,6 +634,126 @@ impl AgentState {
             }
         }
         count
+    }
+
+    /// Records a started task's state in its sandbox (see [`crate::task_files`]).
+    fn save_task_file(&self, key: &TaskKey) {
+        let Some(record) = self.tasks.get(key) else {
+            return;
+        };
+        if record.pid == 0 {
+            return;
+        }
+        let ended = (!record.is_active()).then(|| record.status.clone());
+        let file = TaskFile {
+            framework_id: key.framework_id.clone(),
+            task_id: key.task_id.clone(),
+            resources: record.resources.to_string(),
+            devices: record.devices.to_string(),
+            pid: record.pid,
+            start_ticks: record.start_ticks,
+            kill_reason: record.kill_reason.clone(),
+            ended,
+        };
+        let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
+        if let Err(e) = file.save(&sandbox) {
+            tracing::warn!(task = %key.task_id, sandbox = %sandbox.display(),
+                "cannot write the task file; a restarted agent will not find this task: {e}");
+        }
+    }
+
+    /// After a restart: takes back the tasks an earlier run of the agent left in its work dir.
+    /// A task whose process still runs (same pid and start time) is adopted and reported
+    /// RUNNING at registration; one that ended is reported with its recorded exit status (its
+    /// end arrives on the exit channel); one whose end was recorded but never acknowledged is
+    /// reported again. Returns how many tasks were recovered.
+    pub fn recover_tasks(&mut self) -> usize {
+        let found = task_files::scan(&self.config.work_dir);
+        let mut recovered = 0;
+        for (sandbox, file) in found {
+            let resources = match Resources::parse(&file.resources) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(sandbox = %sandbox.display(),
+                        "ignoring a task file with bad resources: {e}");
+                    continue;
+                }
+            };
+            let key = TaskKey {
+                framework_id: file.framework_id.clone(),
+                task_id: file.task_id.clone(),
+            };
+            if self.tasks.contains_key(&key) {
+                continue;
+            }
+            recovered += 1;
+            let devices = DeviceBinding::parse(&file.devices).unwrap_or_else(|e| {
+                tracing::warn!(task = %key.task_id, "unreadable device binding in the task file: {e}");
+                DeviceBinding::default()
+            });
+            let blank = TaskStatus {
+                task_id: key.task_id.clone(),
+                framework_id: key.framework_id.clone(),
+                agent_id: self.agent_id.clone(),
+                ..Default::default()
+            };
+            if let Some(ended) = file.ended {
+                tracing::info!(task = %key.task_id, framework = %key.framework_id,
+                    "recovered an ended task whose update was not acknowledged");
+                let mut out = Vec::new();
+                let status = self.issue(
+                    TaskStatus {
+                        update_id: String::new(),
+                        timestamp_ms: 0,
+                        ..ended
+                    },
+                    &mut out,
+                );
+                self.tasks.insert(
+                    key,
+                    TaskRecord {
+                        resources,
+                        devices,
+                        status,
+                        kill_reason: file.kill_reason,
+                        process: None,
+                        pid: file.pid,
+                        start_ticks: file.start_ticks,
+                    },
+                );
+                continue;
+            }
+            let handle = process::adopt(
+                file.pid,
+                file.start_ticks,
+                sandbox.clone(),
+                self.config.kill_grace,
+                key.clone(),
+                self.exits_tx.clone(),
+            );
+            tracing::info!(task = %key.task_id, framework = %key.framework_id, pid = file.pid,
+                "recovered a task started before the agent restarted");
+            // Reported RUNNING at registration; if it already ended, its end follows on the
+            // exit channel with the status its wrapper recorded.
+            let status = TaskStatus {
+                state: TaskState::TaskRunning as i32,
+                message: format!("pid {} (adopted after an agent restart)", file.pid),
+                ..blank
+            };
+            self.tasks.insert(
+                key,
+                TaskRecord {
+                    resources,
+                    devices,
+                    status,
+                    kill_reason: file.kill_reason,
+                    process: Some(handle),
+                    pid: file.pid,
+                    start_ticks: file.start_ticks,
+                },
+            );
+        }
+        recovered
     }
 
     fn issue(&mut self, mut status: TaskStatus, out: &mut Vec<Message>) -> TaskStatus {

@@ -195,6 +195,8 @@ fn config(master: &str, work_dir: &Path, resources: &str) -> AgentConfig {
         id: None,
         hostname: "test-host".into(),
         resources: Resources::parse(resources).unwrap(),
+        devices: Vec::new(),
+        device_selection: Default::default(),
         attributes: vec![("rack".into(), "r1".into())],
         work_dir: work_dir.to_path_buf(),
         kill_grace: Duration::from_millis(500),
@@ -465,7 +467,10 @@ async fn reconnects_and_reregisters_with_running_tasks() {
     assert_eq!(killed.reason, "killed");
     drop(link);
     let (mut link, register) = master.accept("agent-r", 60_000).await;
-    assert!(register.tasks.is_empty());
+    // The ended task is reported with its real terminal state until its update is acked.
+    assert_eq!(register.tasks.len(), 1);
+    assert_eq!(state(&register.tasks[0]), TaskState::TaskKilled);
+    assert_eq!(register.tasks[0].update_id, "");
     let resent = link.next_update_acked().await;
     assert_eq!(resent.update_id, killed.update_id);
     agent.stop().await.unwrap();

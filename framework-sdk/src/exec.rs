@@ -133,6 +133,8 @@ pub struct ExecPlan {
     pub batch: Option<crate::exec_batch::BatchFile>,
     /// `TaskInfo::priority_class` of every task (`""`: the user's priority within quota).
     pub priority_class: String,
+    /// `TaskInfo::gpu_models` of every task: `gpu_model:A|B` of `--resources` (docs/devices.md).
+    pub gpu_models: Vec<String>,
 }
 
 impl ExecArgs {
@@ -163,15 +165,17 @@ impl ExecArgs {
             plan.batch = Some(batch);
             return Ok(plan);
         }
-        let unit = match Resources::parse(&self.resources) {
-            Ok(unit) if unit.is_empty() => {
-                return usage(
-                    "--resources must name at least one resource, e.g. 'cpus:1;mem:128'".into(),
-                )
-            }
-            Ok(unit) => unit,
-            Err(e) => return usage(format!("--resources: {e}")),
-        };
+        // GPU text (`gpus:2`, `gpu_milli:500`, `gpu_model:A|B`) becomes canonical scalars.
+        let (unit, gpu_models) =
+            match ringmaster_proto::devices::parse_task_resources(&self.resources) {
+                Ok((unit, _)) if unit.is_empty() => {
+                    return usage(
+                        "--resources must name at least one resource, e.g. 'cpus:1;mem:128'".into(),
+                    )
+                }
+                Ok((unit, request)) => (unit, request.map(|r| r.models).unwrap_or_default()),
+                Err(e) => return usage(format!("--resources: {e}")),
+            };
         if self.instances == 0 {
             return usage("--instances must be at least 1".into());
         }
@@ -238,7 +242,32 @@ impl ExecArgs {
             command,
             batch: None,
             priority_class,
+            gpu_models,
         })
+    }
+}
+
+/// For GPU tasks, how many of at most `count` tasks of size `unit` the offer's devices hold: the
+/// `gpu_milli` sum cannot tell (two devices with 400 free each hold no 600 slice, see
+/// docs/devices.md). `count` unchanged for tasks without GPUs.
+pub fn gpu_tasks_fitting(
+    offer: &Offer,
+    unit: &Resources,
+    gpu_models: &[String],
+    count: u32,
+) -> u32 {
+    use ringmaster_proto::devices::{DeviceRequest, DeviceState, GpuDemand};
+    match DeviceRequest::from_scalars(unit, gpu_models.to_vec()) {
+        // An agent without a device list: `gpus` is a plain scalar, already counted.
+        Ok(Some(request))
+            if offer.devices.is_empty() && matches!(request.demand, GpuDemand::Whole { .. }) =>
+        {
+            count
+        }
+        Ok(Some(request)) => DeviceState::from_wire(&offer.devices, &offer.free_devices)
+            .map_or(0, |devices| devices.copies_of(&request, count)),
+        Ok(None) => count,
+        Err(_) => 0,
     }
 }
 
@@ -281,6 +310,7 @@ pub struct ExecScheduler<W> {
     unit: Resources,
     command: String,
     priority_class: String,
+    gpu_models: Vec<String>,
     /// The last state of each task by index; `None` until launched and reported.
     states: Vec<Option<TaskState>>,
     index_of: HashMap<String, usize>,
@@ -301,6 +331,7 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
             unit: plan.unit.clone(),
             command: plan.command.clone(),
             priority_class: plan.priority_class.clone(),
+            gpu_models: plan.gpu_models.clone(),
             states: vec![None; plan.instances as usize],
             index_of,
             launched: 0,
@@ -408,6 +439,7 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
                 }
             };
             let count = tasks_fitting(&offered, &self.unit, self.remaining());
+            let count = gpu_tasks_fitting(&offer, &self.unit, &self.gpu_models, count);
             if count == 0 {
                 declined.push(offer.offer_id);
                 continue;
@@ -416,6 +448,7 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
                 .map(|i| {
                     let mut info = task(&format!("{}-{i}", self.name), &self.command, &self.unit);
                     info.priority_class = self.priority_class.clone();
+                    info.gpu_models = self.gpu_models.clone();
                     info
                 })
                 .collect();
@@ -516,6 +549,69 @@ mod tests {
                 "{offered} / {remaining}"
             );
         }
+    }
+
+    #[test]
+    fn gpu_tasks_are_counted_on_the_offers_devices() {
+        use ringmaster_proto::devices::{Device, DeviceState};
+        let devices: Vec<Device> = (0..2)
+            .map(|index| Device {
+                index,
+                model: "V100M16".into(),
+                memory_mib: 16384,
+            })
+            .collect();
+        let state = DeviceState::with_free(devices, vec![400, 1000], vec![16384, 16384]).unwrap();
+        let offer = Offer {
+            devices: state.devices().iter().map(Into::into).collect(),
+            free_devices: state.free_to_wire(),
+            ..Offer::default()
+        };
+        let unit = |text: &str| Resources::parse(text).unwrap();
+        // 1400 milli-GPU in sum, but only device 1 holds a 600 slice.
+        assert_eq!(
+            gpu_tasks_fitting(&offer, &unit("gpu_milli:600"), &[], 10),
+            1
+        );
+        assert_eq!(
+            gpu_tasks_fitting(&offer, &unit("gpu_milli:200"), &[], 10),
+            7
+        );
+        assert_eq!(gpu_tasks_fitting(&offer, &unit("gpu_milli:200"), &[], 3), 3);
+        assert_eq!(
+            gpu_tasks_fitting(&offer, &unit("gpu_milli:1000"), &[], 10),
+            1
+        );
+        assert_eq!(gpu_tasks_fitting(&offer, &unit("gpus:1"), &[], 10), 1);
+        assert_eq!(
+            gpu_tasks_fitting(&Offer::default(), &unit("gpus:1"), &[], 4),
+            4
+        );
+        let other = ["A100".to_string()];
+        assert_eq!(
+            gpu_tasks_fitting(&offer, &unit("gpu_milli:100"), &other, 10),
+            0
+        );
+        assert_eq!(gpu_tasks_fitting(&offer, &unit("cpus:1"), &[], 4), 4);
+        assert_eq!(
+            gpu_tasks_fitting(&Offer::default(), &unit("gpu_milli:1"), &[], 4),
+            0
+        );
+    }
+
+    #[test]
+    fn gpu_resources_text_is_canonical_in_the_plan() {
+        let plan = args(&["--resources", "cpus:1;gpus:2;gpu_model:V100M32", "--", "x"])
+            .unwrap()
+            .plan()
+            .unwrap();
+        assert_eq!(plan.unit.to_string(), "cpus:1;gpus:2");
+        assert_eq!(plan.gpu_models, ["V100M32"]);
+        let err = args(&["--resources", "gpus:1;gpu_milli:5", "--", "x"])
+            .unwrap()
+            .plan()
+            .unwrap_err();
+        assert!(err.0.contains("--resources: ambiguous"), "{}", err.0);
     }
 
     #[test]

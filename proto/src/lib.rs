@@ -6,6 +6,7 @@
 //! ([`Connection`]) and the version handshake, so no other crate touches bytes on the wire.
 
 mod connection;
+pub mod devices;
 pub mod resources;
 pub mod security;
 pub mod transport;

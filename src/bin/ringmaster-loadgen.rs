@@ -100,6 +100,7 @@ async fn sim_agent(
         total: Some(resources.to_wire()),
         attributes: vec![],
         tasks: vec![],
+        ..Default::default()
     }))
     .await?;
     let (agent_id, heartbeat) = match conn.recv().await? {
@@ -140,6 +141,7 @@ async fn sim_agent(
                     agent_id: agent_id.clone(),
                     free: None,
                     tasks: vec![],
+                    ..Default::default()
                 }))
                 .await?;
             }

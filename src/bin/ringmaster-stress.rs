@@ -554,6 +554,7 @@ async fn agent_session(
         total: Some(resources.to_wire()),
         attributes: vec![],
         tasks: reported,
+        ..Default::default()
     }))
     .await?;
     let heartbeat = match conn.recv().await? {
@@ -603,6 +604,7 @@ async fn agent_session(
                     agent_id: id.to_string(),
                     free: None,
                     tasks: vec![],
+                    ..Default::default()
                 })).await?;
                 shared.heartbeats_sent.fetch_add(1, Ordering::Relaxed);
             }

@@ -39,6 +39,16 @@ impl MasterState {
                 )
             }
         };
+        let devices = match ringmaster_proto::devices::devices_from_wire(&register.devices) {
+            Ok(devices) => devices,
+            Err(e) => {
+                return self.close(
+                    conn,
+                    ErrorCode::InvalidRequest,
+                    format!("RegisterAgent: bad devices: {e}"),
+                )
+            }
+        };
         let attributes: Vec<(String, String)> = register
             .attributes
             .iter()
@@ -70,10 +80,15 @@ impl MasterState {
             }
             if let Some(key) = self.agents.get_mut(&id).and_then(|a| a.key.take()) {
                 self.cluster.remove_agent(key);
+                self.devices.remove_agent(key);
                 self.agent_by_key.remove(&key);
             }
         }
         let key = self.cluster.add_agent(total.clone());
+        if let Err(e) = self.devices.set_agent(key, devices) {
+            // Checked by devices_from_wire above; keep the agent without devices.
+            tracing::error!(agent = %id, error = %e, "agent devices refused");
+        }
         self.agent_by_key.insert(key, id.clone());
         let record = self
             .agents
@@ -90,6 +105,7 @@ impl MasterState {
                 tasks: HashSet::new(),
                 lost: false,
                 held_for: None,
+                reregister_by: None,
             });
         record.hostname = register.hostname.clone();
         record.attributes = attributes;
@@ -99,6 +115,8 @@ impl MasterState {
         record.conn = Some(conn);
         record.last_heartbeat = now;
         record.lost = false;
+        record.reregister_by = None;
+        self.agent_changed(&id);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.peer = Some(Peer::Agent(id.clone()));
         }
@@ -126,6 +144,27 @@ impl MasterState {
         let mut still_running: HashSet<TaskKey> = HashSet::new();
         for status in reported {
             let task_key = (status.framework_id.clone(), status.task_id.clone());
+            let reported_state =
+                TaskState::try_from(status.state).unwrap_or(TaskState::TaskRunning);
+            if reported_state.is_terminal() {
+                // It ended while the master was away (or down): its real terminal state.
+                let ours = self
+                    .tasks
+                    .get(&task_key)
+                    .is_some_and(|t| t.agent == agent_id && !t.state.is_terminal());
+                if ours {
+                    still_running.insert(task_key.clone());
+                    self.finish_task(
+                        &task_key,
+                        reported_state,
+                        &status.reason,
+                        &status.message,
+                        status.exit_code,
+                        now,
+                    );
+                }
+                continue;
+            }
             let adoptable = self.frameworks.contains_key(&status.framework_id)
                 && self.tasks.get(&task_key).is_some_and(|t| {
                     t.agent == agent_id
@@ -154,8 +193,6 @@ impl MasterState {
             if let Some(agent) = self.agents.get_mut(agent_id) {
                 agent.tasks.insert(task_key.clone());
             }
-            let reported_state =
-                TaskState::try_from(status.state).unwrap_or(TaskState::TaskRunning);
             let new_state = if reported_state == TaskState::TaskStaging {
                 TaskState::TaskStaging
             } else {
@@ -289,7 +326,14 @@ impl MasterState {
         let expired: Vec<String> = self
             .agents
             .values()
-            .filter(|a| !a.lost && now.duration_since(a.last_heartbeat) >= timeout)
+            .filter(|a| {
+                !a.lost
+                    && match a.reregister_by {
+                        // Recovered after a master restart: its own, longer, deadline.
+                        Some(deadline) => now >= deadline,
+                        None => now.duration_since(a.last_heartbeat) >= timeout,
+                    }
+            })
             .map(|a| a.id.clone())
             .collect();
         for id in expired {
@@ -300,7 +344,16 @@ impl MasterState {
     /// The agent missed its heartbeats: its tasks are LOST, its offers rescinded, its
     /// resources leave the rings. Its record stays so it can re-register under its id.
     fn lose_agent(&mut self, agent_id: &str, now: Instant) {
-        tracing::warn!(agent = %agent_id, "agent lost");
+        let message = if self
+            .agents
+            .get(agent_id)
+            .is_some_and(|a| a.reregister_by.is_some())
+        {
+            "the agent did not re-register within agent_reregister_timeout after a master restart"
+        } else {
+            "the agent stopped sending heartbeats"
+        };
+        tracing::warn!(agent = %agent_id, message, "agent lost");
         self.counters.agents_lost += 1;
         self.rescind_offers_on_agent(agent_id, "agent_lost");
         let tasks: Vec<TaskKey> = self
@@ -313,16 +366,19 @@ impl MasterState {
                 &task_key,
                 TaskState::TaskLost,
                 "agent_lost",
-                "the agent stopped sending heartbeats",
+                message,
                 None,
                 now,
             );
         }
+        self.agent_changed(agent_id);
         if let Some(agent) = self.agents.get_mut(agent_id) {
             agent.lost = true;
+            agent.reregister_by = None;
             let conn = agent.conn.take();
             if let Some(key) = agent.key.take() {
                 self.cluster.remove_agent(key);
+                self.devices.remove_agent(key);
                 self.agent_by_key.remove(&key);
             }
             // A half-open connection: make the agent reconnect and re-register.

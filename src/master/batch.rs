@@ -132,6 +132,7 @@ impl MasterState {
                 }),
                 suggested,
                 batch_id: batch_id.clone(),
+                ..Offer::default()
             });
             tracing::info!(offer = %offer_id, framework = %framework_id, agent = %agent_id,
                 resources = %sum, batch = %batch_id, tasks = task_indices.len(), "batch offer");

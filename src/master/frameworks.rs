@@ -127,6 +127,7 @@ impl MasterState {
                 false
             }
         };
+        self.framework_changed(&id);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.peer = Some(Peer::Framework(id.clone()));
         }
@@ -365,6 +366,7 @@ impl MasterState {
             self.framework_by_key.remove(&fw.key);
         }
         self.removed_frameworks.insert(framework_id.to_string());
+        self.framework_removed_for_good(framework_id);
         self.counters.frameworks_removed += 1;
         self.request_allocation(now);
     }

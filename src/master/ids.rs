@@ -21,6 +21,15 @@ impl IdMint {
         }
     }
 
+    /// Ids under a given epoch (unix seconds): after a restart from a registry, an epoch
+    /// later than every earlier incarnation's, even when restarted within the same second.
+    pub fn with_epoch(secs: u64) -> Self {
+        IdMint {
+            epoch: format!("{secs:x}"),
+            next: 0,
+        }
+    }
+
     fn mint(&mut self, kind: &str) -> String {
         self.next += 1;
         format!("{}-{kind}{}", self.epoch, self.next)

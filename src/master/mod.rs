@@ -12,6 +12,7 @@
 mod agents;
 mod batch;
 mod connection;
+mod durability;
 mod frameworks;
 pub mod http;
 mod ids;
@@ -20,10 +21,12 @@ pub mod metrics;
 mod offers;
 mod owners;
 mod pending;
+pub mod registry;
 mod state;
 mod tasks;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -81,6 +84,8 @@ pub struct Master {
     events: mpsc::Sender<Event>,
     shutdown: watch::Sender<bool>,
     join: tokio::task::JoinHandle<()>,
+    /// Becomes true when the master stops, asked to or not (e.g. its registry failed).
+    stopping: watch::Receiver<bool>,
 }
 
 impl Master {
@@ -96,6 +101,32 @@ impl Master {
         http: Option<&str>,
         config: Config,
     ) -> anyhow::Result<Master> {
+        Master::start_durable(listen, http, config, None).await
+    }
+
+    /// As [`Master::start_with_http`]; with `work_dir`, the master keeps its registry
+    /// (`<work_dir>/registry.redb`, docs/reliability.md) there and recovers from it first.
+    /// Without one, nothing survives a restart (a warning says so).
+    pub async fn start_durable(
+        listen: &str,
+        http: Option<&str>,
+        config: Config,
+        work_dir: Option<PathBuf>,
+    ) -> anyhow::Result<Master> {
+        let registry = match &work_dir {
+            Some(dir) => {
+                let registry = registry::Registry::open(dir)?;
+                let recovered = registry.load()?;
+                tracing::info!(registry = %registry.path().display(), "durable registry open");
+                Some((registry, recovered))
+            }
+            None => {
+                tracing::warn!(
+                    "no --work-dir: the master keeps its state in memory only; nothing survives a restart"
+                );
+                None
+            }
+        };
         // Certificates are read before binding, so a bad file fails the start, naming it.
         let tls = config
             .tls
@@ -122,8 +153,19 @@ impl Master {
         let metrics = Arc::new(Metrics::new());
         let (events_tx, events_rx) = mpsc::channel(4096);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let actor = state::MasterState::new(config.clone(), metrics.clone());
-        let actor_task = tokio::spawn(actor.run(events_rx, shutdown_rx.clone()));
+        let shutdown_rx_for_actor = shutdown_rx.clone();
+        let stopping = shutdown_rx.clone();
+        let mut actor = state::MasterState::new(config.clone(), metrics.clone());
+        if let Some((registry, recovered)) = registry {
+            actor.recover(registry, recovered, tokio::time::Instant::now());
+            actor.commit_turn()?;
+        }
+        let stop_all = shutdown_tx.clone();
+        let actor_task = tokio::spawn(async move {
+            actor.run(events_rx, shutdown_rx_for_actor).await;
+            // However the actor ended, the rest of the master stops with it.
+            let _ = stop_all.send(true);
+        });
         let http_task = http_listener.map(|listener| {
             tokio::spawn(http::serve(
                 listener,
@@ -158,6 +200,7 @@ impl Master {
             events: events_tx,
             shutdown: shutdown_tx,
             join,
+            stopping,
         })
     }
 
@@ -179,6 +222,13 @@ impl Master {
             .await
             .map_err(|_| anyhow::anyhow!("master has stopped"))?;
         Ok(rx.await?)
+    }
+
+    /// Resolves once the master is stopping: after [`Master::shutdown`], or on its own when
+    /// its actor ended (a registry write failed).
+    pub async fn stopped(&self) {
+        let mut stopping = self.stopping.clone();
+        let _ = stopping.wait_for(|s| *s).await;
     }
 
     /// Stops accepting, closes every connection and ends the actor.

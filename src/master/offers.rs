@@ -4,7 +4,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashSet};
 
-use ringmaster_proto::resources::Resources;
+use ringmaster_proto::devices::{DeviceBinding, DeviceRequest, GpuDemand, GPU_MEM, GPU_MILLI};
+use ringmaster_proto::resources::{Resources, MILLI};
 use ringmaster_proto::{
     Accept, Decline, ErrorCode, KillTask, Message, Offer, Offers, Placement, Rescind, RunTasks,
     TaskInfo, TaskState,
@@ -66,10 +67,15 @@ impl MasterState {
         let agent_by_key = &self.agent_by_key;
         let frameworks = &self.frameworks;
         let framework_by_key = &self.framework_by_key;
+        let devices = &self.devices;
         let eligible = |fw: usize, agent: usize| -> bool {
             let Some(fw) = framework_by_key.get(&fw).and_then(|id| frameworks.get(id)) else {
                 return false;
             };
+            // A GPU demand fits only an agent with a device that can hold it (docs/devices.md).
+            if !devices.fits(agent, &fw.demand) {
+                return false;
+            }
             let agent = agent_by_key.get(&agent).and_then(|id| agents.get(id));
             agent_eligible(agent, fw, now)
         };
@@ -187,6 +193,16 @@ impl MasterState {
                     bucket: allocation.decision.bucket.unwrap_or(0) as u32,
                     dimension: allocation.decision.dimension.clone().unwrap_or_default(),
                 }),
+                devices: self
+                    .devices
+                    .state(allocation.agent)
+                    .map(|s| s.devices().iter().map(Into::into).collect())
+                    .unwrap_or_default(),
+                free_devices: self
+                    .devices
+                    .state(allocation.agent)
+                    .map(|s| s.free_to_wire())
+                    .unwrap_or_default(),
                 ..Offer::default()
             };
             tracing::info!(offer = %offer_id, framework = %framework_id, agent = %agent_id,
@@ -272,6 +288,9 @@ impl MasterState {
                     }),
                 );
             }
+        }
+        for victim in &plan.victims {
+            self.task_changed(victim);
         }
         self.counters.preemptions += plan.victims.len() as u64;
         self.metrics.preempted(plan.victims.len());
@@ -449,13 +468,24 @@ impl MasterState {
                 format!("Accept: agent {agent_id} of offer {offer_id} is gone; nothing launched"),
             );
         };
+        let tasks = match self.bind_task_devices(&agent_id, tasks) {
+            Ok(tasks) => tasks,
+            Err(problem) => {
+                self.request_allocation(now);
+                return self.send_error(
+                    conn,
+                    ErrorCode::InvalidTask,
+                    format!("Accept of offer {offer_id}: {problem}; nothing launched"),
+                );
+            }
+        };
         let (user, partition) = self
             .frameworks
             .get(framework_id)
             .map(|f| (f.user.clone(), f.partition.clone()))
             .unwrap_or_default();
         let mut launch = Vec::with_capacity(tasks.len());
-        for (mut info, resources) in tasks {
+        for (mut info, resources, devices) in tasks {
             let (priority, at_user_priority) = if info.priority_class == "base" {
                 (self.config.priorities.base(), false)
             } else {
@@ -491,6 +521,9 @@ impl MasterState {
                     partition: partition.clone(),
                     started: self.launches,
                     preempted: false,
+                    exit_code: None,
+                    terminal_unacked: false,
+                    devices,
                 },
             );
             self.hold_task_resources(&task_key, &agent_id, &resources);
@@ -510,6 +543,56 @@ impl MasterState {
             self.send(agent_conn, Message::RunTasks(RunTasks { tasks: launch }));
         }
         self.request_allocation(now);
+    }
+
+    /// Chooses the GPU devices of every task of an Accept on its agent, with the configured
+    /// policy and the same library function the agent uses; the binding goes to the agent in
+    /// `TaskInfo.devices`. A task's held resources then count the memory of whole devices too.
+    /// Any task that fits no device refuses the whole Accept (nothing is taken).
+    #[allow(clippy::type_complexity)]
+    fn bind_task_devices(
+        &self,
+        agent_id: &str,
+        tasks: Vec<(TaskInfo, Resources)>,
+    ) -> Result<Vec<(TaskInfo, Resources, DeviceBinding)>, String> {
+        let key = self.agents.get(agent_id).and_then(|a| a.key);
+        let mut state = key.and_then(|k| self.devices.state(k)).cloned();
+        let policy = self.config.devices.selection;
+        let mut out = Vec::with_capacity(tasks.len());
+        for (mut info, mut resources) in tasks {
+            let id = info.task_id.clone();
+            let request = DeviceRequest::from_scalars(&resources, info.gpu_models.clone())
+                .map_err(|e| format!("task {id}: {e}"))?;
+            let legacy = state.is_none()
+                && request
+                    .as_ref()
+                    .is_some_and(|r| matches!(r.demand, GpuDemand::Whole { .. }));
+            let Some(request) = request.filter(|_| !legacy) else {
+                // No GPU, or whole GPUs on an agent without a device list (plain scalar `gpus`).
+                if !info.devices.is_empty() {
+                    return Err(format!("task {id} names devices the master did not bind"));
+                }
+                out.push((info, resources, DeviceBinding::default()));
+                continue;
+            };
+            let state = state.as_mut().ok_or_else(|| {
+                format!("task {id} asks for a GPU slice but agent {agent_id} has no devices")
+            })?;
+            let binding = state.select(&request, policy).ok_or_else(|| {
+                format!("task {id}: no GPU of agent {agent_id} can hold {request:?}")
+            })?;
+            state
+                .bind(&binding)
+                .map_err(|e| format!("task {id}: {e}"))?;
+            // Held: what the devices really give (a whole device's share and memory too).
+            let share: u64 = binding.devices.iter().map(|d| u64::from(d.share)).sum();
+            let memory: u64 = binding.devices.iter().map(|d| d.memory_mib).sum();
+            resources.set_milli(GPU_MILLI, share * MILLI);
+            resources.set_milli(GPU_MEM, memory.saturating_mul(MILLI));
+            info.devices = binding.to_wire();
+            out.push((info, resources, binding));
+        }
+        Ok(out)
     }
 
     /// Checks every task of an Accept; any problem refuses the whole Accept.

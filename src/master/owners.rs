@@ -45,6 +45,27 @@ impl IdOwners {
         }
     }
 
+    /// The principal holding a framework id (`""` = anonymous or not recorded), for the
+    /// registry.
+    pub(crate) fn framework(&self, id: &str) -> String {
+        self.frameworks
+            .get(id)
+            .cloned()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// The principal holding an agent id, as [`IdOwners::framework`].
+    pub(crate) fn agent(&self, id: &str) -> String {
+        self.agents.get(id).cloned().flatten().unwrap_or_default()
+    }
+
+    /// Restores a persisted owner after a master restart (`""` = anonymous).
+    pub(crate) fn restore(&mut self, peer: &Peer, principal: &str) {
+        let principal = (!principal.is_empty()).then(|| principal.to_string());
+        self.record(peer, principal);
+    }
+
     /// Records the owner of the id a connection registered; the first owner stays.
     pub(crate) fn record(&mut self, peer: &Peer, principal: Option<String>) {
         let (owners, id) = match peer {
@@ -78,6 +99,12 @@ mod tests {
         assert!(owners.check(&subscribe("f1"), None).is_err());
         // A new framework (empty id) is always fine.
         assert!(owners.check(&subscribe(""), Some("bob")).is_ok());
+        assert_eq!(owners.framework("f1"), "alice");
+        // What the registry kept comes back after a restart.
+        let mut restored = IdOwners::default();
+        restored.restore(&Peer::Framework("f1".into()), &owners.framework("f1"));
+        assert!(restored.check(&subscribe("f1"), Some("bob")).is_err());
+        assert!(restored.check(&subscribe("f1"), Some("alice")).is_ok());
         // The first owner stays.
         owners.record(&Peer::Framework("f1".into()), Some("bob".into()));
         assert!(owners.check(&subscribe("f1"), Some("bob")).is_err());

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
+use super::durability::Durable;
 use super::ids::IdMint;
 use super::limits::{OutboundSender, SendRefused};
 use super::metrics::Metrics;
@@ -45,6 +46,9 @@ pub(crate) struct AgentRecord {
     pub lost: bool,
     /// After a preemption: the framework the freed room is kept for, until the instant.
     pub held_for: Option<(String, Instant)>,
+    /// Recovered from the registry and not re-registered yet: lost at this instant
+    /// (`agent_reregister_timeout` after the master's start) unless it comes back.
+    pub reregister_by: Option<Instant>,
 }
 
 impl AgentRecord {
@@ -112,6 +116,13 @@ pub(crate) struct TaskRecord {
     pub started: u64,
     /// Killed to make room for a higher-priority demand: ends KILLED with reason `preempted`.
     pub preempted: bool,
+    /// The exit status of an ended task, when it has one.
+    pub exit_code: Option<i32>,
+    /// Ended, and the framework has not acknowledged the terminal update yet (persisted, so
+    /// the update is sent again after a master restart).
+    pub terminal_unacked: bool,
+    /// The GPU devices the master bound it to (docs/devices.md); empty without a GPU request.
+    pub devices: ringmaster_proto::devices::DeviceBinding,
 }
 
 /// Who is on the other end of a connection.
@@ -158,6 +169,11 @@ pub struct MasterState {
     pub(crate) launches: u64,
     /// Which principal holds each framework and agent id (docs/security.md).
     pub(crate) owners: super::owners::IdOwners,
+    /// The durable registry (`--work-dir`) and this turn's changes to it; `None` keeps
+    /// everything in memory only.
+    pub(crate) durable: Option<Durable>,
+    /// Every agent's GPUs, device by device (docs/devices.md).
+    pub(crate) devices: crate::placement::devices::DeviceBook,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -203,6 +219,8 @@ impl MasterState {
             ledger: QuotaLedger::default(),
             launches: 0,
             owners: super::owners::IdOwners::default(),
+            durable: None,
+            devices: Default::default(),
         }
     }
 
@@ -234,6 +252,11 @@ impl MasterState {
                     self.metrics.allocation_took(started.elapsed().as_secs_f64());
                 }
                 _ = shutdown.changed() => break,
+            }
+            // Group commit: the turn's registry changes go to disk, then its messages out.
+            if let Err(e) = self.commit_turn() {
+                tracing::error!("{e}; the master stops rather than act on unrecorded decisions");
+                break;
             }
         }
         tracing::info!("master actor stopped");
@@ -339,8 +362,22 @@ impl MasterState {
     }
 
     pub(crate) fn send(&mut self, conn: ConnId, message: Message) {
+        self.send_outbound(conn, Outbound::Send(message));
+    }
+
+    /// Sends now, or, with a registry, after this turn's changes are committed.
+    fn send_outbound(&mut self, conn: ConnId, outbound: Outbound) {
+        if let Some(durable) = &mut self.durable {
+            durable.outbox.push((conn, outbound));
+        } else {
+            self.deliver(conn, outbound);
+        }
+    }
+
+    /// Puts a message in the connection's bounded outbound queue (see `limits`).
+    pub(crate) fn deliver(&mut self, conn: ConnId, outbound: Outbound) {
         if let Some(c) = self.conns.get(&conn) {
-            if c.outbound.send(Outbound::Send(message)) == Err(SendRefused::Overflowed) {
+            if c.outbound.send(outbound) == Err(SendRefused::Overflowed) {
                 // The connection task closes it with SLOW_CONSUMER (and counts it); its peer
                 // is then disconnected the usual way when its Closed event arrives.
                 tracing::warn!(
@@ -364,11 +401,9 @@ impl MasterState {
         tracing::warn!(conn, code = ?code, %message, "closing connection");
         self.counters.errors_sent += 1;
         if let Some(c) = self.conns.get_mut(&conn) {
-            let _ = c
-                .outbound
-                .send(Outbound::Close(ProtoError::new(code, message)));
             // Whatever it sends from now on is ignored.
             c.peer = None;
+            self.send_outbound(conn, Outbound::Close(ProtoError::new(code, message)));
         }
     }
 
@@ -482,7 +517,7 @@ pub struct TaskView {
     pub reason: String,
     /// The priority the master gave the task at launch (docs/priorities.md).
     pub priority: Option<Priority>,
-    /// Device assignment (GPUs by index) is not in the protocol yet: always empty.
+    /// The task's GPU devices, `gpu:INDEX:SHARE:MEMORY` each (docs/devices.md).
     pub devices: Vec<String>,
 }
 
@@ -596,7 +631,17 @@ impl MasterState {
                 state: t.state.short_name().to_string(),
                 reason: t.reason.clone(),
                 priority: Some(t.priority),
-                devices: Vec::new(),
+                devices: t
+                    .devices
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        ringmaster_proto::devices::DeviceBinding {
+                            devices: vec![d.clone()],
+                        }
+                        .to_string()
+                    })
+                    .collect(),
             })
             .collect();
         tasks.sort_by(|a, b| (&a.framework, &a.id).cmp(&(&b.framework, &b.id)));

@@ -41,6 +41,10 @@ impl MasterState {
         }
         if let Some(task) = self.tasks.get_mut(task_key) {
             task.holds_resources = true;
+            if let Err(e) = self.devices.take(key, &task.devices) {
+                tracing::error!(agent = %agent_id, task = %task_key.1, error = %e,
+                    "the task's devices are not free on its agent; device accounting skips them");
+            }
         }
     }
 
@@ -55,8 +59,10 @@ impl MasterState {
         task.holds_resources = false;
         let resources = task.resources.clone();
         let agent_id = task.agent.clone();
+        let devices = task.devices.clone();
         if let Some(key) = self.agents.get(&agent_id).and_then(|a| a.key) {
             let _ = self.cluster.give_back(key, &resources);
+            self.devices.release(key, &devices);
         }
         if let Some(fw) = self.frameworks.get(&task_key.0) {
             self.drf.unallocated(fw.key, &resources);
@@ -80,6 +86,7 @@ impl MasterState {
         task.message = message.to_string();
         tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %task.agent,
             state = state.short_name(), reason, "task state");
+        self.task_changed(task_key);
         let status = self.status_of(task_key, None);
         self.deliver_update(&task_key.0, status);
     }
@@ -127,6 +134,9 @@ impl MasterState {
         task.state = state;
         task.reason = reason.to_string();
         task.message = message.to_string();
+        task.exit_code = exit_code;
+        task.terminal_unacked = self.frameworks.contains_key(&task_key.0);
+        self.task_changed(task_key);
         tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %agent_id,
             state = state.short_name(), reason, "task ended");
         let status = self.status_of(task_key, exit_code);
@@ -143,8 +153,12 @@ impl MasterState {
                 break;
             };
             // The id may have been reused by a live task since.
-            if self.tasks.get(&old).is_some_and(|t| t.state.is_terminal()) {
+            if self.tasks.get(&old).is_some_and(|t| {
+                t.state.is_terminal()
+                    && (!t.terminal_unacked || !self.frameworks.contains_key(&old.0))
+            }) {
                 self.tasks.remove(&old);
+                self.task_changed(&old);
             }
         }
     }
@@ -162,6 +176,7 @@ impl MasterState {
             exit_code,
             update_id: String::new(),
             timestamp_ms: unix_ms(),
+            devices: task.devices.to_wire(),
         }
     }
 
@@ -197,16 +212,30 @@ impl MasterState {
 
     /// The framework acknowledged an update.
     pub(crate) fn acknowledge(&mut self, framework_id: &str, update_id: &str) {
-        if let Some(fw) = self.frameworks.get_mut(framework_id) {
-            let Some(seq) = IdMint::update_seq(update_id) else {
-                return;
-            };
-            if fw
-                .unacked
-                .get(&seq)
-                .is_some_and(|p| p.status.update_id == update_id)
-            {
-                fw.unacked.remove(&seq);
+        let Some(fw) = self.frameworks.get_mut(framework_id) else {
+            return;
+        };
+        let Some(seq) = IdMint::update_seq(update_id) else {
+            return;
+        };
+        if fw
+            .unacked
+            .get(&seq)
+            .is_none_or(|p| p.status.update_id != update_id)
+        {
+            return;
+        }
+        let Some(acked) = fw.unacked.remove(&seq) else {
+            return;
+        };
+        let state = TaskState::try_from(acked.status.state).unwrap_or(TaskState::Unspecified);
+        if state.is_terminal() {
+            let task_key: TaskKey = (framework_id.to_string(), acked.status.task_id);
+            if let Some(task) = self.tasks.get_mut(&task_key) {
+                if task.state.is_terminal() && task.terminal_unacked {
+                    task.terminal_unacked = false;
+                    self.task_changed(&task_key);
+                }
             }
         }
     }

@@ -11,10 +11,12 @@
 //! - [`allocation`]: one allocation step joining the two;
 //! - [`priority`]: user priorities, priority quotas and preemption plans (seed 003);
 //! - [`why`]: a readable reason when nothing fits;
-//! - [`matching`]: a whole burst of deadline-bound tasks matched at once (SPEC seed 002).
+//! - [`matching`]: a whole burst of deadline-bound tasks matched at once (SPEC seed 002);
+//! - [`devices`]: every agent's GPUs device by device, for the device fit and binding (seed 004).
 
 pub mod allocation;
 pub mod balance;
+pub mod devices;
 pub mod drf;
 pub mod matching;
 pub mod node_preference;

@@ -215,6 +215,23 @@ impl Default for RingsConfig {
                 1,
             ),
         );
+        // GPU devices (docs/devices.md): free milli-GPU share in tenths of a GPU up to 8 GPUs,
+        // free GPU memory in doubling MiB buckets, so GPU demands keep the ring search.
+        dimensions.insert(
+            ringmaster_proto::devices::GPU_MILLI.to_string(),
+            checked(
+                RingLayout::EqualSpans {
+                    base: 0,
+                    step: 100 * MILLI,
+                    buckets: 81,
+                },
+                2,
+            ),
+        );
+        dimensions.insert(
+            ringmaster_proto::devices::GPU_MEM.to_string(),
+            checked(RingLayout::Bounds(doubling(1024, 1 << 20)), 1),
+        );
         RingsConfig {
             dimensions,
             fallback: checked(RingLayout::Bounds(doubling(1, 1 << 30)), 1),
@@ -360,5 +377,8 @@ mod tests {
         assert_eq!(rings.spec_for("cpus").search_up(), 2);
         assert_eq!(rings.spec_for("mem").layout().bucket_of(4_096_000), 5);
         assert_eq!(rings.spec_for("fpgas"), rings.fallback());
+        // Half a GPU free is bucket 5 of the share ring; 16 GiB free is a memory bucket.
+        assert_eq!(rings.spec_for("gpu_milli").layout().bucket_of(500_000), 5);
+        assert_eq!(rings.spec_for("gpu_mem").layout().bucket_of(16_384_000), 5);
     }
 }

@@ -233,12 +233,15 @@ impl Client {
         tasks: Vec<TaskStatus>,
     ) -> Client {
         let mut c = Client::connect(addr).await;
+        // Agent text may declare GPU devices (`gpus:2x16384`, docs/devices.md).
+        let (total, devices) = ringmaster_proto::devices::parse_agent_resources(resources).unwrap();
         c.send(Message::RegisterAgent(RegisterAgent {
             agent_id: id.into(),
             hostname: format!("host-{id}"),
-            total: Some(Resources::parse(resources).unwrap().to_wire()),
+            total: Some(total.to_wire()),
             attributes: vec![],
             tasks,
+            devices: devices.iter().map(Into::into).collect(),
         }))
         .await;
         c.id = c
@@ -257,6 +260,7 @@ impl Client {
             agent_id: id,
             free: None,
             tasks: vec![],
+            free_devices: vec![],
         }))
         .await;
     }

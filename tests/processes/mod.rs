@@ -22,10 +22,28 @@ impl Drop for Proc {
 
 /// Starts `ringmaster serve`; returns it, its address, and a channel of its log lines.
 pub fn start_master(config: &Path) -> (Proc, String, mpsc::Receiver<String>) {
+    start_master_with(config, "127.0.0.1:0", &[])
+}
+
+/// A loopback port free right now (for a master that must come back on the same address).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// As [`start_master`], listening on `listen`, with `extra` flags (e.g. `--work-dir DIR`).
+pub fn start_master_with(
+    config: &Path,
+    listen: &str,
+    extra: &[&str],
+) -> (Proc, String, mpsc::Receiver<String>) {
     let mut master = Proc(
         Command::new(env!("CARGO_BIN_EXE_ringmaster"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .args(["serve", "--listen", listen, "--config"])
             .arg(config)
+            .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped())

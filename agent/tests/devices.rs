@@ -1,0 +1,159 @@
+//! GPU devices on the agent: binding by policy, the environment a task sees, per-device
+//! accounting (two half-GPU tasks share a device, a third goes to the other), checking the
+//! master's binding, and refusing what no device can hold. Real processes, bounded waits.
+
+use std::time::Duration;
+
+use ringmaster_agent::state::AgentState;
+use ringmaster_agent::AgentConfig;
+use ringmaster_proto::devices::{parse_agent_resources, DeviceBinding, DeviceSelection};
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{Message, RunTasks, TaskInfo, TaskState, TaskStatus};
+use tokio::time::timeout;
+
+fn config(work_dir: &std::path::Path, spec: &str, selection: DeviceSelection) -> AgentConfig {
+    let (resources, devices) = parse_agent_resources(spec).unwrap();
+    AgentConfig {
+        master: "127.0.0.1:1".into(),
+        id: None,
+        hostname: "gpu-host".into(),
+        resources,
+        devices,
+        device_selection: selection,
+        attributes: Vec::new(),
+        work_dir: work_dir.to_path_buf(),
+        kill_grace: Duration::from_millis(500),
+        reconnect_max_backoff: Duration::from_millis(200),
+        security: Default::default(),
+    }
+}
+
+fn task(id: &str, resources: &str) -> TaskInfo {
+    TaskInfo {
+        task_id: id.into(),
+        name: id.into(),
+        command: "echo \"[$CUDA_VISIBLE_DEVICES] [$RINGMASTER_DEVICES]\"".into(),
+        resources: Some(Resources::parse(resources).unwrap().to_wire()),
+        framework_id: "fw".into(),
+        ..Default::default()
+    }
+}
+
+fn statuses(out: &[Message]) -> Vec<TaskStatus> {
+    out.iter()
+        .filter_map(|m| match m {
+            Message::StatusUpdate(u) => u.status.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+fn run_one(state: &mut AgentState, info: TaskInfo) -> TaskStatus {
+    let out = state.run_tasks(RunTasks { tasks: vec![info] });
+    let mut s = statuses(&out);
+    assert_eq!(s.len(), 1, "{out:?}");
+    s.remove(0)
+}
+
+fn bound(status: &TaskStatus) -> String {
+    DeviceBinding::from_wire(&status.devices)
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn half_gpu_tasks_share_a_device_and_see_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "cpus:8;mem:1024;gpus:2x16384",
+        DeviceSelection::MostUsedThatFits,
+    );
+    let (mut state, mut exits) = AgentState::new(cfg, "a1".into());
+    let mut bindings = Vec::new();
+    for id in ["t1", "t2", "t3"] {
+        let s = run_one(&mut state, task(id, "cpus:1;gpu_milli:500"));
+        assert_eq!(s.state, TaskState::TaskRunning as i32, "{s:?}");
+        bindings.push(bound(&s));
+    }
+    assert_eq!(bindings, ["gpu:0:500:0", "gpu:0:500:0", "gpu:1:500:0"]);
+    assert_eq!(state.device_state().free_share(), [0, 500]);
+    assert_eq!(state.free().milli("gpu_milli"), 500_000);
+    // A whole GPU no longer fits anywhere.
+    let s = run_one(&mut state, task("whole", "cpus:1;gpu_milli:1000"));
+    assert_eq!(s.state, TaskState::TaskFailed as i32);
+    assert_eq!(s.reason, "insufficient_resources", "{s:?}");
+    // A task without GPUs sees none.
+    let s = run_one(&mut state, task("plain", "cpus:1"));
+    assert_eq!(s.state, TaskState::TaskRunning as i32);
+    assert!(s.devices.is_empty());
+    let mut ended = 0;
+    while ended < 4 {
+        let (key, outcome) = timeout(Duration::from_secs(15), exits.recv())
+            .await
+            .expect("tasks end in time")
+            .expect("exit channel open");
+        state.process_exited(key, outcome);
+        ended += 1;
+    }
+    let seen = |id: &str| {
+        std::fs::read_to_string(
+            ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", id).join("stdout"),
+        )
+        .unwrap()
+    };
+    assert_eq!(seen("t1"), "[0] [gpu:0:500:0]\n");
+    assert_eq!(seen("t3"), "[1] [gpu:1:500:0]\n");
+    assert_eq!(seen("plain"), "[] []\n");
+    // Everything ended: every device is whole again.
+    assert_eq!(state.device_state().free_share(), [1000, 1000]);
+}
+
+#[tokio::test]
+async fn spread_policy_and_the_masters_binding() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "cpus:8;gpus:2x16384@V100M16+1x32768@V100M32",
+        DeviceSelection::LeastUsed,
+    );
+    let (mut state, _exits) = AgentState::new(cfg, "a1".into());
+    // Spread: the most free share, then the most free memory, then the lowest index.
+    let s = run_one(&mut state, task("a", "gpu_milli:300"));
+    assert_eq!(bound(&s), "gpu:2:300:0");
+    let s = run_one(&mut state, task("b", "gpu_milli:300"));
+    assert_eq!(bound(&s), "gpu:0:300:0");
+    // Model constraint and memory.
+    let mut big = task("c", "gpu_milli:100;gpu_mem:20000");
+    big.gpu_models = vec!["V100M32".into()];
+    assert_eq!(bound(&run_one(&mut state, big)), "gpu:2:100:20000");
+    // The master's binding is honoured when it fits ...
+    let mut bound_by_master = task("d", "gpu_milli:700");
+    bound_by_master.devices = DeviceBinding::parse("gpu:1:700:0").unwrap().to_wire();
+    assert_eq!(bound(&run_one(&mut state, bound_by_master)), "gpu:1:700:0");
+    // ... and refused when this agent's accounting says the device is full.
+    let mut stale = task("e", "gpu_milli:500");
+    stale.devices = DeviceBinding::parse("gpu:1:500:0").unwrap().to_wire();
+    let s = run_one(&mut state, stale);
+    assert_eq!(s.reason, "insufficient_resources");
+    assert!(s.message.contains("gpu 1"), "{}", s.message);
+    // An ambiguous request is refused as such.
+    let s = run_one(&mut state, task("f", "gpu_milli:1500"));
+    assert_eq!(s.reason, "launch_failed");
+    assert!(
+        s.message.contains("invalid device request"),
+        "{}",
+        s.message
+    );
+    // Heartbeats carry each device's free amounts.
+    let Message::AgentHeartbeat(hb) = state.heartbeat() else {
+        panic!("a heartbeat")
+    };
+    let free: Vec<(u32, u32, u64)> = hb
+        .free_devices
+        .iter()
+        .map(|d| (d.index, d.milli, d.memory_mib))
+        .collect();
+    assert_eq!(free, [(0, 700, 16384), (1, 300, 16384), (2, 600, 12768)]);
+    assert_eq!(state.register_message().devices.len(), 3);
+}

@@ -1,0 +1,347 @@
+//! How the master actor uses its registry: which records a turn changed, the group commit that
+//! writes them before the turn's messages go out, and the recovery of the state at start.
+//!
+//! Why a separate module: the registry ([`super::registry`]) only stores records; this module
+//! is the one place that knows how `MasterState` maps to them, so the handlers only say
+//! "this framework / agent / task changed" and never build records themselves.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use ringmaster_proto::devices::DeviceBinding;
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{TaskState, TaskStatus};
+use tokio::time::{Duration, Instant};
+
+use super::ids::IdMint;
+use super::registry::{
+    AgentEntry, FrameworkEntry, Recovered, Registry, RegistryBatch, RegistryError, TaskEntry,
+};
+use super::state::{AgentRecord, FrameworkRecord, MasterState, Peer, TaskKey, TaskRecord};
+use super::{ConnId, Outbound};
+
+/// The registry and what the current actor turn changed.
+pub(crate) struct Durable {
+    registry: Registry,
+    frameworks: HashSet<String>,
+    agents: HashSet<String>,
+    tasks: HashSet<TaskKey>,
+    removed: Vec<String>,
+    id_epoch: Option<u64>,
+    /// Messages of this turn, sent once its changes are committed.
+    pub outbox: Vec<(ConnId, Outbound)>,
+}
+
+impl Durable {
+    pub fn new(registry: Registry) -> Self {
+        Durable {
+            registry,
+            frameworks: HashSet::new(),
+            agents: HashSet::new(),
+            tasks: HashSet::new(),
+            removed: Vec::new(),
+            id_epoch: None,
+            outbox: Vec::new(),
+        }
+    }
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl MasterState {
+    /// A framework's persisted fields changed (or it was removed).
+    pub(crate) fn framework_changed(&mut self, framework_id: &str) {
+        if let Some(d) = &mut self.durable {
+            d.frameworks.insert(framework_id.to_string());
+        }
+    }
+
+    /// The framework may never subscribe again.
+    pub(crate) fn framework_removed_for_good(&mut self, framework_id: &str) {
+        if let Some(d) = &mut self.durable {
+            d.frameworks.insert(framework_id.to_string());
+            d.removed.push(framework_id.to_string());
+        }
+    }
+
+    /// An agent's persisted fields changed.
+    pub(crate) fn agent_changed(&mut self, agent_id: &str) {
+        if let Some(d) = &mut self.durable {
+            d.agents.insert(agent_id.to_string());
+        }
+    }
+
+    /// A task's persisted fields changed, or it was forgotten.
+    pub(crate) fn task_changed(&mut self, task_key: &TaskKey) {
+        if let Some(d) = &mut self.durable {
+            if !d.tasks.contains(task_key) {
+                d.tasks.insert(task_key.clone());
+            }
+        }
+    }
+
+    /// Ends the actor turn: writes what changed in one transaction, then sends the turn's
+    /// messages. Without a registry there is nothing to do (messages went out at once).
+    pub(crate) fn commit_turn(&mut self) -> Result<(), RegistryError> {
+        let Some(mut durable) = self.durable.take() else {
+            return Ok(());
+        };
+        let result = self.commit_changes(&mut durable);
+        if result.is_ok() {
+            for (conn, outbound) in durable.outbox.drain(..) {
+                self.deliver(conn, outbound);
+            }
+        } else {
+            durable.outbox.clear();
+        }
+        self.durable = Some(durable);
+        result
+    }
+
+    fn commit_changes(&mut self, durable: &mut Durable) -> Result<(), RegistryError> {
+        let mut batch = RegistryBatch {
+            id_epoch: durable.id_epoch.take(),
+            removed_frameworks: std::mem::take(&mut durable.removed),
+            ..Default::default()
+        };
+        for id in durable.frameworks.drain() {
+            let entry = self
+                .frameworks
+                .get(&id)
+                .map(|f| framework_entry(f, self.owners.framework(&f.id)));
+            batch.frameworks.push((id, entry));
+        }
+        for id in durable.agents.drain() {
+            let entry = self
+                .agents
+                .get(&id)
+                .map(|a| agent_entry(a, self.owners.agent(&a.id)));
+            batch.agents.push((id, entry));
+        }
+        for key in durable.tasks.drain() {
+            let entry = self.tasks.get(&key).map(|t| task_entry(&key, t));
+            batch.tasks.push((key, entry));
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let records = batch.len();
+        durable.registry.commit(batch)?;
+        tracing::trace!(
+            records,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "registry commit"
+        );
+        Ok(())
+    }
+
+    /// Attaches a registry and rebuilds the state from what it holds: frameworks (disconnected,
+    /// their failover timeout counting from now), agents (waiting to re-register within
+    /// `agent_reregister_timeout`), tasks and quota usage. Terminal updates a framework never
+    /// acknowledged are queued for it again. Call before any connection is accepted.
+    pub(crate) fn recover(&mut self, registry: Registry, recovered: Recovered, now: Instant) {
+        let epoch = unix_secs().max(recovered.id_epoch + 1);
+        self.ids = IdMint::with_epoch(epoch);
+        let mut durable = Durable::new(registry);
+        durable.id_epoch = Some(epoch);
+        self.durable = Some(durable);
+        if recovered.is_empty() {
+            return;
+        }
+        tracing::info!(
+            frameworks = recovered.frameworks.len(),
+            agents = recovered.agents.len(),
+            tasks = recovered.tasks.len(),
+            "recovering the master's state from the registry"
+        );
+        self.removed_frameworks
+            .extend(recovered.removed_frameworks.iter().cloned());
+        for f in recovered.frameworks {
+            self.owners
+                .restore(&Peer::Framework(f.id.clone()), &f.principal);
+            let key = self.next_framework_key;
+            self.next_framework_key += 1;
+            let weight = if f.weight.is_finite() && f.weight > 0.0 {
+                f.weight
+            } else {
+                1.0
+            };
+            self.drf.add(key, weight);
+            self.framework_by_key.insert(key, f.id.clone());
+            let failover_timeout =
+                Duration::try_from_secs_f64(f.failover_timeout_secs).unwrap_or(Duration::ZERO);
+            self.frameworks.insert(
+                f.id.clone(),
+                FrameworkRecord {
+                    id: f.id,
+                    key,
+                    name: f.name,
+                    user: f.user,
+                    partition: f.partition,
+                    weight,
+                    failover_timeout,
+                    conn: None,
+                    disconnected_at: Some(now),
+                    demand: Resources::new(),
+                    demand_count: 0,
+                    suppressed: false,
+                    offers: HashSet::new(),
+                    tasks: HashSet::new(),
+                    filters: HashMap::new(),
+                    unacked: BTreeMap::new(),
+                },
+            );
+        }
+        let deadline = now + self.config.master.agent_reregister_timeout;
+        for a in recovered.agents {
+            self.owners
+                .restore(&Peer::Agent(a.id.clone()), &a.principal);
+            let total = match Resources::parse(&a.total) {
+                Ok(total) => total,
+                Err(e) => {
+                    tracing::error!(agent = %a.id, total = %a.total, error = %e,
+                        "registry: bad agent resources; the agent starts with none until it re-registers");
+                    Resources::new()
+                }
+            };
+            self.agents.insert(
+                a.id.clone(),
+                AgentRecord {
+                    id: a.id,
+                    hostname: a.hostname,
+                    attributes: a.attributes,
+                    reported_free: total.clone(),
+                    total,
+                    key: None,
+                    conn: None,
+                    last_heartbeat: now,
+                    tasks: HashSet::new(),
+                    lost: a.lost,
+                    held_for: None,
+                    reregister_by: (!a.lost).then_some(deadline),
+                },
+            );
+        }
+        let mut tasks = recovered.tasks;
+        // Oldest first, so the finished-task memory keeps its order.
+        tasks.sort_by_key(|t| t.started);
+        let mut orphans = Vec::new();
+        let mut to_retell = Vec::new();
+        for t in tasks {
+            let key: TaskKey = (t.framework_id.clone(), t.task_id.clone());
+            let state = TaskState::try_from(t.state).unwrap_or(TaskState::TaskLost);
+            let resources = Resources::parse(&t.resources).unwrap_or_else(|e| {
+                tracing::error!(task = %t.task_id, error = %e, "registry: bad task resources");
+                Resources::new()
+            });
+            let devices = DeviceBinding::parse(&t.devices).unwrap_or_else(|e| {
+                tracing::error!(task = %t.task_id, error = %e, "registry: bad task devices");
+                DeviceBinding::default()
+            });
+            self.launches = self.launches.max(t.started);
+            let record = TaskRecord {
+                agent: t.agent_id.clone(),
+                name: t.name,
+                resources: resources.clone(),
+                state,
+                reason: t.reason,
+                message: t.message,
+                holds_resources: false,
+                priority: t.priority,
+                at_user_priority: t.at_user_priority,
+                user: t.user.clone(),
+                partition: t.partition.clone(),
+                started: t.started,
+                preempted: t.preempted,
+                exit_code: t.exit_code,
+                terminal_unacked: t.terminal_unacked,
+                devices,
+            };
+            self.tasks.insert(key.clone(), record);
+            if state.is_terminal() {
+                self.finished.push_back(key.clone());
+                if t.terminal_unacked {
+                    to_retell.push(key);
+                }
+                continue;
+            }
+            if t.at_user_priority {
+                self.ledger.start(&t.user, &t.partition, &resources);
+            }
+            if let Some(fw) = self.frameworks.get_mut(&t.framework_id) {
+                fw.tasks.insert(t.task_id.clone());
+            }
+            match self.agents.get_mut(&t.agent_id) {
+                Some(agent) if !agent.lost => {
+                    agent.tasks.insert(key);
+                }
+                _ => orphans.push(key),
+            }
+        }
+        for key in to_retell {
+            let exit_code = self.tasks[&key].exit_code;
+            let status: TaskStatus = self.status_of(&key, exit_code);
+            self.deliver_update(&key.0, status);
+        }
+        for key in orphans {
+            self.finish_task(
+                &key,
+                TaskState::TaskLost,
+                "agent_lost",
+                "the task's agent is not in the registry",
+                None,
+                now,
+            );
+        }
+    }
+}
+
+fn framework_entry(f: &FrameworkRecord, principal: String) -> FrameworkEntry {
+    FrameworkEntry {
+        id: f.id.clone(),
+        name: f.name.clone(),
+        user: f.user.clone(),
+        weight: f.weight,
+        partition: f.partition.clone(),
+        failover_timeout_secs: f.failover_timeout.as_secs_f64(),
+        principal,
+    }
+}
+
+fn agent_entry(a: &AgentRecord, principal: String) -> AgentEntry {
+    AgentEntry {
+        id: a.id.clone(),
+        hostname: a.hostname.clone(),
+        total: a.total.to_string(),
+        attributes: a.attributes.clone(),
+        lost: a.lost,
+        principal,
+    }
+}
+
+fn task_entry(key: &TaskKey, t: &TaskRecord) -> TaskEntry {
+    TaskEntry {
+        framework_id: key.0.clone(),
+        task_id: key.1.clone(),
+        agent_id: t.agent.clone(),
+        name: t.name.clone(),
+        resources: t.resources.to_string(),
+        devices: t.devices.to_string(),
+        state: t.state as i32,
+        reason: t.reason.clone(),
+        message: t.message.clone(),
+        exit_code: t.exit_code,
+        priority: t.priority,
+        at_user_priority: t.at_user_priority,
+        user: t.user.clone(),
+        partition: t.partition.clone(),
+        started: t.started,
+        preempted: t.preempted,
+        terminal_unacked: t.terminal_unacked,
+    }
+}

@@ -1,0 +1,450 @@
+//! The master's durable registry: what it must not forget across a restart.
+//!
+//! Why: a master that dies (cleanly or `kill -9`) must come back knowing every framework it
+//! admitted, every agent it admitted and every task it launched, or it would double-launch,
+//! forget tasks, or fail to tell a framework that a task was lost. The registry is an embedded
+//! `redb` database (`<work-dir>/registry.redb`). The actor writes it *before* it acts: every
+//! message an actor turn produces is held back until that turn's changes are committed in one
+//! transaction (group commit, see [`super::state`]), so anything a peer was told is on disk.
+//!
+//! Quota usage is not a table of its own: it is the sum of the resources of the persisted
+//! tasks that run at their user's priority, recomputed on load, so it cannot drift from the
+//! tasks it counts. Offers are not persisted: they are void after a restart.
+//!
+//! Records are JSON values (resources in the Mesos text syntax), so an operator can read a
+//! registry with any redb tool and records can gain fields without a migration.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+const FRAMEWORKS: TableDefinition<&str, &[u8]> = TableDefinition::new("frameworks");
+const AGENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agents");
+/// Keyed by (framework id, task id).
+const TASKS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("tasks");
+/// Frameworks torn down or failed over for good: they may not subscribe again.
+const REMOVED: TableDefinition<&str, ()> = TableDefinition::new("removed_frameworks");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The largest id epoch (unix seconds) a master running on this registry used.
+const META_EPOCH: &str = "id_epoch";
+
+/// The file name of the registry inside the work dir.
+pub const REGISTRY_FILE: &str = "registry.redb";
+
+/// A registry operation failed; the message names the file and what was being done.
+#[derive(Debug, thiserror::Error)]
+#[error("registry {path}: {what}: {detail}")]
+pub struct RegistryError {
+    path: PathBuf,
+    what: &'static str,
+    detail: String,
+}
+
+/// A subscribed framework, as persisted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FrameworkEntry {
+    pub id: String,
+    pub name: String,
+    pub user: String,
+    pub weight: f64,
+    pub partition: String,
+    pub failover_timeout_secs: f64,
+    /// The authenticated principal, when authentication is on (empty otherwise).
+    #[serde(default)]
+    pub principal: String,
+}
+
+/// An admitted agent, as persisted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentEntry {
+    pub id: String,
+    pub hostname: String,
+    /// Mesos text syntax, e.g. `cpus:4;mem:8192`.
+    pub total: String,
+    pub attributes: Vec<(String, String)>,
+    /// Declared lost (its tasks were LOST); it may still re-register.
+    pub lost: bool,
+    /// The authenticated principal that registered it (empty: anonymous).
+    #[serde(default)]
+    pub principal: String,
+}
+
+/// A launched task and its last known state, as persisted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskEntry {
+    pub framework_id: String,
+    pub task_id: String,
+    pub agent_id: String,
+    pub name: String,
+    /// Mesos text syntax.
+    pub resources: String,
+    /// The GPU devices the master bound it to, in binding text (docs/devices.md; empty
+    /// without GPUs).
+    #[serde(default)]
+    pub devices: String,
+    /// `TaskState` as its protobuf number.
+    pub state: i32,
+    pub reason: String,
+    pub message: String,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    pub priority: i64,
+    /// Counts against the quota of (user, partition) while not ended.
+    pub at_user_priority: bool,
+    pub user: String,
+    pub partition: String,
+    pub started: u64,
+    pub preempted: bool,
+    /// Ended, and the framework has not yet acknowledged the terminal update: it is sent
+    /// again after a restart.
+    #[serde(default)]
+    pub terminal_unacked: bool,
+}
+
+/// Everything read back from a registry at start.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub frameworks: Vec<FrameworkEntry>,
+    pub agents: Vec<AgentEntry>,
+    pub tasks: Vec<TaskEntry>,
+    pub removed_frameworks: Vec<String>,
+    /// The largest id epoch used before (0 for a new registry).
+    pub id_epoch: u64,
+}
+
+impl Recovered {
+    /// Nothing was recovered: a fresh registry.
+    pub fn is_empty(&self) -> bool {
+        self.frameworks.is_empty()
+            && self.agents.is_empty()
+            && self.tasks.is_empty()
+            && self.removed_frameworks.is_empty()
+    }
+}
+
+/// One actor turn's changes: upserts (`Some`) and deletions (`None`), applied atomically.
+#[derive(Debug, Default)]
+pub struct RegistryBatch {
+    pub frameworks: Vec<(String, Option<FrameworkEntry>)>,
+    pub agents: Vec<(String, Option<AgentEntry>)>,
+    pub tasks: Vec<((String, String), Option<TaskEntry>)>,
+    pub removed_frameworks: Vec<String>,
+    pub id_epoch: Option<u64>,
+}
+
+impl RegistryBatch {
+    pub fn is_empty(&self) -> bool {
+        self.frameworks.is_empty()
+            && self.agents.is_empty()
+            && self.tasks.is_empty()
+            && self.removed_frameworks.is_empty()
+            && self.id_epoch.is_none()
+    }
+
+    /// How many records the batch writes or deletes.
+    pub fn len(&self) -> usize {
+        self.frameworks.len()
+            + self.agents.len()
+            + self.tasks.len()
+            + self.removed_frameworks.len()
+            + usize::from(self.id_epoch.is_some())
+    }
+}
+
+/// The open registry database.
+pub struct Registry {
+    db: Database,
+    path: PathBuf,
+}
+
+impl Registry {
+    /// Opens (or creates) `<work_dir>/registry.redb`, creating `work_dir` when missing.
+    pub fn open(work_dir: &Path) -> Result<Registry, RegistryError> {
+        let path = work_dir.join(REGISTRY_FILE);
+        let fail = |what, detail: String| RegistryError {
+            path: path.clone(),
+            what,
+            detail,
+        };
+        std::fs::create_dir_all(work_dir)
+            .map_err(|e| fail("cannot create the work dir", e.to_string()))?;
+        let db = Database::create(&path).map_err(|e| fail("cannot open", e.to_string()))?;
+        let registry = Registry { db, path };
+        // Create every table, so reads of a new registry find them.
+        registry.commit(RegistryBatch::default())?;
+        Ok(registry)
+    }
+
+    /// Where the registry lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn error(&self, what: &'static str, detail: impl ToString) -> RegistryError {
+        RegistryError {
+            path: self.path.clone(),
+            what,
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Reads everything back.
+    pub fn load(&self) -> Result<Recovered, RegistryError> {
+        let read = self
+            .db
+            .begin_read()
+            .map_err(|e| self.error("cannot read", e))?;
+        let mut out = Recovered::default();
+        let table = read
+            .open_table(FRAMEWORKS)
+            .map_err(|e| self.error("cannot open table frameworks", e))?;
+        for row in table
+            .iter()
+            .map_err(|e| self.error("reading frameworks", e))?
+        {
+            let (key, value) = row.map_err(|e| self.error("reading frameworks", e))?;
+            out.frameworks
+                .push(serde_json::from_slice(value.value()).map_err(|e| {
+                    self.error("bad framework record", format!("{}: {e}", key.value()))
+                })?);
+        }
+        let table = read
+            .open_table(AGENTS)
+            .map_err(|e| self.error("cannot open table agents", e))?;
+        for row in table.iter().map_err(|e| self.error("reading agents", e))? {
+            let (key, value) = row.map_err(|e| self.error("reading agents", e))?;
+            out.agents
+                .push(serde_json::from_slice(value.value()).map_err(|e| {
+                    self.error("bad agent record", format!("{}: {e}", key.value()))
+                })?);
+        }
+        let table = read
+            .open_table(TASKS)
+            .map_err(|e| self.error("cannot open table tasks", e))?;
+        for row in table.iter().map_err(|e| self.error("reading tasks", e))? {
+            let (key, value) = row.map_err(|e| self.error("reading tasks", e))?;
+            out.tasks
+                .push(serde_json::from_slice(value.value()).map_err(|e| {
+                    let (fw, task) = key.value();
+                    self.error("bad task record", format!("{fw}/{task}: {e}"))
+                })?);
+        }
+        let table = read
+            .open_table(REMOVED)
+            .map_err(|e| self.error("cannot open table removed_frameworks", e))?;
+        for row in table
+            .iter()
+            .map_err(|e| self.error("reading removed_frameworks", e))?
+        {
+            let (key, _) = row.map_err(|e| self.error("reading removed_frameworks", e))?;
+            out.removed_frameworks.push(key.value().to_string());
+        }
+        let table = read
+            .open_table(META)
+            .map_err(|e| self.error("cannot open table meta", e))?;
+        out.id_epoch = table
+            .get(META_EPOCH)
+            .map_err(|e| self.error("reading meta", e))?
+            .map(|v| v.value())
+            .unwrap_or(0);
+        Ok(out)
+    }
+
+    /// Applies one batch in one durable transaction: when this returns `Ok`, it is on disk.
+    pub fn commit(&self, batch: RegistryBatch) -> Result<(), RegistryError> {
+        let mut write = self
+            .db
+            .begin_write()
+            .map_err(|e| self.error("cannot begin a write", e))?;
+        write
+            .set_durability(Durability::Immediate)
+            .map_err(|e| self.error("cannot set durability", e))?;
+        {
+            let mut table = write
+                .open_table(FRAMEWORKS)
+                .map_err(|e| self.error("cannot open table frameworks", e))?;
+            for (id, entry) in &batch.frameworks {
+                match entry {
+                    Some(entry) => {
+                        let bytes = serde_json::to_vec(entry)
+                            .map_err(|e| self.error("encoding a framework", e))?;
+                        table.insert(id.as_str(), bytes.as_slice())
+                    }
+                    None => table.remove(id.as_str()),
+                }
+                .map_err(|e| self.error("writing frameworks", e))?;
+            }
+            let mut table = write
+                .open_table(AGENTS)
+                .map_err(|e| self.error("cannot open table agents", e))?;
+            for (id, entry) in &batch.agents {
+                match entry {
+                    Some(entry) => {
+                        let bytes = serde_json::to_vec(entry)
+                            .map_err(|e| self.error("encoding an agent", e))?;
+                        table.insert(id.as_str(), bytes.as_slice())
+                    }
+                    None => table.remove(id.as_str()),
+                }
+                .map_err(|e| self.error("writing agents", e))?;
+            }
+            let mut table = write
+                .open_table(TASKS)
+                .map_err(|e| self.error("cannot open table tasks", e))?;
+            for ((fw, task), entry) in &batch.tasks {
+                let key = (fw.as_str(), task.as_str());
+                match entry {
+                    Some(entry) => {
+                        let bytes = serde_json::to_vec(entry)
+                            .map_err(|e| self.error("encoding a task", e))?;
+                        table.insert(key, bytes.as_slice())
+                    }
+                    None => table.remove(key),
+                }
+                .map_err(|e| self.error("writing tasks", e))?;
+            }
+            let mut table = write
+                .open_table(REMOVED)
+                .map_err(|e| self.error("cannot open table removed_frameworks", e))?;
+            for id in &batch.removed_frameworks {
+                table
+                    .insert(id.as_str(), ())
+                    .map_err(|e| self.error("writing removed_frameworks", e))?;
+            }
+            let mut table = write
+                .open_table(META)
+                .map_err(|e| self.error("cannot open table meta", e))?;
+            if let Some(epoch) = batch.id_epoch {
+                table
+                    .insert(META_EPOCH, epoch)
+                    .map_err(|e| self.error("writing meta", e))?;
+            }
+        }
+        write.commit().map_err(|e| self.error("cannot commit", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framework(id: &str) -> FrameworkEntry {
+        FrameworkEntry {
+            id: id.into(),
+            name: "exec".into(),
+            user: "alice".into(),
+            weight: 2.0,
+            partition: "default".into(),
+            failover_timeout_secs: 30.0,
+            principal: String::new(),
+        }
+    }
+
+    fn task(fw: &str, id: &str, state: i32) -> TaskEntry {
+        TaskEntry {
+            framework_id: fw.into(),
+            task_id: id.into(),
+            agent_id: "a1".into(),
+            name: id.into(),
+            resources: "cpus:1;mem:128".into(),
+            devices: "gpu:0:500:0".into(),
+            state,
+            reason: String::new(),
+            message: String::new(),
+            exit_code: None,
+            priority: 0,
+            at_user_priority: true,
+            user: "alice".into(),
+            partition: "default".into(),
+            started: 1,
+            preempted: false,
+            terminal_unacked: false,
+        }
+    }
+
+    #[test]
+    fn a_new_registry_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::open(dir.path()).unwrap();
+        let recovered = registry.load().unwrap();
+        assert!(recovered.is_empty());
+        assert_eq!(recovered.id_epoch, 0);
+    }
+
+    #[test]
+    fn committed_records_survive_a_reopen_and_deletions_stick() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let registry = Registry::open(dir.path()).unwrap();
+            registry
+                .commit(RegistryBatch {
+                    frameworks: vec![
+                        ("f1".into(), Some(framework("f1"))),
+                        ("f2".into(), Some(framework("f2"))),
+                    ],
+                    agents: vec![(
+                        "a1".into(),
+                        Some(AgentEntry {
+                            id: "a1".into(),
+                            hostname: "h1".into(),
+                            total: "cpus:4;mem:8192".into(),
+                            attributes: vec![("rack".into(), "r1".into())],
+                            lost: false,
+                            principal: "ops".into(),
+                        }),
+                    )],
+                    tasks: vec![
+                        (("f1".into(), "t1".into()), Some(task("f1", "t1", 2))),
+                        (("f1".into(), "t2".into()), Some(task("f1", "t2", 1))),
+                    ],
+                    removed_frameworks: vec![],
+                    id_epoch: Some(77),
+                })
+                .unwrap();
+            registry
+                .commit(RegistryBatch {
+                    frameworks: vec![("f2".into(), None)],
+                    tasks: vec![
+                        (("f1".into(), "t2".into()), None),
+                        (("f1".into(), "t1".into()), Some(task("f1", "t1", 3))),
+                    ],
+                    removed_frameworks: vec!["f2".into()],
+                    ..Default::default()
+                })
+                .unwrap();
+        }
+        let registry = Registry::open(dir.path()).unwrap();
+        let recovered = registry.load().unwrap();
+        assert_eq!(recovered.frameworks, vec![framework("f1")]);
+        assert_eq!(recovered.agents.len(), 1);
+        assert_eq!(recovered.agents[0].attributes[0].1, "r1");
+        assert_eq!(recovered.tasks, vec![task("f1", "t1", 3)]);
+        assert_eq!(recovered.removed_frameworks, vec!["f2".to_string()]);
+        assert_eq!(recovered.id_epoch, 77);
+    }
+
+    #[test]
+    fn a_corrupt_record_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::open(dir.path()).unwrap();
+        let write = registry.db.begin_write().unwrap();
+        {
+            let mut table = write.open_table(FRAMEWORKS).unwrap();
+            table.insert("f9", b"not json".as_slice()).unwrap();
+        }
+        write.commit().unwrap();
+        let error = registry.load().unwrap_err().to_string();
+        assert!(error.contains("bad framework record"), "{error}");
+        assert!(error.contains("f9"), "{error}");
+    }
+
+    #[test]
+    fn an_unusable_work_dir_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        let error = Registry::open(&file).err().unwrap().to_string();
+        assert!(error.contains("plain-file"), "{error}");
+    }
+}
