@@ -1,6 +1,6 @@
 //! `ringmaster-stress` end to end, small: the fault run's ledger accounts for every task while
-//! agents and frameworks are killed and restarted, and the fuzz run against a child master
-//! finds no panic. The full-size runs and their figures are in docs/reliability.md.
+//! agents and frameworks (and, with `serve --work-dir`, the master) are killed and restarted,
+//! and the fuzz run against a child master finds no panic. The full-size runs and their figures are in docs/reliability.md.
 
 use std::process::Command;
 
@@ -82,4 +82,43 @@ fn fuzz_run_against_a_child_master_finds_no_panic() {
     ]);
     assert!(ok, "{text}");
     assert!(text.contains("panics in master stderr: 0"), "{text}");
+}
+
+#[test]
+fn fault_run_with_master_kills_accounts_for_every_task() {
+    let work = tempfile::tempdir().unwrap();
+    let (ok, text) = stress(&[
+        "faults",
+        "--port",
+        "5394",
+        "--agents",
+        "40",
+        "--frameworks",
+        "3",
+        "--tasks-per-framework",
+        "20",
+        "--task-lifetime",
+        "200ms",
+        "--duration",
+        "5s",
+        "--fault-every",
+        "50ms",
+        "--down-for",
+        "500ms",
+        "--drain",
+        "60s",
+        "--kill-master",
+        "--master-kill-percent",
+        "10",
+        "--work-dir",
+        work.path().to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    assert_eq!(figure(&text, "unaccounted"), 0, "{text}");
+    assert_eq!(figure(&text, "conflicting"), 0, "{text}");
+    let kills = text
+        .lines()
+        .find(|l| l.starts_with("faults:"))
+        .expect("a faults line");
+    assert!(!kills.contains(" 0 master kills"), "{text}");
 }

@@ -128,6 +128,9 @@ struct FaultArgs {
     /// Also kill -9 and restart the master now and then (needs `serve --work-dir`).
     #[arg(long)]
     kill_master: bool,
+    /// With `--kill-master`: the share of faults that kill the master, in percent.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    master_kill_percent: u32,
     /// The master's work dir for `--kill-master`.
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -943,10 +946,15 @@ async fn report_load(
     let launched = master.metric("tasks_launched_total").await?;
     let mut lat = shared.latencies.lock().unwrap().clone();
     lat.sort_by(f64::total_cmp);
+    let heartbeats = to.heartbeats - from.heartbeats;
+    let heartbeats = if heartbeats >= 0.0 {
+        format!("{:.0}/s", heartbeats / secs)
+    } else {
+        "n/a (the master restarted)".to_string()
+    };
     println!(
         "{label}: {agents} agents connected, {running} tasks running (+{staging} staging), {launched} launched in all; \
-         heartbeats handled {:.0}/s (sent {}); offer latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms over {} offers; master RSS {:.1} MiB",
-        (to.heartbeats - from.heartbeats) / secs,
+         heartbeats handled {heartbeats} (sent {}); offer latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms over {} offers; master RSS {:.1} MiB",
         shared.heartbeats_sent.load(Ordering::Relaxed),
         percentile(&lat, 0.5) * 1000.0,
         percentile(&lat, 0.99) * 1000.0,
@@ -1039,7 +1047,7 @@ async fn run_faults(args: FaultArgs) -> anyhow::Result<()> {
             }
         }
         let roll = rng.random_range(0..100);
-        if args.kill_master && roll == 0 {
+        if args.kill_master && roll < args.master_kill_percent {
             master.kill();
             master_kills += 1;
             master = MasterProcess::spawn(
