@@ -24,10 +24,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ringmaster_proto::{
     Accept, AgentHeartbeat, AgentRegistered, Attribute, Authenticate, BatchTask, Decline, Demand,
-    Envelope, Hello, HelloAck, Kill, KillTask, Message, Offer, Offers, Ping, Pong, Reconcile,
-    RegisterAgent, Rescind, Resources, Revive, RunTasks, Scalar, StatusAck, StatusUpdate,
-    SubmitBatch, Subscribe, Subscribed, Suppress, TaskInfo, TaskStatus, Teardown, Update,
-    PROTOCOL_VERSION,
+    Device, DeviceShare, Envelope, Hello, HelloAck, Kill, KillTask, Message, Offer, Offers, Ping,
+    Pong, Reconcile, RegisterAgent, Rescind, Resources, Revive, RunTasks, Scalar, StatusAck,
+    StatusUpdate, SubmitBatch, Subscribe, Subscribed, Suppress, TaskInfo, TaskStatus, Teardown,
+    Update, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -214,6 +214,64 @@ impl FrameFuzzer {
         Some(Resources { scalars })
     }
 
+    fn device_class(&mut self) -> String {
+        if self.chance(80) {
+            "gpu".into()
+        } else {
+            self.wild_string(&[])
+        }
+    }
+
+    fn device_index(&mut self) -> u32 {
+        if self.chance(80) {
+            self.rng.random_range(0..8)
+        } else {
+            self.wild_u32()
+        }
+    }
+
+    /// Devices of an agent: duplicate indexes, zero or huge memory, odd classes now and then.
+    fn devices(&mut self) -> Vec<Device> {
+        let n = if self.chance(60) {
+            0
+        } else {
+            self.rng.random_range(1..6)
+        };
+        (0..n)
+            .map(|_| Device {
+                class: self.device_class(),
+                index: self.device_index(),
+                model: ["V100M16", "A100", "", "💥"][self.rng.random_range(0..4)].into(),
+                memory_mib: if self.chance(70) {
+                    16_384
+                } else {
+                    self.wild_u64()
+                },
+            })
+            .collect()
+    }
+
+    /// Device shares: over 1,000 milli, unknown indexes, more memory than any device.
+    fn device_shares(&mut self) -> Vec<DeviceShare> {
+        let n = if self.chance(60) {
+            0
+        } else {
+            self.rng.random_range(1..4)
+        };
+        (0..n)
+            .map(|_| DeviceShare {
+                class: self.device_class(),
+                index: self.device_index(),
+                milli: if self.chance(70) {
+                    self.rng.random_range(0..=1000)
+                } else {
+                    self.wild_u32()
+                },
+                memory_mib: self.wild_u64(),
+            })
+            .collect()
+    }
+
     fn attributes(&mut self) -> Vec<Attribute> {
         let n = if self.chance(70) {
             0
@@ -247,7 +305,12 @@ impl FrameFuzzer {
             agent_id: self.wild_string(&known.agents),
             env: self.attributes(),
             priority_class: ["", "user", "base", "weird"][self.rng.random_range(0..4)].into(),
-            ..Default::default()
+            devices: self.device_shares(),
+            gpu_models: if self.chance(80) {
+                vec![]
+            } else {
+                vec![self.wild_string(&[])]
+            },
         }
     }
 
@@ -263,7 +326,7 @@ impl FrameFuzzer {
             exit_code: self.chance(50).then(|| self.rng.random()),
             update_id: self.wild_string(&known.updates),
             timestamp_ms: self.wild_u64(),
-            ..Default::default()
+            devices: self.device_shares(),
         }
     }
 
@@ -310,7 +373,7 @@ impl FrameFuzzer {
                 } else {
                     self.some_tasks(3, Self::task_status)
                 },
-                ..Default::default()
+                devices: self.devices(),
             }),
             FuzzRole::Framework => Message::Subscribe(Subscribe {
                 framework_id: if tame {
@@ -384,7 +447,7 @@ impl FrameFuzzer {
                 agent_id: self.wild_string(&known.agents),
                 free: self.wild_resources(),
                 tasks: self.some_tasks(4, Self::task_status),
-                ..Default::default()
+                free_devices: self.device_shares(),
             }),
             13 => Message::RunTasks(RunTasks {
                 tasks: self.some_tasks(3, Self::task_info),
