@@ -19,6 +19,8 @@
 //!   candidates: 8         # ring tie-break: how many best fits a caller's score ranks (≤ 64)
 //! master:
 //!   agent_timeout: 15s
+//! limits:                 # per connection (docs/reliability.md, "Limits"); each optional
+//!   { messages_per_sec: 50000, burst: 100000, outbound_queue: 65536 }
 //! matching:               # batch matching scores (docs/batch.md); each optional
 //!   { a: 0.5, b: 0.5, c: -1.0, d: -0.1, e: 1.0 }
 //! priorities:             # SPEC seed 003, see docs/priorities.md; all optional
@@ -560,6 +562,70 @@ struct RawMaster {
     agent_reregister_timeout: Option<String>,
 }
 
+/// Per-connection limits (see `master::limits` and docs/reliability.md, "Limits").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitsConfig {
+    /// Messages per second a connection may send on average (token refill rate).
+    pub messages_per_sec: u64,
+    /// Messages a connection may send at once beyond the rate (bucket size).
+    pub burst: u64,
+    /// Messages the master may hold queued to one connection that it has not read yet.
+    pub outbound_queue: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        // Generous: well above what the load generator's busiest framework sends (about
+        // 10,000 acknowledgements a second), far below what a flooding loop sends.
+        LimitsConfig {
+            messages_per_sec: 50_000,
+            burst: 100_000,
+            outbound_queue: 65_536,
+        }
+    }
+}
+
+/// The `limits:` section as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    messages_per_sec: Option<serde_yaml::Value>,
+    burst: Option<serde_yaml::Value>,
+    outbound_queue: Option<serde_yaml::Value>,
+}
+
+/// Reads a `limits:` section: every value a whole number of at least 1.
+fn apply_limits(
+    source: &YamlSource,
+    raw: &RawLimits,
+    out: &mut LimitsConfig,
+) -> Result<(), ConfigError> {
+    let positive = |name: &str, value: &serde_yaml::Value| -> Result<u64, ConfigError> {
+        let path = ["limits".into(), name.into()];
+        match whole_number(value) {
+            Ok(0) => Err(source.error(&path, "must be at least 1")),
+            Ok(n) => Ok(n),
+            Err(e) => Err(source.error(&path, e)),
+        }
+    };
+    if let Some(v) = &raw.messages_per_sec {
+        out.messages_per_sec = positive("messages_per_sec", v)?;
+    }
+    if let Some(v) = &raw.burst {
+        out.burst = positive("burst", v)?;
+    }
+    if let Some(v) = &raw.outbound_queue {
+        let n = positive("outbound_queue", v)?;
+        out.outbound_queue = usize::try_from(n).map_err(|_| {
+            source.error(
+                &["limits".into(), "outbound_queue".into()],
+                format!("{n} is too large"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -569,6 +635,7 @@ struct RawConfig {
     master: Option<RawMaster>,
     matching: Option<RawMatching>,
     priorities: Option<RawPriorities>,
+    limits: Option<RawLimits>,
     tls: Option<crate::security::RawTls>,
     auth: Option<crate::security::RawAuth>,
     devices: Option<RawDevices>,
@@ -723,6 +790,8 @@ pub struct Config {
     pub matching: MatchingCoefficients,
     /// User priorities, quotas and partitions (no users: everything at base, no preemption).
     pub priorities: PriorityConfig,
+    /// Per-connection message rate and outbound queue bounds.
+    pub limits: LimitsConfig,
     /// TLS material of the protocol listener; `None` serves plain TCP (docs/security.md).
     pub tls: Option<ringmaster_proto::transport::TlsServerFiles>,
     /// Principals and what they may do (default: nobody is asked to authenticate).
@@ -849,6 +918,9 @@ impl Config {
         }
         if let Some(p) = &raw.priorities {
             config.priorities = apply_priorities(&source, &["priorities".into()], p)?;
+        }
+        if let Some(l) = &raw.limits {
+            apply_limits(&source, l, &mut config.limits)?;
         }
         if let Some(t) = &raw.tls {
             config.tls = Some(crate::security::apply_tls(&source, &["tls".into()], t)?);
@@ -1187,6 +1259,50 @@ matching: { a: 0.7, d: -1 }
         assert_eq!(path(&["a".into(), "c".into(), 0.into()]), Some(4));
         assert_eq!(path(&["a".into(), "z".into()]), None);
         assert_eq!(path(&["a".into(), "c".into(), 7.into()]), None);
+    }
+
+    #[test]
+    fn reads_limits_and_locates_their_errors() {
+        let config = Config::from_yaml(
+            "limits:\n  messages_per_sec: 100\n  burst: 20\n  outbound_queue: 64\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert_eq!(
+            config.limits,
+            LimitsConfig {
+                messages_per_sec: 100,
+                burst: 20,
+                outbound_queue: 64
+            }
+        );
+        let partial = Config::from_yaml("limits: { burst: 7 }\n", "c.yaml").unwrap();
+        assert_eq!(partial.limits.burst, 7);
+        assert_eq!(
+            partial.limits.messages_per_sec,
+            LimitsConfig::default().messages_per_sec
+        );
+        let cases = [
+            (
+                "limits:\n  burst: 5\n  messages_per_sec: 0\n",
+                "c.yaml:3: limits.messages_per_sec: must be at least 1",
+            ),
+            (
+                "limits:\n  burst: -5\n",
+                "c.yaml:2: limits.burst: -5 is negative",
+            ),
+            (
+                "limits:\n\n  outbound_queue: lots\n",
+                "c.yaml:3: limits.outbound_queue: expected a whole number, found the string `lots`",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = Config::from_yaml(text, "c.yaml").unwrap_err();
+            assert_eq!(err.to_string(), want);
+        }
+        let err = Config::from_yaml("limits:\n  rate: 5\n", "c.yaml").unwrap_err();
+        assert!(err.to_string().starts_with("c.yaml:2"), "{err}");
+        assert!(err.to_string().contains("rate"), "{err}");
     }
 
     #[test]

@@ -90,13 +90,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         match self.framed.next().await {
             None => Ok(None),
             Some(Err(e)) => Err(self.classify(e)),
-            Some(Ok(frame)) => {
-                let envelope = Envelope::decode(frame.freeze())?;
-                envelope
-                    .message
-                    .map(Some)
-                    .ok_or(ConnectionError::UnknownMessage)
-            }
+            Some(Ok(frame)) => decode_frame(frame),
         }
     }
 
@@ -105,19 +99,92 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         self.framed.get_ref()
     }
 
+    /// Splits into a receiving and a sending half, so one side can read while the other is
+    /// blocked writing to a peer that does not read (bytes already buffered are kept).
+    pub fn split(self) -> (ConnectionReader<S>, ConnectionWriter<S>) {
+        let (sink, stream) = self.framed.split();
+        (
+            ConnectionReader {
+                stream,
+                max_frame_bytes: self.max_frame_bytes,
+            },
+            ConnectionWriter {
+                sink,
+                max_frame_bytes: self.max_frame_bytes,
+            },
+        )
+    }
+
     fn classify(&self, e: std::io::Error) -> ConnectionError {
-        let text = e.to_string();
-        if e.kind() == std::io::ErrorKind::InvalidData && text.contains("frame size too big") {
-            ConnectionError::FrameTooLarge {
-                limit: self.max_frame_bytes,
-            }
-        } else if e.kind() == std::io::ErrorKind::UnexpectedEof
-            || text.contains("bytes remaining on stream")
-        {
-            ConnectionError::Truncated
-        } else {
-            ConnectionError::Io(e)
+        classify(e, self.max_frame_bytes)
+    }
+}
+
+fn classify(e: std::io::Error, max_frame_bytes: usize) -> ConnectionError {
+    let text = e.to_string();
+    if e.kind() == std::io::ErrorKind::InvalidData && text.contains("frame size too big") {
+        ConnectionError::FrameTooLarge {
+            limit: max_frame_bytes,
         }
+    } else if e.kind() == std::io::ErrorKind::UnexpectedEof
+        || text.contains("bytes remaining on stream")
+    {
+        ConnectionError::Truncated
+    } else {
+        ConnectionError::Io(e)
+    }
+}
+
+fn decode_frame(frame: bytes::BytesMut) -> Result<Option<Message>, ConnectionError> {
+    let envelope = Envelope::decode(frame.freeze())?;
+    envelope
+        .message
+        .map(Some)
+        .ok_or(ConnectionError::UnknownMessage)
+}
+
+/// The receiving half of a [`Connection::split`].
+pub struct ConnectionReader<S> {
+    stream: futures::stream::SplitStream<Framed<S, LengthDelimitedCodec>>,
+    max_frame_bytes: usize,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ConnectionReader<S> {
+    /// As [`Connection::recv`].
+    pub async fn recv(&mut self) -> Result<Option<Message>, ConnectionError> {
+        match self.stream.next().await {
+            None => Ok(None),
+            Some(Err(e)) => Err(classify(e, self.max_frame_bytes)),
+            Some(Ok(frame)) => decode_frame(frame),
+        }
+    }
+}
+
+/// The sending half of a [`Connection::split`].
+pub struct ConnectionWriter<S> {
+    sink: futures::stream::SplitSink<Framed<S, LengthDelimitedCodec>, Bytes>,
+    max_frame_bytes: usize,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ConnectionWriter<S> {
+    /// As [`Connection::send`].
+    pub async fn send(&mut self, message: impl Into<Envelope>) -> Result<(), ConnectionError> {
+        let bytes = Bytes::from(message.into().encode_to_vec());
+        let limit = self.max_frame_bytes;
+        self.sink.send(bytes).await.map_err(|e| classify(e, limit))
+    }
+
+    /// As [`Connection::feed`].
+    pub async fn feed(&mut self, message: impl Into<Envelope>) -> Result<(), ConnectionError> {
+        let bytes = Bytes::from(message.into().encode_to_vec());
+        let limit = self.max_frame_bytes;
+        self.sink.feed(bytes).await.map_err(|e| classify(e, limit))
+    }
+
+    /// As [`Connection::flush`].
+    pub async fn flush(&mut self) -> Result<(), ConnectionError> {
+        let limit = self.max_frame_bytes;
+        self.sink.flush().await.map_err(|e| classify(e, limit))
     }
 }
 
@@ -146,6 +213,46 @@ mod tests {
         assert!(matches!(b.recv().await.unwrap(), Some(Message::Demand(d)) if d.count == 3));
         drop(a);
         assert_eq!(b.recv().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn split_halves_keep_buffered_frames_and_work_at_once() {
+        let (a, b) = tokio::io::duplex(64);
+        let mut a = Connection::new(a);
+        let mut b = Connection::new(b);
+        a.feed(Message::Ping(Ping { nonce: 1 })).await.unwrap();
+        a.feed(Message::Ping(Ping { nonce: 2 })).await.unwrap();
+        a.flush().await.unwrap();
+        assert_eq!(
+            b.recv().await.unwrap(),
+            Some(Message::Ping(Ping { nonce: 1 }))
+        );
+        let (mut reader, mut writer) = b.split();
+        // The second frame may already sit in the read buffer: it must not be lost.
+        assert_eq!(
+            reader.recv().await.unwrap(),
+            Some(Message::Ping(Ping { nonce: 2 }))
+        );
+        // Writing more than the pipe holds while `a` is not reading blocks the writer only.
+        let write = async {
+            for nonce in 0..100 {
+                writer.feed(Message::Ping(Ping { nonce })).await.unwrap();
+            }
+            writer.flush().await.unwrap();
+        };
+        let read_and_drain = async {
+            a.send(Message::Pong(crate::Pong { nonce: 9 }))
+                .await
+                .unwrap();
+            assert_eq!(
+                reader.recv().await.unwrap(),
+                Some(Message::Pong(crate::Pong { nonce: 9 }))
+            );
+            for nonce in 0..100 {
+                assert_eq!(a.recv().await.unwrap(), Some(Message::Ping(Ping { nonce })));
+            }
+        };
+        tokio::join!(write, read_and_drain);
     }
 
     #[tokio::test]

@@ -11,7 +11,9 @@ pub mod resources;
 pub mod security;
 pub mod transport;
 
-pub use connection::{Connection, ConnectionError, DEFAULT_MAX_FRAME_BYTES};
+pub use connection::{
+    Connection, ConnectionError, ConnectionReader, ConnectionWriter, DEFAULT_MAX_FRAME_BYTES,
+};
 pub use resources::ResourceError;
 
 /// Generated protobuf messages, package `ringmaster.v1`.

@@ -2,6 +2,9 @@
 //! the socket and the actor. A connection that breaks the protocol gets an `Error` and is
 //! closed; it can never disturb another connection or the actor's state.
 //!
+//! Per-connection limits (message rate, unread outbound messages; see [`super::limits`]) are
+//! enforced here too.
+//!
 //! Messages in and out and refused frames are counted here, in shared atomic [`Metrics`], so
 //! counting never waits on the actor.
 //!
@@ -17,20 +20,26 @@ use std::sync::Arc;
 use ringmaster_proto::security::{new_challenge, AuthRole};
 use ringmaster_proto::transport::{BoxedStream, TLS_HANDSHAKE_RECORD};
 use ringmaster_proto::{
-    answer_hello, Authenticated, Connection, ConnectionError, Envelope, ErrorCode, Message,
+    answer_hello, Authenticated, Connection, ConnectionError, ConnectionReader, ConnectionWriter,
+    Envelope, ErrorCode, Message,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
-use super::metrics::{Metrics, Rejection};
+use super::limits::{outbound_queue, OutboundReceiver, TokenBucket};
+use super::metrics::{Limit, Metrics, Rejection};
 use super::{ConnId, Event, Outbound};
-use crate::config::Config;
+use crate::config::{Config, LimitsConfig};
 use crate::security::AuthConfig;
 
 /// How long a client has to send `Hello` and its first message.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long the closing `Error` may take to write: a peer that does not read does not get to
+/// hold its connection task.
+const FAREWELL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
@@ -216,6 +225,7 @@ fn protocol_error(e: &ConnectionError, metrics: &Metrics) -> ringmaster_proto::E
     ringmaster_proto::Error::new(code, e.to_string())
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn handle(
     conn: ConnId,
     stream: BoxedStream,
@@ -233,7 +243,8 @@ async fn handle(
         Ok(Err(error)) => {
             tracing::warn!(%peer, message = %error.message, "handshake refused");
             metrics.message_sent("Error");
-            let _ = connection.send(Message::Error(error)).await;
+            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, connection.send(Message::Error(error)))
+                .await;
             return;
         }
         Err(_) => {
@@ -242,12 +253,14 @@ async fn handle(
                 "no Hello and RegisterAgent/Subscribe within 10 s",
             );
             metrics.message_sent("Error");
-            let _ = connection.send(Message::Error(error)).await;
+            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, connection.send(Message::Error(error)))
+                .await;
             return;
         }
     };
     let role = role_of(&opened).expect("handshake returns a role message");
-    let (outbound_tx, mut outbound_rx) = mpsc::unbounded_channel();
+    let limits: &LimitsConfig = &config.limits;
+    let (outbound_tx, mut outbound_rx) = outbound_queue(limits.outbound_queue);
     if events
         .send(Event::Opened {
             conn,
@@ -261,12 +274,15 @@ async fn handle(
     {
         return;
     }
+    let (mut reader, mut writer) = connection.split();
     let close_reason = serve(
-        &mut connection,
+        &mut reader,
+        &mut writer,
         conn,
         role,
         &events,
         &mut outbound_rx,
+        limits,
         &metrics,
         shutdown,
     )
@@ -274,9 +290,50 @@ async fn handle(
     if let Some(error) = close_reason {
         tracing::warn!(%peer, conn, message = %error.message, "closing connection");
         metrics.message_sent("Error");
-        let _ = connection.send(Message::Error(error)).await;
+        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, writer.send(Message::Error(error))).await;
     }
     let _ = events.send(Event::Closed { conn }).await;
+}
+
+/// How a burst of outbound messages ended.
+enum Burst {
+    Written,
+    /// The socket failed: the peer is gone.
+    Broken,
+    /// The actor asked to close with this error.
+    Close(ringmaster_proto::Error),
+}
+
+/// Writes `first` and whatever else is queued, then flushes once: one syscall for a burst.
+async fn write_burst<S>(
+    connection: &mut ConnectionWriter<S>,
+    first: Outbound,
+    outbound: &mut OutboundReceiver,
+    metrics: &Metrics,
+) -> Burst
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut next = Some(first);
+    while let Some(out) = next.take() {
+        match out {
+            Outbound::Send(message) => {
+                metrics.message_sent(message.kind());
+                if connection.feed(message).await.is_err() {
+                    return Burst::Broken;
+                }
+            }
+            Outbound::Close(error) => {
+                let _ = connection.flush().await;
+                return Burst::Close(error);
+            }
+        }
+        next = outbound.try_recv();
+    }
+    match connection.flush().await {
+        Ok(()) => Burst::Written,
+        Err(_) => Burst::Broken,
+    }
 }
 
 /// Counts an authentication or authorization failure and builds the error that closes the
@@ -473,71 +530,96 @@ where
     Ok(Some((message, Some(principal))))
 }
 
-/// Forwards frames until the peer leaves, breaks the protocol, or the actor closes us.
+/// Forwards frames until the peer leaves, breaks the protocol or a limit, or the actor closes
+/// us. Reading and writing run side by side, so a peer that sends but does not read fills its
+/// outbound queue (and is closed) instead of stalling its own requests unseen.
 /// Returns the error to send before closing, if any.
+#[allow(clippy::too_many_arguments)]
 async fn serve<S>(
-    connection: &mut Connection<S>,
+    reader: &mut ConnectionReader<S>,
+    writer: &mut ConnectionWriter<S>,
     conn: ConnId,
     role: Role,
     events: &mpsc::Sender<Event>,
-    outbound: &mut mpsc::UnboundedReceiver<Outbound>,
+    outbound: &mut OutboundReceiver,
+    limits: &LimitsConfig,
     metrics: &Metrics,
     mut shutdown: watch::Receiver<bool>,
 ) -> Option<ringmaster_proto::Error>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    loop {
-        tokio::select! {
-            received = connection.recv() => match received {
-                Ok(None) => return None,
-                Ok(Some(message)) => {
-                    metrics.message_received(message.kind());
-                    if !allowed(role, &message) {
-                        metrics.frame_rejected(Rejection::UnexpectedMessage);
-                        let what = if role_of(&message).is_some() {
-                            "already registered on this connection".to_string()
-                        } else {
-                            format!("not valid from {}", match role { Role::Agent => "an agent", Role::Framework => "a framework" })
-                        };
-                        return Some(ringmaster_proto::Error::new(
-                            ErrorCode::UnexpectedMessage,
-                            format!("{}: {what}", message.kind()),
-                        ));
-                    }
-                    if events.send(Event::Inbound { conn, message }).await.is_err() {
-                        return None;
-                    }
-                }
-                Err(ConnectionError::Io(_)) => return None,
+    let overflow = outbound.overflow_signal();
+    let capacity = outbound.capacity();
+    let read_side = async {
+        let mut bucket = TokenBucket::new(limits, tokio::time::Instant::now());
+        loop {
+            let message = match reader.recv().await {
+                Ok(None) | Err(ConnectionError::Io(_)) => return None,
+                Ok(Some(message)) => message,
                 Err(e) => return Some(protocol_error(&e, metrics)),
-            },
-            out = outbound.recv() => {
-                let first = out?;
-                // Drain what is queued and flush once: one syscall for a burst of messages.
-                let mut next = Some(first);
-                while let Some(out) = next.take() {
-                    match out {
-                        Outbound::Send(message) => {
-                            metrics.message_sent(message.kind());
-                            if connection.feed(message).await.is_err() {
-                                return None;
-                            }
-                        }
-                        Outbound::Close(error) => {
-                            let _ = connection.flush().await;
-                            return Some(error);
-                        }
-                    }
-                    next = outbound.try_recv().ok();
-                }
-                if connection.flush().await.is_err() {
-                    return None;
-                }
+            };
+            metrics.message_received(message.kind());
+            if !bucket.take(tokio::time::Instant::now()) {
+                metrics.connection_limited(Limit::MessageRate);
+                return Some(ringmaster_proto::Error::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "more than {} messages per second (burst {}): slow down \
+                         (limits.messages_per_sec, limits.burst)",
+                        limits.messages_per_sec, limits.burst
+                    ),
+                ));
             }
-            _ = shutdown.changed() => {
-                return Some(ringmaster_proto::Error::new(ErrorCode::ShuttingDown, "master is shutting down"));
+            if !allowed(role, &message) {
+                metrics.frame_rejected(Rejection::UnexpectedMessage);
+                let what = if role_of(&message).is_some() {
+                    "already registered on this connection".to_string()
+                } else {
+                    format!(
+                        "not valid from {}",
+                        match role {
+                            Role::Agent => "an agent",
+                            Role::Framework => "a framework",
+                        }
+                    )
+                };
+                return Some(ringmaster_proto::Error::new(
+                    ErrorCode::UnexpectedMessage,
+                    format!("{}: {what}", message.kind()),
+                ));
+            }
+            if events.send(Event::Inbound { conn, message }).await.is_err() {
+                return None;
             }
         }
+    };
+    let write_side = async {
+        loop {
+            let first = outbound.recv().await?;
+            match write_burst(writer, first, outbound, metrics).await {
+                Burst::Written => {}
+                Burst::Broken => return None,
+                Burst::Close(error) => return Some(error),
+            }
+        }
+    };
+    tokio::select! {
+        closed = read_side => closed,
+        closed = write_side => closed,
+        _ = overflow.wait() => {
+            metrics.connection_limited(Limit::OutboundQueue);
+            Some(ringmaster_proto::Error::new(
+                ErrorCode::SlowConsumer,
+                format!(
+                    "more than {capacity} messages queued to this connection and not read: \
+                     read faster (limits.outbound_queue)"
+                ),
+            ))
+        }
+        _ = shutdown.changed() => Some(ringmaster_proto::Error::new(
+            ErrorCode::ShuttingDown,
+            "master is shutting down",
+        )),
     }
 }

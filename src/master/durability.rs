@@ -93,9 +93,7 @@ impl MasterState {
         let result = self.commit_changes(&mut durable);
         if result.is_ok() {
             for (conn, outbound) in durable.outbox.drain(..) {
-                if let Some(c) = self.conns.get(&conn) {
-                    let _ = c.outbound.send(outbound);
-                }
+                self.deliver(conn, outbound);
             }
         } else {
             durable.outbox.clear();

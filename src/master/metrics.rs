@@ -52,6 +52,24 @@ impl Rejection {
     }
 }
 
+/// Which per-connection limit closed a connection (label `limit` of `connections_limited`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Limit {
+    /// More messages per second than `limits.messages_per_sec` / `burst`.
+    MessageRate,
+    /// More unread messages queued to the peer than `limits.outbound_queue`.
+    OutboundQueue,
+}
+
+impl Limit {
+    fn label(self) -> &'static str {
+        match self {
+            Limit::MessageRate => "message_rate",
+            Limit::OutboundQueue => "outbound_queue",
+        }
+    }
+}
+
 /// Labels of `auth_failures_total`: no Authenticate where one is required, a malformed one,
 /// an unknown principal, a wrong answer, a role, user or id the principal may not take.
 pub(crate) const AUTH_FAILURE_REASONS: [&str; 7] = [
@@ -84,6 +102,7 @@ pub struct Metrics {
     messages_received: Family<Label, Counter>,
     messages_sent: Family<Label, Counter>,
     frames_rejected: Family<Label, Counter>,
+    connections_limited: Family<Label, Counter>,
     allocation_seconds: Histogram,
     placements: Family<Label, Counter>,
     preemptions: Counter,
@@ -122,6 +141,7 @@ impl Metrics {
             messages_received: Family::default(),
             messages_sent: Family::default(),
             frames_rejected: Family::default(),
+            connections_limited: Family::default(),
             // 10 µs … ~5 s.
             allocation_seconds: Histogram::new(exponential_buckets(1e-5, 4.0, 10)),
             placements: Family::default(),
@@ -160,6 +180,11 @@ impl Metrics {
             "frames_rejected",
             "Frames or messages refused on a connection (which is then closed), by reason",
             m.frames_rejected.clone(),
+        );
+        r.register(
+            "connections_limited",
+            "Connections closed for exceeding a per-connection limit, by limit",
+            m.connections_limited.clone(),
         );
         r.register_with_unit(
             "allocation_duration",
@@ -265,6 +290,11 @@ impl Metrics {
         ] {
             let _ = m.frames_rejected.get_or_create(&[("reason", why.label())]);
         }
+        for limit in [Limit::MessageRate, Limit::OutboundQueue] {
+            let _ = m
+                .connections_limited
+                .get_or_create(&[("limit", limit.label())]);
+        }
         Metrics { registry, ..m }
     }
 
@@ -289,6 +319,12 @@ impl Metrics {
     pub(crate) fn frame_rejected(&self, why: Rejection) {
         self.frames_rejected
             .get_or_create(&[("reason", why.label())])
+            .inc();
+    }
+
+    pub(crate) fn connection_limited(&self, limit: Limit) {
+        self.connections_limited
+            .get_or_create(&[("limit", limit.label())])
             .inc();
     }
 

@@ -16,6 +16,7 @@ mod durability;
 mod frameworks;
 pub mod http;
 mod ids;
+mod limits;
 pub mod metrics;
 mod offers;
 mod owners;
@@ -48,7 +49,7 @@ pub(crate) enum Event {
     Opened {
         conn: ConnId,
         peer: SocketAddr,
-        outbound: mpsc::UnboundedSender<Outbound>,
+        outbound: limits::OutboundSender,
         first: ringmaster_proto::Message,
         /// The principal the connection authenticated as (`None`: anonymous).
         principal: Option<String>,

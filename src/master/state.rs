@@ -16,6 +16,7 @@ use tokio::time::{Duration, Instant};
 
 use super::durability::Durable;
 use super::ids::IdMint;
+use super::limits::{OutboundSender, SendRefused};
 use super::metrics::Metrics;
 use super::pending::PendingView;
 use super::{ConnId, Event, Outbound};
@@ -132,7 +133,8 @@ pub(crate) enum Peer {
 }
 
 pub(crate) struct ConnRecord {
-    pub outbound: mpsc::UnboundedSender<Outbound>,
+    /// Bounded: see [`super::limits`].
+    pub outbound: OutboundSender,
     pub peer: Option<Peer>,
 }
 
@@ -367,8 +369,23 @@ impl MasterState {
     fn send_outbound(&mut self, conn: ConnId, outbound: Outbound) {
         if let Some(durable) = &mut self.durable {
             durable.outbox.push((conn, outbound));
-        } else if let Some(c) = self.conns.get(&conn) {
-            let _ = c.outbound.send(outbound);
+        } else {
+            self.deliver(conn, outbound);
+        }
+    }
+
+    /// Puts a message in the connection's bounded outbound queue (see `limits`).
+    pub(crate) fn deliver(&mut self, conn: ConnId, outbound: Outbound) {
+        if let Some(c) = self.conns.get(&conn) {
+            if c.outbound.send(outbound) == Err(SendRefused::Overflowed) {
+                // The connection task closes it with SLOW_CONSUMER (and counts it); its peer
+                // is then disconnected the usual way when its Closed event arrives.
+                tracing::warn!(
+                    conn,
+                    "outbound queue full: closing a connection that does not read"
+                );
+                self.counters.errors_sent += 1;
+            }
         }
     }
 

@@ -1,0 +1,124 @@
+//! `ringmaster-stress` end to end, small: the fault run's ledger accounts for every task while
+//! agents and frameworks (and, with `serve --work-dir`, the master) are killed and restarted,
+//! and the fuzz run against a child master finds no panic. The full-size runs and their figures are in docs/reliability.md.
+
+use std::process::Command;
+
+fn stress(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringmaster-stress"))
+        .args(args)
+        .args(["--master-bin", env!("CARGO_BIN_EXE_ringmaster")])
+        .output()
+        .expect("ringmaster-stress runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The number after `key ` in the ledger line.
+fn figure(text: &str, key: &str) -> u64 {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("ledger:"))
+        .unwrap_or_else(|| panic!("no ledger in\n{text}"));
+    let at = line
+        .find(&format!("{key} "))
+        .unwrap_or_else(|| panic!("no {key} in {line}"));
+    line[at + key.len() + 1..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {key} in {line}"))
+}
+
+#[test]
+fn fault_run_accounts_for_every_task() {
+    let (ok, text) = stress(&[
+        "faults",
+        "--port",
+        "5390",
+        "--agents",
+        "60",
+        "--frameworks",
+        "4",
+        "--tasks-per-framework",
+        "20",
+        "--task-lifetime",
+        "200ms",
+        "--duration",
+        "4s",
+        "--fault-every",
+        "50ms",
+        "--down-for",
+        "500ms",
+        "--drain",
+        "40s",
+    ]);
+    assert!(ok, "{text}");
+    assert_eq!(figure(&text, "unaccounted"), 0, "{text}");
+    assert_eq!(figure(&text, "conflicting"), 0, "{text}");
+    assert!(figure(&text, "launched") > 50, "{text}");
+    assert!(figure(&text, "finished") > 0, "{text}");
+    let kills = text
+        .lines()
+        .find(|l| l.starts_with("faults:"))
+        .expect("a faults line");
+    assert!(!kills.starts_with("faults: 0 agent kills"), "{text}");
+}
+
+#[test]
+fn fuzz_run_against_a_child_master_finds_no_panic() {
+    let (ok, text) = stress(&[
+        "fuzz",
+        "--port",
+        "5392",
+        "--frames",
+        "4000",
+        "--connections",
+        "8",
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("panics in master stderr: 0"), "{text}");
+}
+
+#[test]
+fn fault_run_with_master_kills_accounts_for_every_task() {
+    let work = tempfile::tempdir().unwrap();
+    let (ok, text) = stress(&[
+        "faults",
+        "--port",
+        "5394",
+        "--agents",
+        "40",
+        "--frameworks",
+        "3",
+        "--tasks-per-framework",
+        "20",
+        "--task-lifetime",
+        "200ms",
+        "--duration",
+        "5s",
+        "--fault-every",
+        "50ms",
+        "--down-for",
+        "500ms",
+        "--drain",
+        "60s",
+        "--kill-master",
+        "--master-kill-percent",
+        "10",
+        "--work-dir",
+        work.path().to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    assert_eq!(figure(&text, "unaccounted"), 0, "{text}");
+    assert_eq!(figure(&text, "conflicting"), 0, "{text}");
+    let kills = text
+        .lines()
+        .find(|l| l.starts_with("faults:"))
+        .expect("a faults line");
+    assert!(!kills.contains(" 0 master kills"), "{text}");
+}
