@@ -417,3 +417,131 @@ impl AgentScore for DeviceFragmentScore<'_> {
         self.growth_on(state, cpu_free, demand).unwrap_or(i64::MAX)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmaster_proto::devices::{parse_agent_resources, DeviceBinding};
+
+    fn gpu_shape(cpu_milli: u64, num_gpu: u32, gpu_milli: u32) -> TaskShape {
+        TaskShape {
+            cpu_milli,
+            num_gpu,
+            gpu_milli,
+            models: 0,
+        }
+    }
+
+    fn demand(text: &str) -> Resources {
+        Resources::parse(text).unwrap()
+    }
+
+    #[test]
+    fn shapes_of_demands() {
+        assert_eq!(
+            TaskShape::of_demand(&demand("cpus:1.5;gpu_milli:300;mem:10")),
+            Some(gpu_shape(1500, 1, 300))
+        );
+        assert_eq!(
+            TaskShape::of_demand(&demand("cpus:2;gpus:2")),
+            Some(gpu_shape(2000, 2, 1000))
+        );
+        assert_eq!(
+            TaskShape::of_demand(&demand("cpus:2")),
+            Some(gpu_shape(2000, 0, 0))
+        );
+        assert_eq!(TaskShape::of_demand(&demand("gpus:1;gpu_milli:5")), None);
+    }
+
+    #[test]
+    fn window_forgets_the_oldest_and_needs_a_gpu_shape() {
+        let cpu_only = gpu_shape(1000, 0, 0);
+        let half = gpu_shape(1000, 1, 500);
+        let mut window = ShapeWindow::new(3);
+        window.record(cpu_only);
+        assert_eq!(window.target([]), None, "no GPU shape: nothing to score");
+        window.record(half);
+        let target = window.target([]).unwrap();
+        assert_eq!((target.len(), target.total_weight()), (2, 2));
+        for _ in 0..3 {
+            window.record(cpu_only);
+        }
+        assert_eq!(window.len(), 3);
+        assert_eq!(window.target([]), None, "the GPU launch left the window");
+        // A pending demand counts, capped at the window's size: 3 + 3 tasks, both shapes kept.
+        let target = window.target([(half, 10)]).unwrap();
+        assert_eq!((target.len(), target.total_weight()), (2, 6));
+        assert_eq!(target.fragment(8000, &[1000, 300]), 3 * 300 + 3 * 1300);
+    }
+
+    #[test]
+    fn growth_and_least_growth_by_hand() {
+        // Target: half GPUs only.
+        let half = gpu_shape(1000, 1, 500);
+        let target = TargetWorkload::from_tasks([half]);
+        assert_eq!(target.fragment(8000, &[1000, 600]), 0);
+        // 0.3 on the 600 GPU strands 300; on the 1000 GPU nothing.
+        let s3 = gpu_shape(1000, 1, 300);
+        assert_eq!(target.growth(8000, &[1000, 600], None, &s3, &[1], 0), Some(300));
+        assert_eq!(target.growth(8000, &[1000, 600], None, &s3, &[0], 0), Some(0));
+        assert_eq!(
+            target.least_growth(8000, &[1000, 600], None, &s3, 0),
+            Some((0, 0b01))
+        );
+        // Does not fit: cpu, a GPU short, a position out of range, wrong count.
+        assert_eq!(target.growth(500, &[1000], None, &s3, &[0], 0), None);
+        assert_eq!(target.growth(8000, &[200], None, &s3, &[0], 0), None);
+        assert_eq!(target.growth(8000, &[1000], None, &s3, &[1], 0), None);
+        assert_eq!(target.growth(8000, &[1000], None, &s3, &[], 0), None);
+        assert_eq!(target.least_growth(8000, &[200, 100], None, &s3, 0), None);
+        // A model-bound shape on a node of another model does not fit.
+        let bound = TaskShape { models: 0b10, ..s3 };
+        assert_eq!(target.growth(8000, &[1000], Some(0), &bound, &[0], 0), None);
+        // Whole GPUs by best fit: the fully free ones, lowest index first.
+        assert_eq!(best_fit_pick(&[1000, 400, 1000, 1000], 2, 1000), 0b0101);
+        assert_eq!(best_fit_pick(&[1000, 400, 700], 1, 300), 0b010);
+        assert_eq!(best_fit_pick(&[200], 1, 300), 0);
+    }
+
+    /// Three hand-made agents: 1 with GPUs free [1000, 700], 2 with [1000, 1000], 3 without
+    /// devices; target = "1 cpu, half a GPU" ×1.
+    #[test]
+    fn device_score_on_hand_made_agents() {
+        let target = TargetWorkload::from_tasks([gpu_shape(1000, 1, 500)]);
+        let mut book = DeviceBook::new();
+        for agent in [1, 2] {
+            let (_, devices) = parse_agent_resources("gpus:2x16384").unwrap();
+            book.set_agent(agent, devices).unwrap();
+        }
+        book.take(1, &DeviceBinding::parse("gpu:1:300:0").unwrap())
+            .unwrap();
+        let cpu_free: HashMap<AgentKey, u64> = [(1, 8000), (2, 8000), (3, 8000)].into();
+        let pack = DeviceFragmentScore::new(
+            &target,
+            &book,
+            cpu_free.clone(),
+            DeviceSelection::MostUsedThatFits,
+        );
+        let spread =
+            DeviceFragmentScore::new(&target, &book, cpu_free, DeviceSelection::LeastUsed);
+        let d3 = demand("cpus:1;gpu_milli:300");
+        // Packing puts 0.3 on the 700 GPU of agent 1: 400 left, stranded for a half GPU.
+        assert_eq!(pack.score(1, &d3), 400);
+        // Spreading puts it on the free GPU: 700 and 700 both still hold a half.
+        assert_eq!(spread.score(1, &d3), 0);
+        assert_eq!(pack.score(2, &d3), 0);
+        assert_eq!(pack.score(3, &d3), 0, "no devices");
+        assert_eq!(pack.score(9, &d3), 0, "unknown agent");
+        // 0.8 on agent 1: the 1000 GPU keeps 200, stranded.
+        assert_eq!(pack.score(1, &demand("gpu_milli:800")), 200);
+        // cpu only: 4 cpus leave enough for a half-GPU task; 7.5 do not, and all 1700 free
+        // milli-GPU become a fragment.
+        assert_eq!(pack.score(1, &demand("cpus:4")), 0);
+        assert_eq!(pack.score(1, &demand("cpus:7.5")), 1700);
+        // A whole GPU of agent 1 leaves the 700 GPU, which still holds a half.
+        assert_eq!(pack.score(1, &demand("gpus:1")), 0);
+        // Two whole GPUs do not fit agent 1; ambiguous demands are not scored as fitting.
+        assert_eq!(pack.score(1, &demand("gpus:2")), i64::MAX);
+        assert_eq!(pack.score(1, &demand("gpus:1;gpu_milli:5")), i64::MAX);
+    }
+}
