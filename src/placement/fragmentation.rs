@@ -384,18 +384,15 @@ impl<'a> DeviceFragmentScore<'a> {
     }
 
     /// The growth for one agent's device state and free cpu.
-    pub fn growth_on(
-        &self,
-        state: &DeviceState,
-        cpu_free: u64,
-        demand: &Resources,
-    ) -> Option<i64> {
+    pub fn growth_on(&self, state: &DeviceState, cpu_free: u64, demand: &Resources) -> Option<i64> {
         let shape = TaskShape::of_demand(demand)?;
         let gpu_free = state.free_share();
         let before = self.target.fragment(cpu_free, gpu_free);
         let request = DeviceRequest::from_scalars(demand, Vec::new()).ok()?;
         let Some(request) = request else {
-            return self.target.growth(cpu_free, gpu_free, None, &shape, &[], before);
+            return self
+                .target
+                .growth(cpu_free, gpu_free, None, &shape, &[], before);
         };
         let binding = state.select(&request, self.selection)?;
         let positions: Vec<usize> = binding
@@ -482,8 +479,14 @@ mod tests {
         assert_eq!(target.fragment(8000, &[1000, 600]), 0);
         // 0.3 on the 600 GPU strands 300; on the 1000 GPU nothing.
         let s3 = gpu_shape(1000, 1, 300);
-        assert_eq!(target.growth(8000, &[1000, 600], None, &s3, &[1], 0), Some(300));
-        assert_eq!(target.growth(8000, &[1000, 600], None, &s3, &[0], 0), Some(0));
+        assert_eq!(
+            target.growth(8000, &[1000, 600], None, &s3, &[1], 0),
+            Some(300)
+        );
+        assert_eq!(
+            target.growth(8000, &[1000, 600], None, &s3, &[0], 0),
+            Some(0)
+        );
         assert_eq!(
             target.least_growth(8000, &[1000, 600], None, &s3, 0),
             Some((0, 0b01))
@@ -522,8 +525,7 @@ mod tests {
             cpu_free.clone(),
             DeviceSelection::MostUsedThatFits,
         );
-        let spread =
-            DeviceFragmentScore::new(&target, &book, cpu_free, DeviceSelection::LeastUsed);
+        let spread = DeviceFragmentScore::new(&target, &book, cpu_free, DeviceSelection::LeastUsed);
         let d3 = demand("cpus:1;gpu_milli:300");
         // Packing puts 0.3 on the 700 GPU of agent 1: 400 left, stranded for a half GPU.
         assert_eq!(pack.score(1, &d3), 400);
