@@ -145,3 +145,93 @@ async fn whole_gpus_hold_their_memory_and_pack_policy_shares_devices() {
     let e = fw.expect_error().await;
     assert!(e.message.contains("no GPU of agent a"), "{}", e.message);
 }
+
+/// Launches `tasks` on agent `want` through a fresh framework: offers of other agents are
+/// declined (refused for a minute) until one of `want` comes; the demand is withdrawn before
+/// the Accept so no further offer holds an agent.
+async fn launch_on(
+    master: &ringmaster::master::Master,
+    agent: &mut Client,
+    want: &str,
+    tasks: &[&str],
+) {
+    let mut fw = Client::framework(master.addr(), &format!("setup-{want}")).await;
+    fw.demand(tasks[0], 1).await;
+    let offer_id = loop {
+        let mut chosen = None;
+        for offer in fw.expect_offers().await {
+            if offer.agent_id == want && chosen.is_none() {
+                chosen = Some(offer.offer_id.clone());
+            } else {
+                fw.decline(&offer.offer_id, 60.0).await;
+            }
+        }
+        if let Some(id) = chosen {
+            break id;
+        }
+    };
+    fw.demand(tasks[0], 0).await;
+    let infos = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, r)| task(&format!("{want}-{i}"), r, "sleep 60"))
+        .collect();
+    fw.accept(&offer_id, infos).await;
+    assert_eq!(agent.expect_run().await.len(), tasks.len());
+}
+
+/// Two agents that look the same to the rings (cpus 6, 1000 milli-GPU free; the scalar `gpus`
+/// counts devices and stays 2) after two launches each, but with GPUs free [600, 400] (`uneven`) and [500, 500]
+/// (`even`). The master has learned shapes 0.4 ×2 (one pending), 0.5 ×2, 0.6 ×1. A 0.4 task
+/// on `uneven` (spread: onto the 600 GPU) leaves [200, 400]: the expected fragment grows by
+/// 1000; on `even` it leaves [100, 500]: no growth. Returns the agent offered the 0.4 demand.
+async fn offered_for_a_fifth_of_a_gpu(candidates: usize, uneven: &str, even: &str) -> String {
+    let mut config = test_config("");
+    let mut rings = config.rings.clone();
+    rings.set_search(
+        ringmaster::placement::RingSearch::new(vec!["gpus".into()], candidates).unwrap(),
+    );
+    config.rings = rings;
+    let master = start_master(config).await;
+    let mut a = Client::agent(master.addr(), "a", "cpus:8;mem:4096;gpus:2x16384").await;
+    let mut b = Client::agent(master.addr(), "b", "cpus:8;mem:4096;gpus:2x16384").await;
+    let (uneven_agent, even_agent) = if uneven == "a" {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    let small = "cpus:1;gpu_milli:400";
+    launch_on(
+        &master,
+        uneven_agent,
+        uneven,
+        &[small, "cpus:1;gpu_milli:600"],
+    )
+    .await;
+    let half = "cpus:1;gpu_milli:500";
+    launch_on(&master, even_agent, even, &[half, half]).await;
+    let s = wait_for_state(&master, "both agents used", |s| s.tasks.len() == 4).await;
+    let free: Vec<&str> = s.agents.iter().map(|a| a.free.as_str()).collect();
+    assert_eq!(free[0], free[1], "the rings see two equal agents");
+    assert_eq!(
+        free[0],
+        "cpus:6;gpu_mem:32768;gpu_milli:1000;gpus:2;mem:4096"
+    );
+    let mut fw = Client::framework(master.addr(), "small").await;
+    fw.demand(small, 1).await;
+    let offers = fw.expect_offers().await;
+    assert_eq!(offers.len(), 1);
+    offers[0].agent_id.clone()
+}
+
+#[tokio::test]
+async fn ring_tie_break_avoids_stranding_a_gpu_share_of_the_learned_workload() {
+    // With the default tie-break the master offers the agent that strands nothing, whichever
+    // of the two it is.
+    assert_eq!(offered_for_a_fifth_of_a_gpu(16, "a", "b").await, "b");
+    assert_eq!(offered_for_a_fifth_of_a_gpu(16, "b", "a").await, "a");
+    // Without it, the ring cannot tell them apart: it takes the same agent in both layouts,
+    // so in one of them the one that strands a share.
+    let blind = offered_for_a_fifth_of_a_gpu(1, "a", "b").await;
+    assert_eq!(offered_for_a_fifth_of_a_gpu(1, "b", "a").await, blind);
+}

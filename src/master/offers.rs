@@ -15,6 +15,7 @@ use tokio::time::{Duration, Instant};
 use super::pending::agent_eligible;
 use super::state::{MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
+use crate::placement::fragmentation::{DeviceFragmentScore, TaskShape};
 use crate::placement::FrameworkKey;
 use crate::placement::{
     allocate_in, plan_preemption, task_priority, AgentKey, Allocation, Grant, PlacementContext,
@@ -56,6 +57,12 @@ impl MasterState {
             return;
         }
         requests.sort_by_key(|r| r.framework);
+        // The ring's tie-break: fragment growth against recent launches and these demands.
+        let target = self.launched_shapes.target(
+            requests
+                .iter()
+                .filter_map(|r| Some((TaskShape::of_demand(&r.demand)?, u64::from(r.count)))),
+        );
         // Priority tiers, highest first; DRF orders each tier.
         let mut tiers: BTreeMap<Reverse<Priority>, Vec<Request>> = BTreeMap::new();
         for r in requests {
@@ -79,8 +86,19 @@ impl MasterState {
             let agent = agent_by_key.get(&agent).and_then(|id| agents.get(id));
             agent_eligible(agent, fw, now)
         };
+        let cluster = &self.cluster;
+        let fragment_growth = target.as_ref().map(|target| {
+            let cpu_free = devices
+                .agents()
+                .filter_map(|key| Some((key, cluster.agent(key)?.free.milli("cpus"))))
+                .collect();
+            DeviceFragmentScore::new(target, devices, cpu_free, self.config.devices.selection)
+        });
         // The requests are the real pending demands; the balance placer weighs what blocks them.
         let mut context = PlacementContext::new(self.config.balance.clone());
+        if let Some(score) = &fragment_growth {
+            context = context.with_score(score);
+        }
         let mut allocations: Vec<Allocation> = Vec::new();
         for requests in tiers.values_mut() {
             allocations.extend(allocate_in(
@@ -468,6 +486,10 @@ impl MasterState {
                 format!("Accept: agent {agent_id} of offer {offer_id} is gone; nothing launched"),
             );
         };
+        let shapes: Vec<TaskShape> = tasks
+            .iter()
+            .filter_map(|(_, resources)| TaskShape::of_demand(resources))
+            .collect();
         let tasks = match self.bind_task_devices(&agent_id, tasks) {
             Ok(tasks) => tasks,
             Err(problem) => {
@@ -479,6 +501,9 @@ impl MasterState {
                 );
             }
         };
+        for shape in shapes {
+            self.launched_shapes.record(shape);
+        }
         let (user, partition) = self
             .frameworks
             .get(framework_id)

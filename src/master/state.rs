@@ -174,6 +174,9 @@ pub struct MasterState {
     pub(crate) durable: Option<Durable>,
     /// Every agent's GPUs, device by device (docs/devices.md).
     pub(crate) devices: crate::placement::devices::DeviceBook,
+    /// The shapes of recent launches: the target workload of the ring's fragmentation
+    /// tie-break (docs/placement.md).
+    pub(crate) launched_shapes: crate::placement::fragmentation::ShapeWindow,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -221,6 +224,7 @@ impl MasterState {
             owners: super::owners::IdOwners::default(),
             durable: None,
             devices: Default::default(),
+            launched_shapes: Default::default(),
         }
     }
 

@@ -72,6 +72,11 @@ impl DeviceBook {
         self.agents.remove(&agent);
     }
 
+    /// The agents with devices, in no particular order.
+    pub fn agents(&self) -> impl Iterator<Item = AgentKey> + '_ {
+        self.agents.keys().copied()
+    }
+
     /// The agent's devices and what each has free.
     pub fn state(&self, agent: AgentKey) -> Option<&DeviceState> {
         self.agents.get(&agent).map(|a| &a.state)

@@ -13,12 +13,14 @@
 //! - [`priority`]: user priorities, priority quotas and preemption plans (seed 003);
 //! - [`why`]: a readable reason when nothing fits;
 //! - [`matching`]: a whole burst of deadline-bound tasks matched at once (SPEC seed 002);
-//! - [`devices`]: every agent's GPUs device by device, for the device fit and binding (seed 004).
+//! - [`devices`]: every agent's GPUs device by device, for the device fit and binding (seed 004);
+//! - [`fragmentation`]: FGD's expected GPU fragment, the ring's tie-break score.
 
 pub mod allocation;
 pub mod balance;
 pub mod devices;
 pub mod drf;
+pub mod fragmentation;
 pub mod matching;
 pub mod node_preference;
 pub mod placer;

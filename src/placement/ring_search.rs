@@ -10,8 +10,8 @@
 //! - **scored tie-break** ([`RingSearch::candidates`]): in the bucket where the search finds its
 //!   first fitting agent, the first K fitting agents in the phase's order (best fit, or largest
 //!   in the downward phase) are ranked by an [`AgentScore`] the caller supplies through the
-//!   [`PlacementContext`](super::PlacementContext) — the simulator supplies FGD's fragmentation
-//!   growth from its per-GPU state; without a score, or with K ≤ 1, the first is chosen, which
+//!   [`PlacementContext`](super::PlacementContext) — the simulator and the master supply FGD's
+//!   fragmentation growth from per-GPU state ([`super::fragmentation`]); without a score, or with K ≤ 1, the first is chosen, which
 //!   is exactly the seed's search. The cost is O(K log n) for a fixed, small K.
 
 use super::{AgentKey, Resources};

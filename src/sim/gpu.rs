@@ -7,6 +7,7 @@
 //! request), the in-node rule of the paper's BestFit and of Kubernetes GPU-share schedulers.
 
 use super::trace::GPU_MILLI;
+use crate::placement::fragmentation::{best_fit_pick, TaskShape};
 
 /// What one task needs, in the units the simulator compares. Tasks with equal shapes are
 /// interchangeable for placement, so scores are cached per shape.
@@ -30,6 +31,18 @@ impl Shape {
     /// A share of one GPU (less than a whole one).
     pub fn is_shared(&self) -> bool {
         self.num_gpu == 1 && self.gpu_milli < GPU_MILLI
+    }
+}
+
+/// What the fragment measure sees of a task (memory is not part of it).
+impl From<&Shape> for TaskShape {
+    fn from(s: &Shape) -> Self {
+        TaskShape {
+            cpu_milli: s.cpu_milli,
+            num_gpu: s.num_gpu,
+            gpu_milli: s.gpu_milli,
+            models: s.models,
+        }
     }
 }
 
@@ -115,22 +128,7 @@ impl NodeState {
 
     /// [`best_fit_gpus`](Self::best_fit_gpus) for a shape known to fit.
     pub fn best_fit_gpus_unchecked(&self, shape: &Shape) -> GpuPick {
-        let need = shape.num_gpu as usize;
-        if need == 0 {
-            return 0;
-        }
-        let mut candidates: Vec<(u32, usize)> = self
-            .gpu_free
-            .iter()
-            .enumerate()
-            .filter(|(_, &g)| g >= shape.gpu_milli)
-            .map(|(i, &g)| (g, i))
-            .collect();
-        candidates.sort_unstable();
-        candidates
-            .iter()
-            .take(need)
-            .fold(0, |mask, &(_, i)| mask | (1u64 << i))
+        best_fit_pick(&self.gpu_free, shape.num_gpu, shape.gpu_milli)
     }
 
     /// Takes the shape off the node, `gpu_milli` from each GPU in `pick`.

@@ -13,19 +13,17 @@
 //! node's state and the task's shape, which lets the simulator cache it per node until the node
 //! changes.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
 use super::gpu::{GpuPick, NodeState, Shape};
 use super::trace::GPU_MILLI;
+pub use crate::placement::fragmentation::{TargetWorkload, TARGET_COVERAGE};
 
 /// CPU normaliser of the paper's BestFit and DotProd (milli-CPU of its largest node).
 pub const CPU_NORM: i64 = 128_000;
 /// GPU normaliser (milli-GPU of an 8-GPU node).
 pub const GPU_NORM: i64 = 8_000;
-/// FGD keeps the most frequent task shapes that together cover this share of the tasks.
-pub const TARGET_COVERAGE: f64 = 0.95;
 
 /// The paper's policies, and `random`, the baseline every comparison needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -88,118 +86,6 @@ pub fn kind(shape: &Shape) -> usize {
         0 => 0,
         _ if shape.is_shared() => 1,
         k => 1 + k as usize,
-    }
-}
-
-/// One shape of the target workload: what FGD expects to arrive.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct TargetShape {
-    cpu_milli: u64,
-    num_gpu: u32,
-    gpu_milli: u32,
-    models: u64,
-    /// How many tasks of the trace have this shape.
-    weight: u64,
-}
-
-/// The target workload of FGD: the trace's most frequent task shapes (cpu, GPU count, milli per
-/// GPU, GPU models; memory is not part of it, as in the paper) covering ≥ 95 % of its tasks,
-/// each weighted by its frequency.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TargetWorkload {
-    shapes: Vec<TargetShape>,
-    total_weight: u64,
-}
-
-impl TargetWorkload {
-    /// From the shapes of every task (one entry per task).
-    pub fn from_tasks<'a>(tasks: impl IntoIterator<Item = &'a Shape>) -> Self {
-        let mut counts: HashMap<(u64, u32, u32, u64), u64> = HashMap::new();
-        let mut all = 0u64;
-        for s in tasks {
-            *counts
-                .entry((s.cpu_milli, s.num_gpu, s.gpu_milli, s.models))
-                .or_default() += 1;
-            all += 1;
-        }
-        let mut sorted: Vec<_> = counts.into_iter().collect();
-        // Most frequent first; equal counts in a fixed order so the target is deterministic.
-        sorted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut shapes = Vec::new();
-        let mut covered = 0u64;
-        for ((cpu_milli, num_gpu, gpu_milli, models), weight) in sorted {
-            if covered as f64 >= TARGET_COVERAGE * all as f64 {
-                break;
-            }
-            covered += weight;
-            shapes.push(TargetShape {
-                cpu_milli,
-                num_gpu,
-                gpu_milli,
-                models,
-                weight,
-            });
-        }
-        TargetWorkload {
-            shapes,
-            total_weight: covered,
-        }
-    }
-
-    /// Number of shapes kept.
-    pub fn len(&self) -> usize {
-        self.shapes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.shapes.is_empty()
-    }
-
-    /// Sum of the kept shapes' weights (the divisor of [`node_fragment`](Self::node_fragment)).
-    pub fn total_weight(&self) -> u64 {
-        self.total_weight
-    }
-
-    /// The node's expected GPU fragment, weighted: Σ over target shapes of weight × fragment,
-    /// where a shape's fragment is
-    /// - all free GPU milli when the shape asks for no GPU (it can use none of it), or does not
-    ///   fit the node (cpu, GPU model, or too few GPUs with its per-GPU share free);
-    /// - else the free milli on GPUs with less free than its per-GPU share.
-    ///
-    /// Divide by [`total_weight`](Self::total_weight) for milli-GPU.
-    pub fn node_fragment(&self, cpu_free: u64, gpu_free: &[u32], model: Option<u32>) -> u64 {
-        if gpu_free.is_empty() {
-            return 0;
-        }
-        let total: u64 = gpu_free.iter().map(|&g| u64::from(g)).sum();
-        if total == 0 {
-            return 0;
-        }
-        let mut weighted = 0u64;
-        for s in &self.shapes {
-            let model_ok =
-                s.models == 0 || model.is_some_and(|m| m < 64 && s.models & (1 << m) != 0);
-            let fragment = if s.num_gpu == 0 || cpu_free < s.cpu_milli || !model_ok {
-                total
-            } else {
-                let mut usable = 0u32;
-                let mut stranded = 0u64;
-                for &g in gpu_free {
-                    if g >= s.gpu_milli {
-                        usable += 1;
-                    } else {
-                        stranded += u64::from(g);
-                    }
-                }
-                if usable >= s.num_gpu {
-                    stranded
-                } else {
-                    total
-                }
-            };
-            weighted += s.weight * fragment;
-        }
-        weighted
     }
 }
 
@@ -284,34 +170,15 @@ pub fn score(
 /// whose fragment after placement grows least.
 fn fgd(node: &NodeView, shape: &Shape, target: &TargetWorkload) -> (i64, GpuPick) {
     let state = node.state;
-    let cpu_after = state.cpu_free - shape.cpu_milli;
-    let mut after = [0u32; 64];
-    let after = &mut after[..state.gpu_free.len()];
-    let mut candidates: Vec<GpuPick> = Vec::with_capacity(state.gpu_free.len());
-    if shape.is_shared() {
-        let mut seen: Vec<u32> = Vec::with_capacity(state.gpu_free.len());
-        for (i, &g) in state.gpu_free.iter().enumerate() {
-            if g >= shape.gpu_milli && !seen.contains(&g) {
-                seen.push(g);
-                candidates.push(1 << i);
-            }
-        }
-    } else {
-        candidates.push(state.best_fit_gpus_unchecked(shape));
-    }
-    let mut best: Option<(i64, GpuPick)> = None;
-    for pick in candidates {
-        after.copy_from_slice(&state.gpu_free);
-        for i in super::gpu::bits(pick) {
-            after[i] -= shape.gpu_milli;
-        }
-        let fragment = target.node_fragment(cpu_after, after, state.model);
-        let delta = fragment as i64 - node.fragment as i64;
-        if best.is_none_or(|(b, _)| delta < b) {
-            best = Some((delta, pick));
-        }
-    }
-    best.unwrap_or((0, 0))
+    target
+        .least_growth(
+            state.cpu_free,
+            &state.gpu_free,
+            state.model,
+            &shape.into(),
+            node.fragment,
+        )
+        .unwrap_or((0, 0))
 }
 
 #[cfg(test)]

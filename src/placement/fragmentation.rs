@@ -1,0 +1,549 @@
+//! Expected GPU fragmentation against a target workload (FGD's measure), for the ring search's
+//! scored tie-break in the simulator and in the master.
+//!
+//! Source: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
+//! Fragmentation Gradient Descent", USENIX ATC 2023, section 4, as restated in SPEC.md
+//! ("Comparing with the ATC'23 paper"). A node's fragment is the free GPU share that the tasks
+//! expected to arrive (the target workload, weighted by frequency) could not use; placing a task
+//! is better the less it grows that fragment. The ring search finds K equally good candidates
+//! by its buckets but cannot see per-GPU free shares; this score can, so it is the tie-break the
+//! caller hands the ring ([`AgentScore`]). The simulator's FGD policy and its ring both use the
+//! code here; the master scores with [`DeviceFragmentScore`], learning its target workload from
+//! recent launches ([`ShapeWindow`]). Pure and deterministic: no clock, no I/O.
+
+use std::collections::{HashMap, VecDeque};
+
+use ringmaster_proto::devices::{DeviceRequest, DeviceSelection, DeviceState, GpuDemand};
+use ringmaster_proto::resources::Resources;
+
+use super::devices::DeviceBook;
+use super::ring_search::AgentScore;
+use super::AgentKey;
+
+/// A whole GPU, in milli-GPU.
+pub const WHOLE_GPU_MILLI: u32 = 1000;
+/// FGD keeps the most frequent task shapes that together cover this share of the tasks.
+pub const TARGET_COVERAGE: f64 = 0.95;
+/// How many recent launches the master learns its target workload from.
+pub const LAUNCH_WINDOW: usize = 1000;
+/// GPUs a pick mask can name (bit i = GPU i).
+const MAX_PICK_GPUS: usize = 64;
+
+/// A task as the fragment measure sees it: cpu, GPU count, share per GPU and allowed models
+/// (memory is not part of it, as in the paper). Field order is the tie order of equally frequent
+/// shapes in a target workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskShape {
+    pub cpu_milli: u64,
+    /// GPUs asked for (0: none).
+    pub num_gpu: u32,
+    /// Milli-GPU wanted on each of them (1000 for whole GPUs).
+    pub gpu_milli: u32,
+    /// Bit i set = may run on GPU model i; 0 = any model.
+    pub models: u64,
+}
+
+impl TaskShape {
+    /// The shape of a demand in task scalars (`cpus`, `gpus` / `gpu_milli` / `gpu_mem`), any
+    /// model; `None` when its GPU part is ambiguous ([`DeviceRequest::from_scalars`]).
+    pub fn of_demand(demand: &Resources) -> Option<TaskShape> {
+        let request = DeviceRequest::from_scalars(demand, Vec::new()).ok()?;
+        let (num_gpu, gpu_milli) = match request.map(|r| r.demand) {
+            None => (0, 0),
+            Some(GpuDemand::Whole { count }) => (count, WHOLE_GPU_MILLI),
+            Some(GpuDemand::Slice { share, .. }) => (1, share),
+        };
+        Some(TaskShape {
+            cpu_milli: demand.milli("cpus"),
+            num_gpu,
+            gpu_milli,
+            models: 0,
+        })
+    }
+
+    /// Whether `model` (an index, `None` = unknown) is allowed.
+    fn model_allowed(&self, model: Option<u32>) -> bool {
+        self.models == 0 || model.is_some_and(|m| m < 64 && self.models & (1 << m) != 0)
+    }
+}
+
+/// One shape of the target workload with how many tasks have it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TargetShape {
+    shape: TaskShape,
+    weight: u64,
+}
+
+/// The target workload of FGD: the most frequent task shapes covering ≥ 95 % of the tasks
+/// counted, each weighted by its frequency.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetWorkload {
+    shapes: Vec<TargetShape>,
+    total_weight: u64,
+}
+
+impl TargetWorkload {
+    /// From the shapes of every task (one entry per task).
+    pub fn from_tasks<T: Into<TaskShape>>(tasks: impl IntoIterator<Item = T>) -> Self {
+        let mut counts: HashMap<TaskShape, u64> = HashMap::new();
+        for t in tasks {
+            *counts.entry(t.into()).or_default() += 1;
+        }
+        Self::from_counts(counts)
+    }
+
+    /// From shapes with their task counts (a shape may repeat; counts add up).
+    pub fn from_counts(counts: impl IntoIterator<Item = (TaskShape, u64)>) -> Self {
+        let mut merged: HashMap<TaskShape, u64> = HashMap::new();
+        for (shape, count) in counts {
+            *merged.entry(shape).or_default() += count;
+        }
+        let all: u64 = merged.values().sum();
+        let mut sorted: Vec<(TaskShape, u64)> =
+            merged.into_iter().filter(|(_, c)| *c > 0).collect();
+        // Most frequent first; equal counts in a fixed order so the target is deterministic.
+        sorted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut shapes = Vec::new();
+        let mut covered = 0u64;
+        for (shape, weight) in sorted {
+            if covered as f64 >= TARGET_COVERAGE * all as f64 {
+                break;
+            }
+            covered += weight;
+            shapes.push(TargetShape { shape, weight });
+        }
+        TargetWorkload {
+            shapes,
+            total_weight: covered,
+        }
+    }
+
+    /// Number of shapes kept.
+    pub fn len(&self) -> usize {
+        self.shapes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shapes.is_empty()
+    }
+
+    /// Whether any kept shape asks for a GPU (without one, every fragment growth is 0).
+    pub fn has_gpu_shape(&self) -> bool {
+        self.shapes.iter().any(|s| s.shape.num_gpu > 0)
+    }
+
+    /// Sum of the kept shapes' weights (the divisor of [`node_fragment`](Self::node_fragment)).
+    pub fn total_weight(&self) -> u64 {
+        self.total_weight
+    }
+
+    /// The node's expected GPU fragment, weighted: Σ over target shapes of weight × fragment,
+    /// where a shape's fragment is
+    /// - all free GPU milli when the shape asks for no GPU (it can use none of it), or does not
+    ///   fit the node (cpu, GPU model, or too few GPUs with its per-GPU share free);
+    /// - else the free milli on GPUs with less free than its per-GPU share.
+    ///
+    /// Divide by [`total_weight`](Self::total_weight) for milli-GPU.
+    pub fn node_fragment(&self, cpu_free: u64, gpu_free: &[u32], model: Option<u32>) -> u64 {
+        if gpu_free.is_empty() {
+            return 0;
+        }
+        let total: u64 = gpu_free.iter().map(|&g| u64::from(g)).sum();
+        if total == 0 {
+            return 0;
+        }
+        let mut weighted = 0u64;
+        for TargetShape { shape: s, weight } in &self.shapes {
+            let fragment = if s.num_gpu == 0 || cpu_free < s.cpu_milli || !s.model_allowed(model) {
+                total
+            } else {
+                let mut usable = 0u32;
+                let mut stranded = 0u64;
+                for &g in gpu_free {
+                    if g >= s.gpu_milli {
+                        usable += 1;
+                    } else {
+                        stranded += u64::from(g);
+                    }
+                }
+                if usable >= s.num_gpu {
+                    stranded
+                } else {
+                    total
+                }
+            };
+            weighted += weight * fragment;
+        }
+        weighted
+    }
+
+    /// [`node_fragment`](Self::node_fragment) of a node without a known GPU model.
+    pub fn fragment(&self, cpu_free: u64, gpu_free: &[u32]) -> u64 {
+        self.node_fragment(cpu_free, gpu_free, None)
+    }
+
+    /// How much the fragment grows (negative: shrinks) when `shape` takes its cpu and its
+    /// per-GPU share from each GPU at `positions`; `before` is the node's current fragment.
+    /// `None` when it does not fit there (cpu, model, a GPU short or out of range, or not
+    /// `num_gpu` positions).
+    pub fn growth(
+        &self,
+        cpu_free: u64,
+        gpu_free: &[u32],
+        model: Option<u32>,
+        shape: &TaskShape,
+        positions: &[usize],
+        before: u64,
+    ) -> Option<i64> {
+        let cpu_after = cpu_free.checked_sub(shape.cpu_milli)?;
+        if positions.len() != shape.num_gpu as usize
+            || (shape.num_gpu > 0 && !shape.model_allowed(model))
+        {
+            return None;
+        }
+        // On the stack for nodes of up to 64 GPUs (the simulator's hot path).
+        let mut stack = [0u32; MAX_PICK_GPUS];
+        let mut heap = Vec::new();
+        let after: &mut [u32] = if gpu_free.len() <= MAX_PICK_GPUS {
+            &mut stack[..gpu_free.len()]
+        } else {
+            heap.resize(gpu_free.len(), 0);
+            &mut heap
+        };
+        after.copy_from_slice(gpu_free);
+        for &i in positions {
+            let g = after.get_mut(i)?;
+            *g = g.checked_sub(shape.gpu_milli)?;
+        }
+        let fragment = self.node_fragment(cpu_after, after, model);
+        Some(fragment as i64 - before as i64)
+    }
+
+    /// FGD for one node: tries every distinct way to place `shape` on its GPUs (for a shared
+    /// GPU, each distinct free amount that holds it; whole GPUs are interchangeable, taken by
+    /// [`best_fit_pick`]) and returns the least growth of the fragment with its GPUs (bit i =
+    /// GPU i). `None` when the shape does not fit or the node has more than 64 GPUs.
+    pub fn least_growth(
+        &self,
+        cpu_free: u64,
+        gpu_free: &[u32],
+        model: Option<u32>,
+        shape: &TaskShape,
+        before: u64,
+    ) -> Option<(i64, u64)> {
+        if gpu_free.len() > MAX_PICK_GPUS {
+            return None;
+        }
+        let mut candidates: Vec<u64> = Vec::with_capacity(gpu_free.len());
+        if shape.num_gpu == 1 && shape.gpu_milli < WHOLE_GPU_MILLI {
+            let mut seen: Vec<u32> = Vec::with_capacity(gpu_free.len());
+            for (i, &g) in gpu_free.iter().enumerate() {
+                if g >= shape.gpu_milli && !seen.contains(&g) {
+                    seen.push(g);
+                    candidates.push(1 << i);
+                }
+            }
+        } else {
+            candidates.push(best_fit_pick(gpu_free, shape.num_gpu, shape.gpu_milli));
+        }
+        let mut best: Option<(i64, u64)> = None;
+        let mut positions = Vec::with_capacity(shape.num_gpu as usize);
+        for pick in candidates {
+            positions.clear();
+            positions.extend((0..MAX_PICK_GPUS).filter(|&i| pick & (1 << i) != 0));
+            let Some(delta) = self.growth(cpu_free, gpu_free, model, shape, &positions, before)
+            else {
+                continue;
+            };
+            if best.is_none_or(|(b, _)| delta < b) {
+                best = Some((delta, pick));
+            }
+        }
+        best
+    }
+}
+
+/// Best fit inside a node: the `num_gpu` GPUs with the least free milli that still hold
+/// `gpu_milli` (ties: lowest index), as a mask (bit i = GPU i; GPUs past the 64th are not
+/// considered). Fewer bits than `num_gpu` when not enough GPUs hold it.
+pub fn best_fit_pick(gpu_free: &[u32], num_gpu: u32, gpu_milli: u32) -> u64 {
+    let need = num_gpu as usize;
+    if need == 0 {
+        return 0;
+    }
+    let mut candidates: Vec<(u32, usize)> = gpu_free
+        .iter()
+        .take(MAX_PICK_GPUS)
+        .enumerate()
+        .filter(|(_, &g)| g >= gpu_milli)
+        .map(|(i, &g)| (g, i))
+        .collect();
+    candidates.sort_unstable();
+    candidates
+        .iter()
+        .take(need)
+        .fold(0, |mask, &(_, i)| mask | (1u64 << i))
+}
+
+// ------------------------------------------------------------------ the master's view
+
+/// The shapes of the last [`LAUNCH_WINDOW`] (or `capacity`) launched tasks, with their counts:
+/// what the master expects to arrive next.
+#[derive(Clone, Debug)]
+pub struct ShapeWindow {
+    capacity: usize,
+    recent: VecDeque<TaskShape>,
+    counts: HashMap<TaskShape, u64>,
+}
+
+impl Default for ShapeWindow {
+    fn default() -> Self {
+        ShapeWindow::new(LAUNCH_WINDOW)
+    }
+}
+
+impl ShapeWindow {
+    /// A window of at most `capacity` shapes (at least 1).
+    pub fn new(capacity: usize) -> Self {
+        ShapeWindow {
+            capacity: capacity.max(1),
+            recent: VecDeque::new(),
+            counts: HashMap::new(),
+        }
+    }
+
+    /// One more launch; the oldest drops out when the window is full.
+    pub fn record(&mut self, shape: TaskShape) {
+        if self.recent.len() == self.capacity {
+            if let Some(old) = self.recent.pop_front() {
+                if let Some(c) = self.counts.get_mut(&old) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
+        }
+        self.recent.push_back(shape);
+        *self.counts.entry(shape).or_default() += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.recent.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.recent.is_empty()
+    }
+
+    /// The target workload of the window plus `pending` shapes (each count capped at the
+    /// window's capacity, so one large demand cannot drown the history); `None` while no shape
+    /// asks for a GPU (then no fragment can grow and there is nothing to score).
+    pub fn target(
+        &self,
+        pending: impl IntoIterator<Item = (TaskShape, u64)>,
+    ) -> Option<TargetWorkload> {
+        let cap = self.capacity as u64;
+        let counts = self
+            .counts
+            .iter()
+            .map(|(s, c)| (*s, *c))
+            .chain(pending.into_iter().map(|(s, c)| (s, c.min(cap))));
+        let target = TargetWorkload::from_counts(counts);
+        target.has_gpu_shape().then_some(target)
+    }
+}
+
+/// The master's ring tie-break: the growth of an agent's fragment if the demand were placed on
+/// it, with the devices the configured selection would bind ([`DeviceState::select`], the same
+/// call the master makes at accept time). Agents without devices, and agents whose free cpu is
+/// unknown, score 0; a demand the agent's devices cannot hold scores `i64::MAX`. Models are not
+/// part of the master's shapes (any model).
+pub struct DeviceFragmentScore<'a> {
+    target: &'a TargetWorkload,
+    devices: &'a DeviceBook,
+    cpu_free: HashMap<AgentKey, u64>,
+    selection: DeviceSelection,
+}
+
+impl<'a> DeviceFragmentScore<'a> {
+    /// `cpu_free`: each agent's free cpu (milli-cpu), taken before the allocation run; an agent
+    /// is offered whole, so it is not placed on twice within a run.
+    pub fn new(
+        target: &'a TargetWorkload,
+        devices: &'a DeviceBook,
+        cpu_free: HashMap<AgentKey, u64>,
+        selection: DeviceSelection,
+    ) -> Self {
+        DeviceFragmentScore {
+            target,
+            devices,
+            cpu_free,
+            selection,
+        }
+    }
+
+    /// The growth for one agent's device state and free cpu.
+    pub fn growth_on(&self, state: &DeviceState, cpu_free: u64, demand: &Resources) -> Option<i64> {
+        let shape = TaskShape::of_demand(demand)?;
+        let gpu_free = state.free_share();
+        let before = self.target.fragment(cpu_free, gpu_free);
+        let request = DeviceRequest::from_scalars(demand, Vec::new()).ok()?;
+        let Some(request) = request else {
+            return self
+                .target
+                .growth(cpu_free, gpu_free, None, &shape, &[], before);
+        };
+        let binding = state.select(&request, self.selection)?;
+        let positions: Vec<usize> = binding
+            .devices
+            .iter()
+            .map(|bound| state.devices().iter().position(|d| d.index == bound.index))
+            .collect::<Option<_>>()?;
+        self.target
+            .growth(cpu_free, gpu_free, None, &shape, &positions, before)
+    }
+}
+
+impl AgentScore for DeviceFragmentScore<'_> {
+    fn score(&self, agent: AgentKey, demand: &Resources) -> i64 {
+        let (Some(state), Some(&cpu_free)) = (self.devices.state(agent), self.cpu_free.get(&agent))
+        else {
+            return 0;
+        };
+        self.growth_on(state, cpu_free, demand).unwrap_or(i64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmaster_proto::devices::{parse_agent_resources, DeviceBinding};
+
+    fn gpu_shape(cpu_milli: u64, num_gpu: u32, gpu_milli: u32) -> TaskShape {
+        TaskShape {
+            cpu_milli,
+            num_gpu,
+            gpu_milli,
+            models: 0,
+        }
+    }
+
+    fn demand(text: &str) -> Resources {
+        Resources::parse(text).unwrap()
+    }
+
+    #[test]
+    fn shapes_of_demands() {
+        assert_eq!(
+            TaskShape::of_demand(&demand("cpus:1.5;gpu_milli:300;mem:10")),
+            Some(gpu_shape(1500, 1, 300))
+        );
+        assert_eq!(
+            TaskShape::of_demand(&demand("cpus:2;gpus:2")),
+            Some(gpu_shape(2000, 2, 1000))
+        );
+        assert_eq!(
+            TaskShape::of_demand(&demand("cpus:2")),
+            Some(gpu_shape(2000, 0, 0))
+        );
+        assert_eq!(TaskShape::of_demand(&demand("gpus:1;gpu_milli:5")), None);
+    }
+
+    #[test]
+    fn window_forgets_the_oldest_and_needs_a_gpu_shape() {
+        let cpu_only = gpu_shape(1000, 0, 0);
+        let half = gpu_shape(1000, 1, 500);
+        let mut window = ShapeWindow::new(3);
+        window.record(cpu_only);
+        assert_eq!(window.target([]), None, "no GPU shape: nothing to score");
+        window.record(half);
+        let target = window.target([]).unwrap();
+        assert_eq!((target.len(), target.total_weight()), (2, 2));
+        for _ in 0..3 {
+            window.record(cpu_only);
+        }
+        assert_eq!(window.len(), 3);
+        assert_eq!(window.target([]), None, "the GPU launch left the window");
+        // A pending demand counts, capped at the window's size: 3 + 3 tasks, both shapes kept.
+        let target = window.target([(half, 10)]).unwrap();
+        assert_eq!((target.len(), target.total_weight()), (2, 6));
+        assert_eq!(target.fragment(8000, &[1000, 300]), 3 * 300 + 3 * 1300);
+    }
+
+    #[test]
+    fn growth_and_least_growth_by_hand() {
+        // Target: half GPUs only.
+        let half = gpu_shape(1000, 1, 500);
+        let target = TargetWorkload::from_tasks([half]);
+        assert_eq!(target.fragment(8000, &[1000, 600]), 0);
+        // 0.3 on the 600 GPU strands 300; on the 1000 GPU nothing.
+        let s3 = gpu_shape(1000, 1, 300);
+        assert_eq!(
+            target.growth(8000, &[1000, 600], None, &s3, &[1], 0),
+            Some(300)
+        );
+        assert_eq!(
+            target.growth(8000, &[1000, 600], None, &s3, &[0], 0),
+            Some(0)
+        );
+        assert_eq!(
+            target.least_growth(8000, &[1000, 600], None, &s3, 0),
+            Some((0, 0b01))
+        );
+        // Does not fit: cpu, a GPU short, a position out of range, wrong count.
+        assert_eq!(target.growth(500, &[1000], None, &s3, &[0], 0), None);
+        assert_eq!(target.growth(8000, &[200], None, &s3, &[0], 0), None);
+        assert_eq!(target.growth(8000, &[1000], None, &s3, &[1], 0), None);
+        assert_eq!(target.growth(8000, &[1000], None, &s3, &[], 0), None);
+        assert_eq!(target.least_growth(8000, &[200, 100], None, &s3, 0), None);
+        // A model-bound shape on a node of another model does not fit.
+        let bound = TaskShape { models: 0b10, ..s3 };
+        assert_eq!(target.growth(8000, &[1000], Some(0), &bound, &[0], 0), None);
+        // Whole GPUs by best fit: the fully free ones, lowest index first.
+        assert_eq!(best_fit_pick(&[1000, 400, 1000, 1000], 2, 1000), 0b0101);
+        assert_eq!(best_fit_pick(&[1000, 400, 700], 1, 300), 0b010);
+        assert_eq!(best_fit_pick(&[200], 1, 300), 0);
+    }
+
+    /// Three hand-made agents: 1 with GPUs free [1000, 700], 2 with [1000, 1000], 3 without
+    /// devices; target = "1 cpu, half a GPU" ×1.
+    #[test]
+    fn device_score_on_hand_made_agents() {
+        let target = TargetWorkload::from_tasks([gpu_shape(1000, 1, 500)]);
+        let mut book = DeviceBook::new();
+        for agent in [1, 2] {
+            let (_, devices) = parse_agent_resources("gpus:2x16384").unwrap();
+            book.set_agent(agent, devices).unwrap();
+        }
+        book.take(1, &DeviceBinding::parse("gpu:1:300:0").unwrap())
+            .unwrap();
+        let cpu_free: HashMap<AgentKey, u64> = [(1, 8000), (2, 8000), (3, 8000)].into();
+        let pack = DeviceFragmentScore::new(
+            &target,
+            &book,
+            cpu_free.clone(),
+            DeviceSelection::MostUsedThatFits,
+        );
+        let spread = DeviceFragmentScore::new(&target, &book, cpu_free, DeviceSelection::LeastUsed);
+        let d3 = demand("cpus:1;gpu_milli:300");
+        // Packing puts 0.3 on the 700 GPU of agent 1: 400 left, stranded for a half GPU.
+        assert_eq!(pack.score(1, &d3), 400);
+        // Spreading puts it on the free GPU: 700 and 700 both still hold a half.
+        assert_eq!(spread.score(1, &d3), 0);
+        assert_eq!(pack.score(2, &d3), 0);
+        assert_eq!(pack.score(3, &d3), 0, "no devices");
+        assert_eq!(pack.score(9, &d3), 0, "unknown agent");
+        // 0.8 on agent 1: the 1000 GPU keeps 200, stranded.
+        assert_eq!(pack.score(1, &demand("gpu_milli:800")), 200);
+        // cpu only: 4 cpus leave enough for a half-GPU task; 7.5 do not, and all 1700 free
+        // milli-GPU become a fragment.
+        assert_eq!(pack.score(1, &demand("cpus:4")), 0);
+        assert_eq!(pack.score(1, &demand("cpus:7.5")), 1700);
+        // A whole GPU of agent 1 leaves the 700 GPU, which still holds a half.
+        assert_eq!(pack.score(1, &demand("gpus:1")), 0);
+        // Two whole GPUs do not fit agent 1; ambiguous demands are not scored as fitting.
+        assert_eq!(pack.score(1, &demand("gpus:2")), i64::MAX);
+        assert_eq!(pack.score(1, &demand("gpus:1;gpu_milli:5")), i64::MAX);
+    }
+}
