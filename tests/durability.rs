@@ -18,21 +18,9 @@ async fn start_durable(config: Config, work_dir: &Path) -> Master {
         .expect("master starts from its registry")
 }
 
-/// Launches one task on `agent` for `fw` and sees it RUNNING.
+/// Launches one task on `agent` for `fw`, sees it RUNNING and acknowledges that.
 async fn run_one(fw: &mut Client, agent: &mut Client, id: &str) -> ringmaster_proto::TaskInfo {
-    fw.demand("cpus:1;mem:128", 1).await;
-    let offer = fw.expect_offers().await.remove(0);
-    fw.demand("cpus:1;mem:128", 0).await;
-    fw.accept(
-        &offer.offer_id,
-        vec![task(id, "cpus:1;mem:128", "sleep 100")],
-    )
-    .await;
-    let run = agent.expect_run().await.remove(0);
-    agent
-        .report(&run, TaskState::TaskRunning, &format!("{id}-running"))
-        .await;
-    let running = fw.expect_state(id, TaskState::TaskRunning).await;
+    let (run, running) = run_one_status(fw, agent, id).await;
     fw.ack(&running).await;
     run
 }

@@ -7,20 +7,7 @@ use ringmaster_proto::{ErrorCode, Message, TaskState, TaskStatus};
 
 /// Launches one task on `agent` for `fw` and sees it RUNNING.
 async fn run_one(fw: &mut Client, agent: &mut Client, id: &str) -> ringmaster_proto::TaskInfo {
-    fw.demand("cpus:1;mem:128", 1).await;
-    let offer = fw.expect_offers().await.remove(0);
-    fw.demand("cpus:1;mem:128", 0).await;
-    fw.accept(
-        &offer.offer_id,
-        vec![task(id, "cpus:1;mem:128", "sleep 100")],
-    )
-    .await;
-    let run = agent.expect_run().await.remove(0);
-    agent
-        .report(&run, TaskState::TaskRunning, &format!("{id}-running"))
-        .await;
-    fw.expect_state(id, TaskState::TaskRunning).await;
-    run
+    run_one_status(fw, agent, id).await.0
 }
 
 fn running(task: &ringmaster_proto::TaskInfo) -> TaskStatus {

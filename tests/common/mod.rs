@@ -323,3 +323,32 @@ pub async fn wait_for_state(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Launches one task of `cpus:1;mem:128` (`sleep 100`) on `agent` for `fw`, sees it RUNNING,
+/// and returns what the agent was told to run and the framework's RUNNING update (not acked).
+pub async fn run_one_status(
+    fw: &mut Client,
+    agent: &mut Client,
+    id: &str,
+) -> (ringmaster_proto::TaskInfo, ringmaster_proto::TaskStatus) {
+    fw.demand("cpus:1;mem:128", 1).await;
+    let offer = fw.expect_offers().await.remove(0);
+    fw.demand("cpus:1;mem:128", 0).await;
+    fw.accept(
+        &offer.offer_id,
+        vec![task(id, "cpus:1;mem:128", "sleep 100")],
+    )
+    .await;
+    let run = agent.expect_run().await.remove(0);
+    agent
+        .report(
+            &run,
+            ringmaster_proto::TaskState::TaskRunning,
+            &format!("{id}-running"),
+        )
+        .await;
+    let running = fw
+        .expect_state(id, ringmaster_proto::TaskState::TaskRunning)
+        .await;
+    (run, running)
+}
