@@ -33,29 +33,7 @@ async fn start(limits: &str) -> Master {
 
 /// The value of one `/metrics` series line, e.g. `connections_limited_total{limit="message_rate"}`.
 async fn metric(http: SocketAddr, series: &str) -> f64 {
-    let url = format!("http://{http}/metrics");
-    let body = tokio::task::spawn_blocking(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(WAIT))
-            .build()
-            .into();
-        agent
-            .get(&url)
-            .call()
-            .expect("GET /metrics")
-            .body_mut()
-            .read_to_string()
-            .expect("body")
-    })
-    .await
-    .unwrap();
-    let wanted = format!("ringmaster_{series} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&wanted))
-        .unwrap_or_else(|| panic!("no series {series} in\n{body}"))
-        .trim()
-        .parse()
-        .expect("a number")
+    metric_value(http, series).await
 }
 
 /// The well-behaved framework gets an offer, declines it for a millisecond, and is ready for more.

@@ -75,29 +75,8 @@ async fn start(config: Config) -> Master {
 
 /// `ringmaster_<name>_total{reason="<reason>"}` from /metrics.
 async fn counter(master: &Master, name: &str, reason: &str) -> u64 {
-    let url = format!("http://{}/metrics", master.http_addr().unwrap());
-    let body = tokio::task::spawn_blocking(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(WAIT))
-            .build()
-            .into();
-        agent
-            .get(&url)
-            .call()
-            .expect("GET /metrics")
-            .body_mut()
-            .read_to_string()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let series = format!("ringmaster_{name}_total{{reason=\"{reason}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .unwrap_or_else(|| panic!("no {series} in /metrics"))
-        .trim()
-        .parse()
-        .unwrap()
+    let series = format!("{name}_total{{reason=\"{reason}\"}}");
+    common::metric_value(master.http_addr().unwrap(), &series).await as u64
 }
 
 /// A raw protocol client over plain TCP or TLS.

@@ -352,3 +352,32 @@ pub async fn run_one_status(
         .await;
     (run, running)
 }
+
+/// The value of one `/metrics` series of the master serving HTTP on `http`: `series` is the
+/// line up to the value without the `ringmaster_` prefix, e.g.
+/// `connections_limited_total{limit="message_rate"}`.
+pub async fn metric_value(http: std::net::SocketAddr, series: &str) -> f64 {
+    let url = format!("http://{http}/metrics");
+    let body = tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(WAIT))
+            .build()
+            .into();
+        agent
+            .get(&url)
+            .call()
+            .expect("GET /metrics")
+            .body_mut()
+            .read_to_string()
+            .expect("body")
+    })
+    .await
+    .unwrap();
+    let wanted = format!("ringmaster_{series} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&wanted))
+        .unwrap_or_else(|| panic!("no series {series} in\n{body}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
