@@ -42,10 +42,10 @@ use serde::de::{
 };
 use serde::Deserialize;
 
-use crate::placement::balance::BalanceSettingsError;
-use crate::placement::matching::MatchingCoefficients;
-use crate::placement::priority::PriorityConfigError;
-use crate::placement::{
+use ringmaster_core::placement::balance::BalanceSettingsError;
+use ringmaster_core::placement::matching::MatchingCoefficients;
+use ringmaster_core::placement::priority::PriorityConfigError;
+use ringmaster_core::placement::{
     BalanceSettings, PlacerKind, PriorityConfig, Resources, RingLayout, RingSearch,
     RingSearchError, RingSpec, RingsConfig, UserGrant,
 };
@@ -360,7 +360,7 @@ pub struct RawRings {
 
 /// The name under `rings:` that sets the ring of every dimension not named.
 pub const FALLBACK_RING: &str = "*";
-/// The name under `rings:` listing the dimensions to spare ([`crate::placement::RingSearch`]).
+/// The name under `rings:` listing the dimensions to spare ([`ringmaster_core::placement::RingSearch`]).
 pub const SPARE_KEY: &str = "spare";
 /// The name under `rings:` giving how many candidates the caller's score ranks.
 pub const CANDIDATES_KEY: &str = "candidates";
@@ -882,7 +882,9 @@ pub fn placer_kind(
     name: &str,
 ) -> Result<PlacerKind, ConfigError> {
     name.parse()
-        .map_err(|e: crate::placement::placer::UnknownPlacer| source.error(path, e.to_string()))
+        .map_err(|e: ringmaster_core::placement::placer::UnknownPlacer| {
+            source.error(path, e.to_string())
+        })
 }
 
 impl Config {

@@ -42,7 +42,7 @@ use crate::config::{
     apply_balance, apply_priorities, apply_rings, whole_number, ConfigError, RawBalance,
     RawPriorities, RawRings, Seg, YamlSource,
 };
-use crate::placement::{
+use ringmaster_core::placement::{
     allocate_in, plan_preemption, task_priority, BalanceSettings, Cluster, DrfSorter, Grant,
     PlacementContext, PlacerKind, Priority, PriorityConfig, QuotaLedger, Request, Resources,
     RingsConfig, RunningTask, DEFAULT_PARTITION,
@@ -120,7 +120,7 @@ pub struct Scenario {
     /// The `batch:` section and every agent's matching profile (in `agents` order).
     pub batch: Option<(
         crate::dry_run_batch::BatchSection,
-        Vec<crate::placement::matching::AgentProfile>,
+        Vec<ringmaster_core::placement::matching::AgentProfile>,
     )>,
     /// Set when the scenario uses priorities (a `priorities:` section or `running:` tasks).
     pub priorities: Option<PriorityScenario>,

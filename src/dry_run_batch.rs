@@ -1,7 +1,7 @@
 //! The `batch:` section of a `ringmaster place` scenario: a burst matched at once (SPEC seed 002).
 //!
 //! After the scenario's requests are placed, the batch is matched against what the agents have
-//! left, with the very matcher the master runs ([`crate::placement::matching`]). Agents may carry
+//! left, with the very matcher the master runs ([`ringmaster_core::placement::matching`]). Agents may carry
 //! the attributes the scores use (`cpu_speed`, `net_rate`, `unit_cost`; defaults otherwise).
 //! Output, after the request lines: one line per match, then one line with the unmatched tasks,
 //! their reasons and the number of proposals.
@@ -19,10 +19,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::{apply_matching, ConfigError, RawMatching, Seg, YamlSource};
-use crate::placement::matching::{
+use ringmaster_core::placement::matching::{
     match_batch, AgentProfile, BatchTask, MatchAgent, MatchingCoefficients,
 };
-use crate::placement::Resources;
+use ringmaster_core::placement::Resources;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

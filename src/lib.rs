@@ -17,7 +17,6 @@ pub mod dry_run_batch;
 pub mod fuzz;
 pub mod local;
 pub mod master;
-pub mod placement;
 pub mod security;
 pub mod sim;
 pub mod status;

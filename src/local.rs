@@ -4,6 +4,7 @@
 //! Everything here goes through the real protocol over real TCP; local mode only saves
 //! starting several processes by hand.
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use ringmaster::config::Config;
 use ringmaster::master::http::http_address;
-use ringmaster::placement::PlacerKind;
 use ringmaster::status::StatusView;
+use ringmaster_core::placement::PlacerKind;
 use ringmaster_proto::resources::Resources;
 
 #[derive(Debug, Parser)]

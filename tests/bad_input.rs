@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::{Connection, ErrorCode, Hello, Message, TaskState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use ringmaster_proto::convert::BindingWire;
 use ringmaster_proto::devices::{DeviceBinding, DeviceSelection};
 use ringmaster_proto::{ErrorCode, TaskState};
 
@@ -189,7 +190,7 @@ async fn offered_for_a_fifth_of_a_gpu(candidates: usize, uneven: &str, even: &st
     let mut config = test_config("");
     let mut rings = config.rings.clone();
     rings.set_search(
-        ringmaster::placement::RingSearch::new(vec!["gpus".into()], candidates).unwrap(),
+        ringmaster_core::placement::RingSearch::new(vec!["gpus".into()], candidates).unwrap(),
     );
     config.rings = rings;
     let master = start_master(config).await;

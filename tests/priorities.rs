@@ -5,6 +5,7 @@ mod common;
 
 use common::{start_master, task, Client};
 use ringmaster::config::Config;
+use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Attribute, Message, RegisterAgent, Subscribe, TaskState};
 

@@ -4,6 +4,7 @@
 #[path = "../framework-sdk/tests/support/mod.rs"]
 mod support;
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::process::Stdio;
 
 use ringmaster_proto::{Message, Offers, Update};

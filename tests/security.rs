@@ -4,6 +4,7 @@
 
 mod common;
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use ringmaster::placement::RingsConfig;
 use ringmaster::sim::engine::{Placement, SimCluster};
 use ringmaster::sim::fill::{self, run_fill, FillSetup};
 use ringmaster::sim::replay::{run_replay, Outcome};
 use ringmaster::sim::trace::{load_nodes, load_tasks, Node, Task};
 use ringmaster::sim::{SimPolicy, Ties, Workload};
+use ringmaster_core::placement::RingsConfig;
 
 fn data(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)

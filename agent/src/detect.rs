@@ -7,7 +7,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
-use ringmaster_proto::devices::{parse_nvidia_smi, Device};
+use ringmaster_proto::devices::{Device, DeviceError, DeviceState};
 use ringmaster_proto::resources::{Resources, MILLI};
 
 const MIB: u64 = 1024 * 1024;
@@ -122,6 +122,44 @@ fn disk_free_mib(work_dir: &Path) -> Option<u64> {
     Some(bytes / MIB)
 }
 
+/// Parses `nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader` output
+/// (`0, Tesla V100-SXM2-16GB, 16160 MiB`). Model names keep letters and digits and turn
+/// anything else into `-`, so they can be written in `gpu_model`.
+pub fn parse_nvidia_smi(output: &str) -> Result<Vec<Device>, DeviceError> {
+    let mut devices = Vec::new();
+    for line in output.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let bad = |why: &str| DeviceError::Syntax {
+            part: line.to_string(),
+            why: why.to_string(),
+        };
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let [index, name, memory] = fields.as_slice() else {
+            return Err(bad("expected `index, name, memory.total`"));
+        };
+        let index: u32 = index
+            .parse()
+            .map_err(|_| bad("the index is not a number"))?;
+        let memory = memory
+            .strip_suffix("MiB")
+            .map(str::trim)
+            .ok_or_else(|| bad("memory.total is not `N MiB`"))?;
+        let memory_mib: u64 = memory
+            .parse()
+            .map_err(|_| bad("memory.total is not `N MiB`"))?;
+        let model: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        devices.push(Device {
+            index,
+            model,
+            memory_mib,
+        });
+    }
+    DeviceState::new(devices.clone())?;
+    Ok(devices)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +193,22 @@ mod tests {
     #[test]
     fn hostname_is_not_empty() {
         assert!(!detect_hostname().is_empty());
+    }
+
+    #[test]
+    fn parses_nvidia_smi_samples() {
+        let sample = "0, Tesla V100-SXM2-16GB, 16160 MiB\n1, NVIDIA A100-SXM4-80GB, 81920 MiB\n";
+        let d = parse_nvidia_smi(sample).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(
+            (d[0].index, d[0].model.as_str(), d[0].memory_mib),
+            (0, "Tesla-V100-SXM2-16GB", 16160)
+        );
+        assert_eq!(d[1].memory_mib, 81920);
+        assert!(parse_nvidia_smi("").unwrap().is_empty());
+        assert!(parse_nvidia_smi("0, X, 16 GB").is_err());
+        assert!(parse_nvidia_smi("zero, X, 16 MiB").is_err());
+        assert!(parse_nvidia_smi("0, X, 1 MiB\n0, Y, 1 MiB").is_err());
+        assert!(parse_nvidia_smi("NVIDIA-SMI has failed").is_err());
     }
 }

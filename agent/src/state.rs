@@ -4,6 +4,7 @@
 //! status updates not yet acknowledged. Every method answers with the messages to send, so the
 //! session only moves bytes and this module can be reasoned about without a socket.
 
+use ringmaster_proto::convert::{BindingWire, DeviceStateWire, ResourcesWire};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -3,6 +3,7 @@
 //! The fake master is a `TcpListener` plus `ringmaster_proto::Connection`: it handshakes,
 //! registers the agent and then drives it message by message. Every wait is bounded.
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

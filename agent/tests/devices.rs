@@ -2,6 +2,7 @@
 //! accounting (two half-GPU tasks share a device, a third goes to the other), checking the
 //! master's binding, and refusing what no device can hold. Real processes, bounded waits.
 
+use ringmaster_proto::convert::{BindingWire, ResourcesWire};
 use std::time::Duration;
 
 use ringmaster_agent::state::AgentState;

@@ -5,6 +5,7 @@
 //! cargo run -p ringmaster-sdk --example launch_n -- 127.0.0.1:5050 4 'cpus:0.5;mem:64' 'sleep 1'
 //! ```
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::process::ExitCode;
 use std::time::Duration;
 

@@ -7,6 +7,7 @@
 //! Exit codes: 0 when every task FINISHED, 1 otherwise (or when the master cannot be reached),
 //! 2 for usage errors.
 
+use ringmaster_proto::convert::{DeviceStateWire, ResourcesWire};
 use std::collections::HashMap;
 use std::io::Write;
 use std::time::Duration;

@@ -281,6 +281,7 @@ impl<W: Write + Send + 'static> Scheduler for BatchExecScheduler<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringmaster_proto::convert::ResourcesWire;
 
     #[test]
     fn parses_a_batch_with_defaults() {

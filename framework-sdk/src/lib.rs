@@ -56,6 +56,7 @@ pub mod exec_batch;
 mod scheduler;
 mod session;
 
+use ringmaster_proto::convert::ResourcesWire;
 pub use ringmaster_proto::{
     resources::Resources,
     v1::{

@@ -7,6 +7,7 @@
 //! connection calls `disconnected` and starts the next attempt after an exponential backoff.
 //! Only what retrying cannot fix (version mismatch, a refused subscription, a stop) ends the loop.
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -3,6 +3,7 @@
 
 mod support;
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 

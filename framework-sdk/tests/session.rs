@@ -2,6 +2,7 @@
 
 mod support;
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -6,15 +6,25 @@
 //! ([`Connection`]) and the version handshake, so no other crate touches bytes on the wire.
 
 mod connection;
-pub mod devices;
-pub mod resources;
+pub mod convert;
 pub mod security;
 pub mod transport;
 
 pub use connection::{
     Connection, ConnectionError, ConnectionReader, ConnectionWriter, DEFAULT_MAX_FRAME_BYTES,
 };
-pub use resources::ResourceError;
+pub use ringmaster_core::resources::ResourceError;
+
+/// The core's resource bundles, re-exported so every component names them one way.
+pub mod resources {
+    pub use ringmaster_core::resources::*;
+}
+
+/// The core's device model, with the wire conversion of device lists.
+pub mod devices {
+    pub use crate::convert::devices_from_wire;
+    pub use ringmaster_core::devices::*;
+}
 
 /// Generated protobuf messages, package `ringmaster.v1`.
 pub mod v1 {

@@ -9,6 +9,7 @@
 //! With `--hold` the agents register, heartbeat, and stay until Ctrl-C (for measuring the
 //! master's memory with many agents); `--master-pid` prints the master's VmRSS.
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

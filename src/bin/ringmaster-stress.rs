@@ -15,6 +15,7 @@
 //! The master is a child `ringmaster serve` (next to this binary unless `--master-bin`), with
 //! its HTTP surface on the next port for `/metrics`.
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::collections::{BinaryHeap, HashMap};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -1,6 +1,7 @@
 //! The agent conversation: registration and re-registration with task reconciliation,
 //! heartbeats, status updates, disconnection and loss.
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 

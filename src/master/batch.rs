@@ -1,12 +1,13 @@
 //! Batches: a framework's burst of one-shot, deadline-bound tasks matched at once.
 //!
 //! On `SubmitBatch` the master checks every task, matches the batch (pure
-//! [`crate::placement::matching`]) against the free resources of the connected agents that have no
+//! [`ringmaster_core::placement::matching`]) against the free resources of the connected agents that have no
 //! outstanding offer, and sends one offer per matched agent holding exactly the suggested tasks'
 //! resources, with the tasks in `Offer.suggested`; then a `BatchResult` with the unmatched tasks
 //! and their reasons. From there the offers live the ordinary offer life: accept, decline,
 //! timeout, rescind.
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::collections::HashSet;
 
 use ringmaster_proto::resources::Resources;
@@ -17,7 +18,7 @@ use tokio::time::Instant;
 
 use super::state::{MasterState, OfferRecord};
 use super::ConnId;
-use crate::placement::matching::{match_batch, AgentProfile, BatchTask, MatchAgent};
+use ringmaster_core::placement::matching::{match_batch, AgentProfile, BatchTask, MatchAgent};
 
 /// The most tasks one batch may hold.
 pub(crate) const MAX_BATCH_TASKS: usize = 100_000;

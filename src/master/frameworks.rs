@@ -1,6 +1,7 @@
 //! The framework conversation: subscribe and failover, demand, revive and suppress,
 //! kill, reconciliation, teardown, and removal after the failover timeout.
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ringmaster_proto::resources::Resources;
@@ -11,7 +12,7 @@ use tokio::time::{Duration, Instant};
 
 use super::state::{FrameworkRecord, MasterState, Peer, TaskKey};
 use super::ConnId;
-use crate::placement::DEFAULT_PARTITION;
+use ringmaster_core::placement::DEFAULT_PARTITION;
 
 /// The longest failover timeout a framework may ask for: one week.
 const MAX_FAILOVER: f64 = 7.0 * 24.0 * 3600.0;

@@ -23,7 +23,7 @@ use ringmaster_proto::resources::Resources;
 use ringmaster_proto::TaskState;
 
 use super::state::MasterState;
-use crate::placement::Phase;
+use ringmaster_core::placement::Phase;
 
 /// One fixed label, e.g. `[("state", "connected")]`.
 type Label = [(&'static str, &'static str); 1];

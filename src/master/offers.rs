@@ -1,6 +1,7 @@
 //! The offer cycle: batched allocation runs through the placement library, offers,
 //! accept (with validation) and decline (with refuse filters), rescinds and timeouts.
 
+use ringmaster_proto::convert::{BindingWire, DeviceStateWire, ResourcesWire};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashSet};
 
@@ -15,9 +16,9 @@ use tokio::time::{Duration, Instant};
 use super::pending::agent_eligible;
 use super::state::{MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
-use crate::placement::fragmentation::{DeviceFragmentScore, TaskShape};
-use crate::placement::FrameworkKey;
-use crate::placement::{
+use ringmaster_core::placement::fragmentation::{DeviceFragmentScore, TaskShape};
+use ringmaster_core::placement::FrameworkKey;
+use ringmaster_core::placement::{
     allocate_in, plan_preemption, task_priority, AgentKey, Allocation, Grant, PlacementContext,
     PreemptionPlan, Priority, Request, RunningTask,
 };

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::metrics::add_saturating;
 use super::state::{AgentRecord, FrameworkRecord, MasterState};
-use crate::placement::{task_priority, AgentKey};
+use ringmaster_core::placement::{task_priority, AgentKey};
 
 /// A framework's demand the master cannot serve now, and why.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

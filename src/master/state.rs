@@ -21,7 +21,7 @@ use super::metrics::Metrics;
 use super::pending::PendingView;
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;
-use crate::placement::{
+use ringmaster_core::placement::{
     AgentKey, Cluster, DrfSorter, FrameworkKey, Priority, QuotaLedger, DEFAULT_PARTITION,
 };
 
@@ -173,10 +173,10 @@ pub struct MasterState {
     /// everything in memory only.
     pub(crate) durable: Option<Durable>,
     /// Every agent's GPUs, device by device (docs/devices.md).
-    pub(crate) devices: crate::placement::devices::DeviceBook,
+    pub(crate) devices: ringmaster_core::placement::devices::DeviceBook,
     /// The shapes of recent launches: the target workload of the ring's fragmentation
     /// tie-break (docs/placement.md).
-    pub(crate) launched_shapes: crate::placement::fragmentation::ShapeWindow,
+    pub(crate) launched_shapes: ringmaster_core::placement::fragmentation::ShapeWindow,
 }
 
 /// Monotonic counters, reported in snapshots.

@@ -1,6 +1,7 @@
 //! Task bookkeeping: state changes, resource accounting, and reliable delivery of status
 //! updates to frameworks (resent until acknowledged, across reconnects).
 
+use ringmaster_proto::convert::BindingWire;
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
 use tokio::time::Instant;

@@ -27,7 +27,9 @@ use ringmaster_proto::resources::{Resources, MILLI};
 use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape};
 use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
 use super::trace::{Node, Task, GPU_MILLI};
-use crate::placement::{Cluster, PlacementContext, PlacementError, PlacerKind, RingsConfig};
+use ringmaster_core::placement::{
+    Cluster, PlacementContext, PlacementError, PlacerKind, RingsConfig,
+};
 
 /// Above this many (node, shape) pairs the paper's policies score without a cache.
 const MAX_CACHE_ENTRIES: usize = 32 << 20;

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::engine::{SimCluster, SimError, SimPolicy, Ties, Workload};
 use super::policies::TargetWorkload;
-use crate::placement::RingsConfig;
+use ringmaster_core::placement::RingsConfig;
 
 /// Arrived GPU at which `fill` stops, in percent of capacity (the paper's inflation 1.3).
 pub const DEFAULT_INFLATION_PCT: u32 = 130;

@@ -7,7 +7,7 @@
 //! request), the in-node rule of the paper's BestFit and of Kubernetes GPU-share schedulers.
 
 use super::trace::GPU_MILLI;
-use crate::placement::fragmentation::{best_fit_pick, TaskShape};
+use ringmaster_core::placement::fragmentation::{best_fit_pick, TaskShape};
 
 /// What one task needs, in the units the simulator compares. Tasks with equal shapes are
 /// interchangeable for placement, so scores are cached per shape.

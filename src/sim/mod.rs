@@ -2,7 +2,7 @@
 //!
 //! Claims such as "less fragmentation, higher utilisation" must be measured, not asserted, and
 //! operators need numbers to choose a policy. The simulator drives the same allocator code as
-//! the master ([`crate::placement::Cluster`]) in virtual time, next to the GPU-sharing policies
+//! the master ([`ringmaster_core::placement::Cluster`]) in virtual time, next to the GPU-sharing policies
 //! of the ATC'23 "Beware of Fragmentation" paper, on the same input.
 //!
 //! Pieces, one idea per file: [`trace`] reads node and task lists; [`gpu`] is a node's per-GPU
@@ -32,7 +32,7 @@ use fill::{FillRun, FIRST_SEED};
 use replay::ReplayRun;
 use report::{FillSummary, ReplaySummary};
 
-use crate::placement::RingsConfig;
+use ringmaster_core::placement::RingsConfig;
 
 /// How the trace is played.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use std::str::FromStr;
 
 use super::gpu::{GpuPick, NodeState, Shape};
 use super::trace::GPU_MILLI;
-pub use crate::placement::fragmentation::{TargetWorkload, TARGET_COVERAGE};
+pub use ringmaster_core::placement::fragmentation::{TargetWorkload, TARGET_COVERAGE};
 
 /// CPU normaliser of the paper's BestFit and DotProd (milli-CPU of its largest node).
 pub const CPU_NORM: i64 = 128_000;

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::engine::{Placement, SimCluster, SimError, SimPolicy, Ties, Workload};
 use super::policies::TargetWorkload;
-use crate::placement::RingsConfig;
+use ringmaster_core::placement::RingsConfig;
 
 /// Samples in the utilisation timeline.
 pub const TIMELINE_POINTS: usize = 400;

@@ -2,6 +2,7 @@
 //! clients that play agent or framework exactly as a test needs. Every wait has a timeout.
 #![allow(dead_code)]
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::time::Duration;
 
 use ringmaster::config::Config;

@@ -13,8 +13,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use ringmaster_proto::devices::{DeviceRequest, DeviceSelection, DeviceState, GpuDemand};
-use ringmaster_proto::resources::Resources;
+use crate::devices::{DeviceRequest, DeviceSelection, DeviceState, GpuDemand};
+use crate::resources::Resources;
 
 use super::devices::DeviceBook;
 use super::ring_search::AgentScore;
@@ -418,7 +418,7 @@ impl AgentScore for DeviceFragmentScore<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ringmaster_proto::devices::{parse_agent_resources, DeviceBinding};
+    use crate::devices::{parse_agent_resources, DeviceBinding};
 
     fn gpu_shape(cpu_milli: u64, num_gpu: u32, gpu_milli: u32) -> TaskShape {
         TaskShape {

@@ -4,12 +4,12 @@
 //! Agents are a seeded mix of 8-GPU machines (16 or 32 GiB devices, models `V100M16` /
 //! `V100M32`) with random free shares and memory, like a busy openb-style cluster. Each
 //! iteration counts the agents that fit one request, as the master's filter would. Run with
-//! `cargo bench -p ringmaster-proto --bench devices`; figures are recorded in docs/benchmarks.md.
+//! `cargo bench -p ringmaster-core --bench devices`; figures are recorded in docs/benchmarks.md.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use ringmaster_proto::devices::{
+use ringmaster_core::devices::{
     Device, DeviceRequest, DeviceState, GpuDemand, PackedGpus, SHARE_CAPACITY,
 };
 

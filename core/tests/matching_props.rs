@@ -2,11 +2,11 @@
 //! and the comparison with placing the same burst one task at a time with the ring placer.
 
 use proptest::prelude::*;
-use ringmaster::placement::matching::{
+use ringmaster_core::placement::matching::{
     match_batch, match_with, AgentProfile, BatchTask, MatchAgent, MatchingCoefficients,
     Preferences, UnmatchedReason,
 };
-use ringmaster::placement::{Cluster, PlacerKind, Resources, RingsConfig};
+use ringmaster_core::placement::{Cluster, PlacerKind, Resources, RingsConfig};
 
 fn bundle(cpus: u64, mem: u64, net: u64) -> Resources {
     Resources::from_milli([("cpus", cpus), ("mem", mem), ("net", net)]).unwrap()

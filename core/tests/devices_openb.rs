@@ -1,11 +1,11 @@
 //! The openb trace (testdata/openb, both files whole) maps onto agent and task resources with
 //! GPU devices with no loss: every field of every row is recovered from the mapping.
 
-use ringmaster::placement::devices::{openb_node, openb_task};
-use ringmaster_proto::devices::{DeviceRequest, DeviceState, GpuDemand};
+use ringmaster_core::devices::{DeviceRequest, DeviceState, GpuDemand};
+use ringmaster_core::placement::devices::{openb_node, openb_task};
 
 fn rows(file: &str) -> Vec<csv::StringRecord> {
-    let path = format!("{}/testdata/openb/{file}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/../testdata/openb/{file}", env!("CARGO_MANIFEST_DIR"));
     let mut reader = csv::Reader::from_path(&path).unwrap();
     reader.records().map(|r| r.unwrap()).collect()
 }

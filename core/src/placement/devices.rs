@@ -13,11 +13,11 @@
 
 use std::collections::HashMap;
 
-use ringmaster_proto::devices::{
+use crate::devices::{
     Device, DeviceBinding, DeviceError, DeviceRequest, DeviceSelection, DeviceState, GpuDemand,
     PackedGpus,
 };
-use ringmaster_proto::resources::Resources;
+use crate::resources::Resources;
 
 use super::AgentKey;
 
@@ -240,7 +240,7 @@ pub fn openb_task(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ringmaster_proto::devices::parse_agent_resources;
+    use crate::devices::parse_agent_resources;
 
     #[test]
     fn filters_by_device_and_binds_like_the_agent() {

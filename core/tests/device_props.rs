@@ -2,7 +2,7 @@
 //! fit, and the packed fit test always agrees with the plain one (SPEC seed 004).
 
 use proptest::prelude::*;
-use ringmaster_proto::devices::{
+use ringmaster_core::devices::{
     Device, DeviceError, DeviceRequest, DeviceSelection, DeviceState, GpuDemand, LaneLayout,
     PackedLanes, SHARE_CAPACITY,
 };

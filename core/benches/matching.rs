@@ -4,17 +4,17 @@
 //! speed 0.5–4, network rate and unit cost varied; tasks of 0.5–4 cpus and 256 MiB–8 GiB with
 //! deadlines from tight (met only on fast agents) to loose. The burst asks for about a third of
 //! the cluster's cpus, so some agents are contested and some tasks re-propose. Run with
-//! `cargo bench --bench matching`; the proposal count is printed once before measuring, and the
+//! `cargo bench -p ringmaster-core --bench matching`; the proposal count is printed once before measuring, and the
 //! figures are recorded in docs/benchmarks.md.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use ringmaster::placement::matching::{
+use ringmaster_core::placement::matching::{
     match_batch, AgentProfile, BatchTask, MatchAgent, MatchingCoefficients,
 };
-use ringmaster::placement::Resources;
+use ringmaster_core::placement::Resources;
 
 /// xorshift64*: deterministic and dependency-free.
 struct Rng(u64);

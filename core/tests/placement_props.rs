@@ -2,7 +2,7 @@
 //! and DRF order in the allocation step.
 
 use proptest::prelude::*;
-use ringmaster::placement::{
+use ringmaster_core::placement::{
     allocate, AgentKey, Cluster, DrfSorter, Grant, LinearBestFit, Phase, PlacerKind, Request,
     Resources, RingLayout, RingSpec, RingsConfig,
 };

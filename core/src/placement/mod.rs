@@ -33,9 +33,10 @@ pub mod why;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use ringmaster_proto::resources::format_milli;
+use crate::resources::format_milli;
 use slab::Slab;
 
+pub use crate::resources::{ResourceError, Resources};
 pub use allocation::{allocate, allocate_in, Allocation, Grant, Request};
 pub use balance::{BalanceNote, BalancePlacer, BalanceSettings, PlacementContext};
 pub use drf::DrfSorter;
@@ -47,7 +48,6 @@ pub use priority::{
 };
 pub use ring_search::{AgentScore, RingSearch, RingSearchError};
 pub use ring_set::RingSet;
-pub use ringmaster_proto::resources::{ResourceError, Resources};
 pub use rings::{RingLayout, RingLayoutError, RingSpec, RingsConfig};
 pub use why::WhyUnplaced;
 
@@ -506,7 +506,7 @@ impl Cluster {
 
     /// Every ring with its bucket ranges and occupancy, dimensions sorted by name.
     pub fn rings(&self) -> Vec<RingView> {
-        let units = |m: u64| m as f64 / ringmaster_proto::resources::MILLI as f64;
+        let units = |m: u64| m as f64 / crate::resources::MILLI as f64;
         self.index
             .values()
             .map(|&d| &self.dimensions[d].ring)

@@ -3,7 +3,7 @@
 //! are non-negative and sum to 1.
 
 use proptest::prelude::*;
-use ringmaster::placement::{
+use ringmaster_core::placement::{
     allocate_in, BalanceSettings, Cluster, DrfSorter, Grant, PlacementContext, PlacerKind, Request,
     Resources, RingsConfig,
 };

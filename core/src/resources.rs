@@ -277,40 +277,6 @@ impl FromStr for Resources {
     }
 }
 
-impl From<&Resources> for crate::v1::Resources {
-    fn from(r: &Resources) -> Self {
-        crate::v1::Resources {
-            scalars: r
-                .iter()
-                .map(|(name, milli)| crate::v1::Scalar {
-                    name: name.to_string(),
-                    milli,
-                })
-                .collect(),
-        }
-    }
-}
-
-impl TryFrom<&crate::v1::Resources> for Resources {
-    type Error = ResourceError;
-    fn try_from(wire: &crate::v1::Resources) -> Result<Self, Self::Error> {
-        Resources::from_milli(wire.scalars.iter().map(|s| (s.name.clone(), s.milli)))
-    }
-}
-
-impl Resources {
-    /// Converts an optional wire bundle (absent = empty).
-    pub fn from_wire(wire: Option<&crate::v1::Resources>) -> Result<Self, ResourceError> {
-        wire.map(Resources::try_from)
-            .unwrap_or(Ok(Resources::new()))
-    }
-
-    /// The wire form.
-    pub fn to_wire(&self) -> crate::v1::Resources {
-        self.into()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,24 +351,5 @@ mod tests {
             .unwrap();
         assert_eq!(left.milli("cpus"), 0);
         assert_eq!(left, r("mem:5120"));
-    }
-
-    #[test]
-    fn wire_round_trip() {
-        let a = r("cpus:0.5;mem:100;gpus:2");
-        assert_eq!(Resources::try_from(&a.to_wire()).unwrap(), a);
-        let dup = crate::v1::Resources {
-            scalars: vec![
-                crate::v1::Scalar {
-                    name: "cpus".into(),
-                    milli: 1,
-                },
-                crate::v1::Scalar {
-                    name: "cpus".into(),
-                    milli: 2,
-                },
-            ],
-        };
-        assert!(Resources::try_from(&dup).is_err());
     }
 }

@@ -3,13 +3,13 @@
 //!
 //! Agents are a seeded, deterministic mix of sizes (1–64 cpus, 1–256 GiB, some with GPUs), partly
 //! used for the single-decision benchmark so they spread over the buckets. Run with
-//! `cargo bench --bench placement`; figures are recorded in docs/benchmarks.md.
+//! `cargo bench -p ringmaster-core --bench placement`; figures are recorded in docs/benchmarks.md.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
-use ringmaster::placement::{
+use ringmaster_core::placement::{
     allocate, BalanceSettings, Cluster, DrfSorter, Grant, PlacementContext, PlacerKind, Request,
     Resources, RingsConfig,
 };

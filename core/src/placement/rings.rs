@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ringmaster_proto::resources::{format_milli, MILLI};
+use crate::resources::{format_milli, MILLI};
 
 use super::ring_search::RingSearch;
 
@@ -230,7 +230,7 @@ impl Default for RingsConfig {
         // GPU devices (docs/devices.md): free milli-GPU share in tenths of a GPU up to 8 GPUs,
         // free GPU memory in doubling MiB buckets, so GPU demands keep the ring search.
         dimensions.insert(
-            ringmaster_proto::devices::GPU_MILLI.to_string(),
+            crate::devices::GPU_MILLI.to_string(),
             checked(
                 RingLayout::EqualSpans {
                     base: 0,
@@ -241,7 +241,7 @@ impl Default for RingsConfig {
             ),
         );
         dimensions.insert(
-            ringmaster_proto::devices::GPU_MEM.to_string(),
+            crate::devices::GPU_MEM.to_string(),
             checked(RingLayout::Bounds(doubling(1024, 1 << 20)), 1),
         );
         RingsConfig {
