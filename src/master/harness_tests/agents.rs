@@ -117,6 +117,10 @@ fn a_second_live_connection_for_an_agent_id_is_refused() {
     assert!(snap.agents[0].connected);
     h.send(first, Message::Ping(Ping { nonce: 7 }));
     assert_eq!(h.messages(first), vec![Message::Pong(Pong { nonce: 7 })]);
+    assert_eq!(
+        h.history(first),
+        vec![registered("a1"), Out::Msg(Message::Pong(Pong { nonce: 7 }))]
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ use super::{running, status, update};
 /// default partition; everyone else runs at base (0). Agents send no heartbeats in these tests:
 /// agent_timeout is long.
 fn harness() -> Harness {
-    let mut h = Harness::from_yaml(
+    let h = Harness::from_yaml(
         "priorities:\n  users:\n    alice: { default: { priority: 10, quota: \"cpus:4\" } }\n    dave: { default: { priority: 10, quota: \"cpus:8\" } }\nmaster:\n  agent_timeout: 1h\n",
     );
     assert_eq!(h.config().priorities.base(), 0);
