@@ -285,8 +285,8 @@ impl MasterState {
         }
         for key in to_retell {
             let exit_code = self.tasks[&key].exit_code;
-            let status: TaskStatus = self.status_of(&key, exit_code);
-            self.deliver_update(&key.0, status);
+            let status: TaskStatus = self.status_of(&key, exit_code, now);
+            self.deliver_update(&key.0, status, now);
         }
         for key in orphans {
             self.finish_task(

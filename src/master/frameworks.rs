@@ -197,7 +197,9 @@ impl MasterState {
             Message::SubmitBatch(batch) => self.submit_batch(conn, framework_id, batch, now),
             Message::StatusAck(ack) => self.acknowledge(framework_id, &ack.update_id),
             Message::Kill(kill) => self.kill_task(framework_id, &kill.task_id, now),
-            Message::Reconcile(reconcile) => self.reconcile(conn, framework_id, reconcile.task_ids),
+            Message::Reconcile(reconcile) => {
+                self.reconcile(conn, framework_id, reconcile.task_ids, now)
+            }
             Message::Teardown(_) => {
                 tracing::info!(framework = %framework_id, "framework teardown");
                 self.remove_framework(framework_id, "framework_teardown", now);
@@ -229,11 +231,11 @@ impl MasterState {
                 message: "no such task".into(),
                 ..Default::default()
             };
-            return self.deliver_update(framework_id, status);
+            return self.deliver_update(framework_id, status, now);
         };
         if task.state.is_terminal() {
-            let status = self.status_of(&task_key, None);
-            return self.deliver_update(framework_id, status);
+            let status = self.status_of(&task_key, None, now);
+            return self.deliver_update(framework_id, status, now);
         }
         let agent_conn = self.agents.get(&task.agent).and_then(|a| a.conn);
         match agent_conn {
@@ -257,7 +259,7 @@ impl MasterState {
         }
     }
 
-    fn reconcile(&mut self, conn: ConnId, framework_id: &str, task_ids: Vec<String>) {
+    fn reconcile(&mut self, conn: ConnId, framework_id: &str, task_ids: Vec<String>, now: Instant) {
         let ids: Vec<String> = if task_ids.is_empty() {
             let mut ids: Vec<String> = self.frameworks[framework_id]
                 .tasks
@@ -272,7 +274,7 @@ impl MasterState {
         for task_id in ids {
             let task_key: TaskKey = (framework_id.to_string(), task_id.clone());
             let status = if self.tasks.contains_key(&task_key) {
-                self.status_of(&task_key, None)
+                self.status_of(&task_key, None, now)
             } else {
                 TaskStatus {
                     task_id,

@@ -399,7 +399,7 @@ pub(crate) fn add_saturating(into: &mut Resources, add: &Resources) {
 
 impl MasterState {
     /// Copies the state-derived numbers into the shared registry (see the module doc).
-    pub(crate) fn publish_metrics(&self) {
+    pub(crate) fn publish_metrics(&self, now: tokio::time::Instant) {
         let m = &self.metrics;
         let (mut connected, mut disconnected, mut lost) = (0, 0, 0);
         for a in self.agents.values() {
@@ -430,10 +430,8 @@ impl MasterState {
         }
         m.offers_outstanding
             .set(i64::try_from(self.offers.len()).unwrap_or(i64::MAX));
-        m.pending_demands.set(
-            i64::try_from(self.pending_frameworks(tokio::time::Instant::now()).len())
-                .unwrap_or(i64::MAX),
-        );
+        m.pending_demands
+            .set(i64::try_from(self.pending_frameworks(now).len()).unwrap_or(i64::MAX));
         let usage = self.cluster_usage();
         let total = self.cluster.total();
         let free = self.cluster.free();

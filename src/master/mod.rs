@@ -14,6 +14,10 @@ mod batch;
 mod connection;
 mod durability;
 mod frameworks;
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod harness_tests;
 pub mod http;
 mod ids;
 mod limits;
@@ -155,7 +159,8 @@ impl Master {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let shutdown_rx_for_actor = shutdown_rx.clone();
         let stopping = shutdown_rx.clone();
-        let mut actor = state::MasterState::new(config.clone(), metrics.clone());
+        let mut actor =
+            state::MasterState::new(config.clone(), metrics.clone(), tokio::time::Instant::now());
         if let Some((registry, recovered)) = registry {
             actor.recover(registry, recovered, tokio::time::Instant::now());
             actor.commit_turn()?;

@@ -163,6 +163,9 @@ pub struct MasterState {
     pub(crate) unserved: HashSet<FrameworkKey>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) started: Instant,
+    /// Unix milliseconds at `started`: status timestamps are `started_unix_ms` plus the
+    /// injected `now` since `started`, so the state machine reads no clock itself.
+    pub(crate) started_unix_ms: u64,
     /// Resources held at user priority per (user, partition): what counts against quotas.
     pub(crate) ledger: QuotaLedger,
     /// Launch counter: the next task's start order.
@@ -196,7 +199,8 @@ pub struct Counters {
 }
 
 impl MasterState {
-    pub fn new(config: Arc<Config>, metrics: Arc<Metrics>) -> Self {
+    /// A state started at `now` (the caller's clock: the actor passes `Instant::now()`).
+    pub fn new(config: Arc<Config>, metrics: Arc<Metrics>, now: Instant) -> Self {
         let cluster = Cluster::new(config.rings.clone(), config.placer);
         MasterState {
             config,
@@ -218,7 +222,11 @@ impl MasterState {
             counters: Counters::default(),
             unserved: HashSet::new(),
             metrics,
-            started: Instant::now(),
+            started: now,
+            started_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
             ledger: QuotaLedger::default(),
             launches: 0,
             owners: super::owners::IdOwners::default(),
@@ -266,7 +274,7 @@ impl MasterState {
         tracing::info!("master actor stopped");
     }
 
-    fn tick_interval(&self) -> Duration {
+    pub(crate) fn tick_interval(&self) -> Duration {
         let m = &self.config.master;
         let shortest = [
             m.agent_timeout,
@@ -338,7 +346,7 @@ impl MasterState {
                 let _ = reply.send(self.snapshot(now));
             }
             Event::PublishMetrics(reply) => {
-                self.publish_metrics();
+                self.publish_metrics(now);
                 let _ = reply.send(());
             }
             Event::Health(reply) => {

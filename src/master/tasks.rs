@@ -9,13 +9,6 @@ use tokio::time::Instant;
 use super::ids::IdMint;
 use super::state::{MasterState, PendingUpdate, TaskKey, FINISHED_TASKS_KEPT};
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 impl MasterState {
     /// Counts a task's resources as used on its agent and allocated to its framework.
     pub(crate) fn hold_task_resources(
@@ -77,7 +70,7 @@ impl MasterState {
         state: TaskState,
         reason: &str,
         message: &str,
-        _now: Instant,
+        now: Instant,
     ) {
         let Some(task) = self.tasks.get_mut(task_key) else {
             return;
@@ -88,8 +81,8 @@ impl MasterState {
         tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %task.agent,
             state = state.short_name(), reason, "task state");
         self.task_changed(task_key);
-        let status = self.status_of(task_key, None);
-        self.deliver_update(&task_key.0, status);
+        let status = self.status_of(task_key, None, now);
+        self.deliver_update(&task_key.0, status, now);
     }
 
     /// A terminal state: resources go back to the pool and the framework is told.
@@ -140,8 +133,8 @@ impl MasterState {
         self.task_changed(task_key);
         tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %agent_id,
             state = state.short_name(), reason, "task ended");
-        let status = self.status_of(task_key, exit_code);
-        self.deliver_update(&task_key.0, status);
+        let status = self.status_of(task_key, exit_code, now);
+        self.deliver_update(&task_key.0, status, now);
         self.remember_finished(task_key.clone());
         self.request_allocation(now);
     }
@@ -164,8 +157,13 @@ impl MasterState {
         }
     }
 
-    /// The current status of a task, without an update id.
-    pub(crate) fn status_of(&self, task_key: &TaskKey, exit_code: Option<i32>) -> TaskStatus {
+    /// The current status of a task, without an update id, stamped at `now`.
+    pub(crate) fn status_of(
+        &self,
+        task_key: &TaskKey,
+        exit_code: Option<i32>,
+        now: Instant,
+    ) -> TaskStatus {
         let task = &self.tasks[task_key];
         TaskStatus {
             task_id: task_key.1.clone(),
@@ -176,20 +174,25 @@ impl MasterState {
             message: task.message.clone(),
             exit_code,
             update_id: String::new(),
-            timestamp_ms: unix_ms(),
+            timestamp_ms: self.started_unix_ms
+                + now.saturating_duration_since(self.started).as_millis() as u64,
             devices: task.devices.to_wire(),
         }
     }
 
     /// Sends a status update to a framework and keeps it until acknowledged. A framework
     /// that is disconnected gets it when it re-subscribes.
-    pub(crate) fn deliver_update(&mut self, framework_id: &str, mut status: TaskStatus) {
+    pub(crate) fn deliver_update(
+        &mut self,
+        framework_id: &str,
+        mut status: TaskStatus,
+        now: Instant,
+    ) {
         if !self.frameworks.contains_key(framework_id) {
             return;
         }
         let (seq, update_id) = self.fresh_update_id();
         status.update_id = update_id;
-        let now = Instant::now();
         let fw = self
             .frameworks
             .get_mut(framework_id)
