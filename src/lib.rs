@@ -22,3 +22,4 @@ pub mod placement;
 pub mod security;
 pub mod sim;
 pub mod status;
+mod yaml;
