@@ -7,16 +7,18 @@
 //! `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:` section); [`status`]
 //! renders the master's `/state` for `ringmaster status`; [`sim`] replays real traces through
 //! the same placement code for `ringmaster sim`; [`security`] reads the TLS and authentication
-//! settings, and [`certs`] writes development certificates for `ringmaster certs`; [`fuzz`]
-//! generates bad input for the protocol fuzz tests and `ringmaster-stress fuzz`.
+//! settings, and [`certs`] writes development certificates for `ringmaster certs`.
+//!
+//! Dev-only code (the protocol fuzzer, `ringmaster-stress`, `ringmaster-loadgen`) lives in the
+//! unpublished `ringmaster-tools` crate (`tools/`).
 
 pub mod certs;
 pub mod config;
 pub mod dry_run;
 pub mod dry_run_batch;
-pub mod fuzz;
 pub mod local;
 pub mod master;
 pub mod security;
 pub mod sim;
 pub mod status;
+mod yaml;

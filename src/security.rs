@@ -2,7 +2,8 @@
 //! principals exist, what secret each proves, and what each may do.
 //!
 //! Kept apart from [`crate::config`] (which only calls [`apply_tls`] and [`apply_auth`]) so
-//! the security rules live in one place. Errors name file, line and key like every other
+//! the security rules live in one place; the dependency goes one way, `config -> security`,
+//! with the located-error types of both in `crate::yaml`. Errors name file, line and key like every other
 //! config error; a certificate or secret file that cannot be read is reported at load time
 //! with the file's name, not when the first client connects.
 //!
@@ -27,7 +28,7 @@ use ringmaster_proto::security::{check_principal, read_secret_file, verify_mac, 
 use ringmaster_proto::transport::TlsServerFiles;
 use serde::Deserialize;
 
-use crate::config::{ConfigError, Seg, YamlSource};
+use crate::yaml::{ConfigError, Seg, YamlSource};
 
 /// The `tls:` section as written.
 #[derive(Debug, Deserialize)]
@@ -244,8 +245,29 @@ pub fn apply_auth(
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
-    use ringmaster_proto::security::{auth_mac, AuthRole};
+    use super::*;
+    use ringmaster_proto::security::auth_mac;
+
+    /// Reads the `tls:` and `auth:` sections of `text` as `Config::from_yaml` does.
+    fn load(text: &str, file: &str) -> Result<(Option<TlsServerFiles>, AuthConfig), ConfigError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Sections {
+            tls: Option<RawTls>,
+            auth: Option<RawAuth>,
+        }
+        let source = YamlSource { text, file };
+        let raw: Sections = source.parse()?;
+        let tls = match &raw.tls {
+            Some(t) => Some(apply_tls(&source, &["tls".into()], t)?),
+            None => None,
+        };
+        let auth = match &raw.auth {
+            Some(a) => apply_auth(&source, &["auth".into()], a)?,
+            None => AuthConfig::default(),
+        };
+        Ok((tls, auth))
+    }
 
     #[test]
     fn reads_principals_and_checks_their_grants() {
@@ -260,8 +282,8 @@ auth:
     spark: { secret: fw-secret, roles: [framework], users: [alice] }
     ops: { secret: x, roles: [agent, framework], users: ['*'] }
 ";
-        let config = Config::from_yaml(text, &file.display().to_string()).unwrap();
-        let auth = &config.auth;
+        let (_, auth) = load(text, &file.display().to_string()).unwrap();
+        let auth = &auth;
         assert!(auth.required);
         let rack1 = &auth.principals["rack1"];
         let challenge = [7u8; 32];
@@ -314,9 +336,7 @@ auth:
             ("auth:\n  principals:\n    p: { secret: s, roles: [agent], colour: red }\n", "cluster.yaml:3", "colour"),
         ];
         for (text, prefix, word) in cases {
-            let err = Config::from_yaml(text, "cluster.yaml")
-                .unwrap_err()
-                .to_string();
+            let err = load(text, "cluster.yaml").unwrap_err().to_string();
             assert!(
                 err.starts_with(prefix),
                 "{err:?} should start with {prefix:?}"

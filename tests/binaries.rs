@@ -105,7 +105,7 @@ fn exec_usage_errors_exit_2() {
 
 /// Starts ringmaster-exec in the background; its stdout lines arrive on the channel.
 fn spawn_exec(master: &str, args: &[&str]) -> (Proc, mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+    let mut child = Command::new(workspace_bin("ringmaster-exec"))
         .args(["--master", master])
         .args(args)
         .stdout(Stdio::piped())

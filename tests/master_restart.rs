@@ -69,7 +69,7 @@ fn kill_9_of_the_master_mid_run_loses_nothing_and_launches_nothing_twice() {
     );
     let instances = TASKS.to_string();
     let mut exec = Proc(
-        Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+        Command::new(workspace_bin("ringmaster-exec"))
             .args(["--master", &addr, "--name", "durable"])
             .args(["--resources", "cpus:1;mem:128", "--instances", &instances])
             .args(["--failover-timeout", "60", "--connect-timeout", "60"])

@@ -96,7 +96,7 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
 
     // A wrong secret: exit 1 at once, saying why (not a retry loop until the timeout).
     let wrong = dir.path().join("wrong.secret");
-    let refused = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+    let refused = Command::new(workspace_bin("ringmaster-exec"))
         .args([
             "--master",
             &addr,
@@ -128,7 +128,7 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
     assert!(stderr.contains("AUTHENTICATION_FAILED"), "{stderr}");
 
     // Without --tls-ca the plain client is told the master wants TLS.
-    let plain = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+    let plain = Command::new(workspace_bin("ringmaster-exec"))
         .args(["--master", &addr, "--principal", "batch", "--secret-file"])
         .arg(&exec_secret)
         .args([
@@ -152,7 +152,7 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
     assert!(stderr.contains("TLS_REQUIRED"), "{stderr}");
 
     // An agent with a wrong secret stops (exit 1) instead of retrying forever.
-    let agent = Command::new(env!("CARGO_BIN_EXE_ringmaster-agent"))
+    let agent = Command::new(workspace_bin("ringmaster-agent"))
         .args([
             "--master",
             &addr,
@@ -188,7 +188,7 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
     assert!(stderr.contains("AUTHENTICATION_FAILED"), "{stderr}");
 
     // A missing secret file is a usage error naming the file.
-    let missing = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+    let missing = Command::new(workspace_bin("ringmaster-exec"))
         .args([
             "--master",
             &addr,

@@ -41,8 +41,9 @@
 //! with [`Scheduler::batch_offers`] (launches the suggested tasks by default) and
 //! [`Scheduler::batch_result`] (unmatched tasks and why).
 //!
-//! The `exec` module is the logic of `ringmaster-exec`, a command-line framework that runs one
-//! command as N tasks (the analogue of `mesos-execute`).
+//! The package also builds `ringmaster-exec`, a command-line framework on this API that runs one
+//! command as N tasks (the analogue of `mesos-execute`); its TLS and authentication flags are
+//! [`SecurityFlags`], shared with other command-line clients.
 
 #![warn(missing_docs)]
 
@@ -51,8 +52,7 @@ mod backoff;
 mod config;
 mod driver;
 mod error;
-pub mod exec;
-pub mod exec_batch;
+mod flags;
 mod scheduler;
 mod session;
 
@@ -68,6 +68,7 @@ pub use ringmaster_proto::{
 pub use config::{FrameworkConfig, DEFAULT_FAILOVER_TIMEOUT, DEFAULT_RECONNECT_MAX_BACKOFF};
 pub use driver::Driver;
 pub use error::{DriverStopped, SdkError};
+pub use flags::SecurityFlags;
 pub use scheduler::Scheduler;
 pub use session::{run, LAUNCH_DROPPED};
 

@@ -1,37 +1,48 @@
-//! `ringmaster-exec` end to end against the fake master: demand, offers filled or declined,
-//! suppression, one line per state change, teardown and the exit code.
+//! The `ringmaster-exec` binary end to end against the fake master: demand, offers filled or
+//! declined, suppression, one line per state change, teardown and the exit code.
 
 mod support;
 
 use ringmaster_proto::convert::ResourcesWire;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::process::Stdio;
 
-use clap::Parser;
 use ringmaster_proto::{Message, Offers, Update};
-use ringmaster_sdk::exec::{run_exec, ExecArgs};
 use ringmaster_sdk::{Offer, Resources, TaskInfo, TaskState, TaskStatus};
 use support::*;
+use tokio::process::{Child, Command};
 use tokio::time::timeout;
 
-/// Collects what exec prints.
-#[derive(Clone, Default)]
-struct SharedOutput(Arc<Mutex<Vec<u8>>>);
-
-impl Write for SharedOutput {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+/// Starts `ringmaster-exec` against `master` running `echo hello` as `instances` tasks of
+/// `cpus:1;mem:128`, with `extra` flags; its stdout is piped.
+fn start_exec(master: &str, instances: &str, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+        .args([
+            "--master",
+            master,
+            "--name",
+            "job",
+            "--resources",
+            "cpus:1;mem:128",
+        ])
+        .args(["--instances", instances])
+        .args(extra)
+        .args(["--", "echo", "hello"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start ringmaster-exec")
 }
 
-impl SharedOutput {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
+/// Waits for `ringmaster-exec` to exit; returns its exit code and stdout.
+async fn finish(child: Child) -> (i32, String) {
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("ringmaster-exec exits")
+        .unwrap();
+    let code = output.status.code().unwrap_or(-1);
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    (code, stdout)
 }
 
 fn offer(id: &str, agent: &str, resources: &str) -> Offer {
@@ -86,29 +97,10 @@ async fn expect_ack(side: &mut MasterSide, update_id: &str) {
     );
 }
 
-fn exec_args(master: &str, instances: &str) -> ExecArgs {
-    ExecArgs::try_parse_from([
-        "ringmaster-exec",
-        "--master",
-        master,
-        "--name",
-        "job",
-        "--resources",
-        "cpus:1;mem:128",
-        "--instances",
-        instances,
-        "--",
-        "echo",
-        "hello",
-    ])
-    .unwrap()
-}
-
 #[tokio::test]
 async fn exec_fills_offers_prints_states_and_exits_zero() {
     let master = FakeMaster::bind().await;
-    let output = SharedOutput::default();
-    let running = tokio::spawn(run_exec(exec_args(&master.addr, "3"), output.clone()));
+    let running = start_exec(&master.addr, "3", &[]);
 
     let (mut side, subscribe) = master.accept_subscribed("fw-1").await;
     assert_eq!(subscribe.name, "job");
@@ -153,10 +145,10 @@ async fn exec_fills_offers_prints_states_and_exits_zero() {
         expect_ack(&mut side, update_id).await;
     }
     assert!(matches!(side.recv().await, Message::Teardown(_)));
-    let code = timeout(PATIENCE, running).await.unwrap().unwrap();
+    let (code, output) = finish(running).await;
     assert_eq!(code, 0);
     assert_eq!(
-        output.text(),
+        output,
         "TASK job-0 RUNNING agent=a-2\n\
          TASK job-1 RUNNING agent=a-2\n\
          TASK job-2 RUNNING agent=a-3\n\
@@ -169,8 +161,7 @@ async fn exec_fills_offers_prints_states_and_exits_zero() {
 #[tokio::test]
 async fn exec_exits_one_when_a_task_fails() {
     let master = FakeMaster::bind().await;
-    let output = SharedOutput::default();
-    let running = tokio::spawn(run_exec(exec_args(&master.addr, "1"), output.clone()));
+    let running = start_exec(&master.addr, "1", &[]);
 
     let (mut side, _) = master.accept_subscribed("fw-1").await;
     expect_demand(&mut side, 1).await;
@@ -191,18 +182,15 @@ async fn exec_exits_one_when_a_task_fails() {
     .await;
     expect_ack(&mut side, "u1").await;
     assert!(matches!(side.recv().await, Message::Teardown(_)));
-    assert_eq!(timeout(PATIENCE, running).await.unwrap().unwrap(), 1);
-    assert_eq!(
-        output.text(),
-        "TASK job-0 FAILED agent=a-1 reason=exit_status\n"
-    );
+    let (code, output) = finish(running).await;
+    assert_eq!(code, 1);
+    assert_eq!(output, "TASK job-0 FAILED agent=a-1 reason=exit_status\n");
 }
 
 #[tokio::test]
 async fn exec_reconciles_its_open_tasks_after_a_reconnect() {
     let master = FakeMaster::bind().await;
-    let output = SharedOutput::default();
-    let running = tokio::spawn(run_exec(exec_args(&master.addr, "1"), output.clone()));
+    let running = start_exec(&master.addr, "1", &[]);
 
     let (mut side, _) = master.accept_subscribed("fw-1").await;
     expect_demand(&mut side, 1).await;
@@ -223,8 +211,10 @@ async fn exec_reconciles_its_open_tasks_after_a_reconnect() {
     side.send(update("job-0", "a-1", TaskState::TaskFinished, "", ""))
         .await;
     assert!(matches!(side.recv().await, Message::Teardown(_)));
-    assert_eq!(timeout(PATIENCE, running).await.unwrap().unwrap(), 0);
-    assert_eq!(output.text(), "TASK job-0 FINISHED agent=a-1\n");
+    assert_eq!(
+        finish(running).await,
+        (0, "TASK job-0 FINISHED agent=a-1\n".into())
+    );
 }
 
 #[tokio::test]
@@ -232,26 +222,21 @@ async fn exec_reports_an_unreachable_master_with_exit_one() {
     let master = FakeMaster::bind().await;
     let addr = master.addr.clone();
     drop(master);
-    let mut args = exec_args(&addr, "1");
-    args.connect_timeout = 0.3;
-    let code = timeout(PATIENCE, run_exec(args, SharedOutput::default()))
-        .await
-        .unwrap();
-    assert_eq!(code, 1);
+    let exec = start_exec(&addr, "1", &["--connect-timeout", "0.3"]);
+    assert_eq!(finish(exec).await, (1, String::new()));
 }
 
 #[tokio::test]
 async fn exec_refuses_bad_usage_with_exit_two() {
-    let mut args = exec_args("127.0.0.1:1", "1");
-    args.resources = "cpus:lots".into();
-    assert_eq!(run_exec(args, SharedOutput::default()).await, 2);
+    // A later --resources overrides start_exec's.
+    let exec = start_exec("127.0.0.1:1", "1", &["--resources", "cpus:lots"]);
+    assert_eq!(finish(exec).await, (2, String::new()));
 }
 
 #[tokio::test]
 async fn exec_reconciles_when_an_accept_is_refused() {
     let master = FakeMaster::bind().await;
-    let output = SharedOutput::default();
-    let running = tokio::spawn(run_exec(exec_args(&master.addr, "1"), output.clone()));
+    let running = start_exec(&master.addr, "1", &[]);
 
     let (mut side, _) = master.accept_subscribed("fw-1").await;
     expect_demand(&mut side, 1).await;
@@ -271,9 +256,7 @@ async fn exec_reconciles_when_an_accept_is_refused() {
     side.send(update("job-0", "", TaskState::TaskLost, "unknown_task", ""))
         .await;
     assert!(matches!(side.recv().await, Message::Teardown(_)));
-    assert_eq!(timeout(PATIENCE, running).await.unwrap().unwrap(), 1);
-    assert_eq!(
-        output.text(),
-        "TASK job-0 LOST agent= reason=unknown_task\n"
-    );
+    let (code, output) = finish(running).await;
+    assert_eq!(code, 1);
+    assert_eq!(output, "TASK job-0 LOST agent= reason=unknown_task\n");
 }

@@ -20,6 +20,7 @@
 //! let offers = h.expect_offers(&fw);
 //! ```
 
+use ringmaster_proto::convert::ResourcesWire;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -3,12 +3,29 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The path of `name`, a binary of another workspace package (`ringmaster-agent` of the agent
+/// crate, `ringmaster-exec` of the SDK). Cargo sets `CARGO_BIN_EXE_<name>` only for this
+/// package's own binaries and does not build other packages' binaries for its tests, so the
+/// binary is looked up next to `ringmaster` (the same target directory), where
+/// `cargo test --workspace` and `cargo build --workspace` put it. Panics if it is not there.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let ringmaster = Path::new(env!("CARGO_BIN_EXE_ringmaster"));
+    let bin = ringmaster.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{name} not found at {}: it is a binary of another workspace package; \
+         build it first: cargo build --workspace (cargo test --workspace does it too)",
+        bin.display()
+    );
+    bin
+}
 
 /// Kills the child when dropped, so a failing test leaves no process behind.
 pub struct Proc(pub Child);
@@ -81,7 +98,7 @@ pub fn start_agent_with(
     work_dir: &Path,
     extra: &[&str],
 ) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_ringmaster-agent"))
+    let child = Command::new(workspace_bin("ringmaster-agent"))
         .args(extra)
         .args([
             "--master",
@@ -121,7 +138,7 @@ pub fn wait_registered(logs: &mpsc::Receiver<String>, ids: &[&str]) {
 
 /// Runs ringmaster-exec to completion (with a timeout) and returns (exit code, stdout).
 pub fn exec(master: &str, args: &[&str]) -> (i32, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+    let mut child = Command::new(workspace_bin("ringmaster-exec"))
         .args(["--master", master])
         .args(args)
         .stdout(Stdio::piped())

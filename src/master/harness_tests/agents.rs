@@ -1,6 +1,7 @@
 //! The agent conversation: registration, re-registration, refusals, heartbeats, disconnection
 //! and loss.
 
+use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{
     AgentHeartbeat, AgentRegistered, Demand, ErrorCode, KillTask, Message, Ping, Pong, Rescind,

@@ -1,6 +1,7 @@
 //! Batches (docs/batch.md): SubmitBatch → one offer per matched agent with `suggested` tasks,
 //! then BatchResult.
 
+use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::{
     Attribute, BatchResult, BatchTask, ErrorCode, Message, Offer, Offers, Placement, Rescind,
     RunTasks, SubmitBatch, TaskInfo, UnmatchedTask,

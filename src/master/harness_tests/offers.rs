@@ -1,6 +1,7 @@
 //! The offer cycle: demand, offers, accept (and its validation), decline with refuse filters,
 //! rescinds, offer timeout, suppress and revive.
 
+use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::{
     Decline, ErrorCode, Message, Offer, Placement, Rescind, Revive, RunTasks, Suppress, TaskInfo,
     TaskState,

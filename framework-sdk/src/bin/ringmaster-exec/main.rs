@@ -1,11 +1,19 @@
 //! `ringmaster-exec`: run a shell command as N tasks on a Ringmaster cluster.
 //!
-//! A thin shim: the logic is `ringmaster_sdk::exec`, tested with the SDK.
+//! A command-line framework built on the SDK's public API: [`exec`] is the plain mode (one
+//! command as N tasks), [`batch`] the `--batch FILE` mode, [`report`] the exit codes and state
+//! lines both print. Unit tests live with each module; `framework-sdk/tests/exec*.rs` run the
+//! binary against the SDK's fake master.
+
+mod batch;
+mod exec;
+mod report;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use ringmaster_sdk::exec::{run_exec, ExecArgs, EXIT_FAILURE};
+use exec::{run_exec, ExecArgs};
+use report::EXIT_FAILURE;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {

@@ -23,7 +23,7 @@ use ringmaster_proto::{
     Accept, AgentHeartbeat, Connection, Demand, Hello, Message, RegisterAgent, StatusAck,
     StatusUpdate, Subscribe, TaskInfo, TaskState, TaskStatus, PROTOCOL_VERSION,
 };
-use ringmaster_sdk::exec::SecurityFlags;
+use ringmaster_sdk::SecurityFlags;
 
 /// TLS and credential of every simulated agent and framework, set once from the flags.
 static SECURITY: std::sync::OnceLock<ClientSecurity> = std::sync::OnceLock::new();

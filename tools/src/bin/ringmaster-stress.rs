@@ -2,7 +2,7 @@
 //!
 //! Why a separate tool: `ringmaster-loadgen` measures raw throughput with instant tasks; this one
 //! measures what an operator needs to trust the master (docs/reliability.md):
-//! - `fuzz`: millions of random, mutated and wild frames ([`ringmaster::fuzz`]) over many
+//! - `fuzz`: millions of random, mutated and wild frames ([`ringmaster_tools::fuzz`]) over many
 //!   connections, while a well-behaved agent and framework must keep being answered; checks
 //!   the master's stderr for panics and its RSS for growth.
 //! - `load`: thousands of simulated agents with real heartbeats at the configured interval and
@@ -27,13 +27,13 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ringmaster::fuzz::{fuzz_master, FuzzStats};
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{
     Accept, AgentHeartbeat, Connection, Decline, Demand, Hello, Message, Ping, Pong, Reconcile,
     RegisterAgent, StatusAck, StatusUpdate, Subscribe, TaskInfo, TaskState, TaskStatus,
     PROTOCOL_VERSION,
 };
+use ringmaster_tools::fuzz::{fuzz_master, FuzzStats};
 use tokio::net::TcpStream;
 
 #[derive(Parser)]

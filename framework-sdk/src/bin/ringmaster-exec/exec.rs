@@ -1,7 +1,7 @@
-//! `ringmaster-exec`: run one shell command as N tasks, the analogue of `mesos-execute`.
+//! The plain mode of `ringmaster-exec`: run one shell command as N tasks, the analogue of
+//! `mesos-execute`.
 //!
-//! The binary is a thin shim in the root package; the logic lives here so it is tested with the
-//! SDK. The scheduler states its demand (`--resources` × instances not yet launched), fills each
+//! The scheduler states its demand (`--resources` × instances not yet launched), fills each
 //! offer with as many tasks as fit, declines offers it cannot use, suppresses once everything is
 //! launched, prints one line per task state change, and stops when every task is terminal.
 //! Exit codes: 0 when every task FINISHED, 1 otherwise (or when the master cannot be reached),
@@ -15,16 +15,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tracing::warn;
 
-use crate::{
-    task, Driver, ErrorCode, FrameworkConfig, Offer, Resources, Scheduler, TaskState, TaskStatus,
+use ringmaster_sdk::{
+    task, Driver, ErrorCode, FrameworkConfig, Offer, Resources, Scheduler, SecurityFlags,
+    TaskState, TaskStatus,
 };
 
-/// Exit code when every task finished.
-pub const EXIT_SUCCESS: i32 = 0;
-/// Exit code when a task did not finish, or the framework could not run.
-pub const EXIT_FAILURE: i32 = 1;
-/// Exit code for a bad command line.
-pub const EXIT_USAGE: i32 = 2;
+use crate::batch::{BatchExecScheduler, BatchFile};
+use crate::report::{exit_code, status_line, EXIT_FAILURE, EXIT_USAGE};
 
 /// Command line of `ringmaster-exec`.
 #[derive(Debug, Clone, clap::Parser)]
@@ -81,39 +78,6 @@ pub struct ExecArgs {
     pub command: Vec<String>,
 }
 
-/// The flags every framework-side command-line client shares for TLS and authentication.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct SecurityFlags {
-    /// Connect over TLS, trusting the master certificate's CA in this PEM file.
-    #[arg(long, value_name = "FILE")]
-    pub tls_ca: Option<std::path::PathBuf>,
-    /// Client certificate (PEM) for a master that requires mutual TLS; needs --tls-key.
-    #[arg(long, value_name = "FILE")]
-    pub tls_cert: Option<std::path::PathBuf>,
-    /// Private key (PEM) of --tls-cert.
-    #[arg(long, value_name = "FILE")]
-    pub tls_key: Option<std::path::PathBuf>,
-    /// Principal to authenticate as (needs --secret-file).
-    #[arg(long, value_name = "NAME")]
-    pub principal: Option<String>,
-    /// File holding the principal's shared secret (one trailing newline is ignored).
-    #[arg(long, value_name = "FILE")]
-    pub secret_file: Option<std::path::PathBuf>,
-}
-
-impl SecurityFlags {
-    /// Loads the files the flags name; the error names the flag and the file.
-    pub fn load(&self) -> Result<ringmaster_proto::transport::ClientSecurity, String> {
-        ringmaster_proto::transport::ClientSecurity::from_flags(
-            self.tls_ca.as_deref(),
-            self.tls_cert.as_deref(),
-            self.tls_key.as_deref(),
-            self.principal.as_deref(),
-            self.secret_file.as_deref(),
-        )
-    }
-}
-
 /// A command line that parsed but cannot be run; the message names the bad part.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -131,7 +95,7 @@ pub struct ExecPlan {
     /// The `sh -c` command line.
     pub command: String,
     /// With `--batch`: the batch (then `unit`, `instances` and `command` are unused).
-    pub batch: Option<crate::exec_batch::BatchFile>,
+    pub batch: Option<BatchFile>,
     /// `TaskInfo::priority_class` of every task (`""`: the user's priority within quota).
     pub priority_class: String,
     /// `TaskInfo::gpu_models` of every task: `gpu_model:A|B` of `--resources` (docs/devices.md).
@@ -151,8 +115,7 @@ impl ExecArgs {
                     "--batch takes tasks, resources and commands from the file: drop --resources, --instances and the command".into(),
                 );
             }
-            let batch = crate::exec_batch::BatchFile::load(path)
-                .map_err(|e| UsageError(format!("--batch {e}")))?;
+            let batch = BatchFile::load(path).map_err(|e| UsageError(format!("--batch {e}")))?;
             let mut plan = ExecArgs {
                 batch: None,
                 resources: "cpus:1".into(),
@@ -277,34 +240,6 @@ pub fn tasks_fitting(offered: &Resources, unit: &Resources, remaining: u32) -> u
     offered.copies_of(unit).min(u64::from(remaining)) as u32
 }
 
-/// The process exit code for the tasks' final states (`None`: never reported): 0 iff every task
-/// FINISHED.
-pub fn exit_code<'a>(states: impl IntoIterator<Item = &'a Option<TaskState>>) -> i32 {
-    let all_finished = states
-        .into_iter()
-        .all(|state| *state == Some(TaskState::TaskFinished));
-    if all_finished {
-        EXIT_SUCCESS
-    } else {
-        EXIT_FAILURE
-    }
-}
-
-/// The line printed for a state change: `TASK <id> <STATE> agent=<agent>[ reason=<reason>]`.
-pub fn status_line(status: &TaskStatus) -> String {
-    let mut line = format!(
-        "TASK {} {} agent={}",
-        status.task_id,
-        status.state().short_name(),
-        status.agent_id
-    );
-    if !status.reason.is_empty() {
-        line.push_str(" reason=");
-        line.push_str(&status.reason);
-    }
-    line
-}
-
 /// The scheduler behind `ringmaster-exec`; `out` receives the state lines.
 pub struct ExecScheduler<W> {
     name: String,
@@ -344,11 +279,6 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
     /// The exit code for the states seen so far.
     pub fn exit_code(&self) -> i32 {
         exit_code(&self.states)
-    }
-
-    /// The last state of every task, by index.
-    pub fn states(&self) -> &[Option<TaskState>] {
-        &self.states
     }
 
     fn remaining(&self) -> u32 {
@@ -494,8 +424,8 @@ pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 
     };
     if let Some(batch) = plan.batch {
         let batch_id = batch.batch_id.unwrap_or_else(|| plan.config.name.clone());
-        let scheduler = crate::exec_batch::BatchExecScheduler::new(batch_id, batch.tasks, out);
-        return match crate::run(plan.config, scheduler).await {
+        let scheduler = BatchExecScheduler::new(batch_id, batch.tasks, out);
+        return match ringmaster_sdk::run(plan.config, scheduler).await {
             Ok(scheduler) => scheduler.exit_code(),
             Err(e) => {
                 eprintln!("ringmaster-exec: {e}");
@@ -504,7 +434,7 @@ pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 
         };
     }
     let scheduler = ExecScheduler::new(&plan, out);
-    match crate::run(plan.config, scheduler).await {
+    match ringmaster_sdk::run(plan.config, scheduler).await {
         Ok(scheduler) => scheduler.exit_code(),
         Err(e) => {
             eprintln!("ringmaster-exec: {e}");
@@ -613,34 +543,6 @@ mod tests {
             .plan()
             .unwrap_err();
         assert!(err.0.contains("--resources: ambiguous"), "{}", err.0);
-    }
-
-    #[test]
-    fn exit_code_is_zero_only_when_every_task_finished() {
-        use TaskState::*;
-        assert_eq!(exit_code(&[Some(TaskFinished), Some(TaskFinished)]), 0);
-        assert_eq!(exit_code(&[Some(TaskFinished), Some(TaskFailed)]), 1);
-        assert_eq!(exit_code(&[Some(TaskKilled)]), 1);
-        assert_eq!(exit_code(&[Some(TaskLost)]), 1);
-        assert_eq!(exit_code(&[Some(TaskFinished), None]), 1);
-        assert_eq!(exit_code(&[Some(TaskRunning)]), 1);
-    }
-
-    #[test]
-    fn status_line_has_state_agent_and_optional_reason() {
-        let mut status = TaskStatus {
-            task_id: "job-0".into(),
-            agent_id: "a1".into(),
-            state: TaskState::TaskRunning as i32,
-            ..TaskStatus::default()
-        };
-        assert_eq!(status_line(&status), "TASK job-0 RUNNING agent=a1");
-        status.state = TaskState::TaskKilled as i32;
-        status.reason = "preempted".into();
-        assert_eq!(
-            status_line(&status),
-            "TASK job-0 KILLED agent=a1 reason=preempted"
-        );
     }
 
     #[test]

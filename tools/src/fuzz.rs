@@ -1,8 +1,8 @@
 //! Bad input at scale: a seeded generator of random, mutated and wild-but-valid protocol frames,
 //! and a client that throws them at a live master.
 //!
-//! Why here, in the library: the same generator drives the bounded fuzz tests in `cargo test`
-//! (`tests/fuzz_protocol.rs`) and the million-frame run of `ringmaster-stress fuzz` against a
+//! Why a library module: the same generator drives the bounded fuzz tests in `cargo test`
+//! (`tools/tests/fuzz_protocol.rs`) and the million-frame run of `ringmaster-stress fuzz` against a
 //! release master, so a failure found by one is reproducible by the other from its seed.
 //!
 //! Three shapes of frame, all correctly length-prefixed unless said otherwise:

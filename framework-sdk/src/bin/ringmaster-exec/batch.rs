@@ -26,11 +26,12 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use tracing::warn;
 
-use crate::exec::{exit_code, status_line};
-use crate::{
+use ringmaster_sdk::{
     batch_task, task, BatchResult, BatchTask, Driver, ErrorCode, Offer, Resources, Scheduler,
     TaskState, TaskStatus,
 };
+
+use crate::report::{exit_code, status_line};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -166,11 +167,6 @@ impl<W: Write + Send + 'static> BatchExecScheduler<W> {
         exit_code(&self.states)
     }
 
-    /// The batch result, once it arrived.
-    pub fn result(&self) -> Option<&BatchResult> {
-        self.result.as_ref()
-    }
-
     fn print(&mut self, line: &str) {
         if let Err(e) = writeln!(self.out, "{line}").and_then(|()| self.out.flush()) {
             warn!(error = %e, "could not print a line");
@@ -243,7 +239,7 @@ impl<W: Write + Send + 'static> Scheduler for BatchExecScheduler<W> {
                     self.launched.insert(i);
                 }
             }
-            let _ = crate::accept_suggested(driver, offer);
+            let _ = ringmaster_sdk::accept_suggested(driver, offer);
         }
     }
 

@@ -1,7 +1,6 @@
 //! The `ringmaster-exec` binary: usage errors exit 2 with a one-line message, and a run against
 //! the SDK's fake master prints the state lines and exits 0.
 
-#[path = "../framework-sdk/tests/support/mod.rs"]
 mod support;
 
 use ringmaster_proto::convert::ResourcesWire;

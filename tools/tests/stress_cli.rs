@@ -2,12 +2,29 @@
 //! agents and frameworks (and, with `serve --work-dir`, the master) are killed and restarted,
 //! and the fuzz run against a child master finds no panic. The full-size runs and their figures are in docs/reliability.md.
 
+use std::path::PathBuf;
 use std::process::Command;
+
+/// `ringmaster serve` is a binary of the root package, which Cargo does not build for this
+/// package's tests: it is found next to `ringmaster-stress` (same target directory), where
+/// `cargo test --workspace` puts it.
+fn master_bin() -> PathBuf {
+    let stress = std::path::Path::new(env!("CARGO_BIN_EXE_ringmaster-stress"));
+    let bin = stress.with_file_name(format!("ringmaster{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} is missing: the stress tests run the master binary of the root package; \
+         build it first: cargo build --workspace (or run cargo test --workspace)",
+        bin.display()
+    );
+    bin
+}
 
 fn stress(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ringmaster-stress"))
         .args(args)
-        .args(["--master-bin", env!("CARGO_BIN_EXE_ringmaster")])
+        .arg("--master-bin")
+        .arg(master_bin())
         .output()
         .expect("ringmaster-stress runs");
     let text = format!(

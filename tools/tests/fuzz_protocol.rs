@@ -6,6 +6,7 @@
 //! (default 4,000) and `RINGMASTER_FUZZ_SEED` for the live master; the million-frame run
 //! against a release master is `ringmaster-stress fuzz` (docs/reliability.md).
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,8 +15,8 @@ use std::time::Duration;
 use common::*;
 use proptest::prelude::*;
 use prost::Message as _;
-use ringmaster::fuzz::{fuzz_master, FrameFuzzer, FuzzRole};
 use ringmaster_proto::{Connection, Envelope, Message, Ping};
+use ringmaster_tools::fuzz::{fuzz_master, FrameFuzzer, FuzzRole};
 use tokio::io::AsyncWriteExt;
 
 /// Panics anywhere in this test binary (connection tasks included, which tokio would
@@ -148,7 +149,7 @@ async fn live_master_survives_fuzz_and_keeps_answering_others() {
         let offer = fw.expect_offers().await.remove(0);
         fw.decline(&offer.offer_id, 0.001).await;
     }
-    let mut total = ringmaster::fuzz::FuzzStats::default();
+    let mut total = ringmaster_tools::fuzz::FuzzStats::default();
     for f in fuzzers {
         total.add(
             &f.await
