@@ -1,13 +1,14 @@
-//! Ringmaster master crate: the pure placement library, its configuration, the master, local
-//! mode, the dry-run, and the trace-driven simulator.
+//! Ringmaster master crate: the imperative shell around the pure core (`ringmaster-core`):
+//! configuration, the master, local mode, the dry-run, the trace-driven simulator and the
+//! `ringmaster` binary.
 //!
-//! [`placement`] decides (no I/O); [`config`] reads the operator's YAML with errors that name
-//! file, line and key; [`master`] runs the offer cycle over the wire; [`local`] runs a master
-//! and agents in one process; [`dry_run`] runs placement over a scenario file for
-//! `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:` section); [`status`]
-//! renders the master's `/state` for `ringmaster status`; [`sim`] replays real traces through
-//! the same placement code for `ringmaster sim`; [`security`] reads the TLS and authentication
-//! settings, and [`certs`] writes development certificates for `ringmaster certs`.
+//! [`config`] reads the operator's YAML with errors that name file, line and key; [`master`]
+//! runs the offer cycle over the wire, deciding with `ringmaster_core::placement`; [`local`]
+//! runs a master and agents in one process; [`dry_run`] runs the core's allocation over a
+//! scenario file for `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:`
+//! section); [`status`] renders the master's `/state` for `ringmaster status`; [`sim`] replays
+//! real traces through the same core for `ringmaster sim`; [`security`] reads the TLS and
+//! authentication settings, and [`certs`] writes development certificates for `ringmaster certs`.
 //!
 //! Dev-only code (the protocol fuzzer, `ringmaster-stress`, `ringmaster-loadgen`) lives in the
 //! unpublished `ringmaster-tools` crate (`tools/`).

@@ -4,6 +4,11 @@
 //! each frame is a 4-byte big-endian length followed by one protobuf [`Envelope`]. This crate
 //! owns the messages (generated from `proto/ringmaster.proto`), the framing
 //! ([`Connection`]) and the version handshake, so no other crate touches bytes on the wire.
+//! [`transport`] carries the frames over plain TCP or TLS, [`security`] is the HMAC challenge,
+//! and [`convert`] turns the core's `Resources` and device types into their wire form and back.
+//!
+//! Wire only: the resource and device *model* is `ringmaster-core`'s, re-exported here as
+//! [`resources`] and [`devices`] so every component names it one way.
 
 mod connection;
 pub mod convert;
