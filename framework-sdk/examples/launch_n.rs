@@ -54,7 +54,8 @@ impl Scheduler for LaunchN {
     async fn status_update(&mut self, driver: &Driver, status: TaskStatus) {
         let state = status.state();
         println!("{} {}", status.task_id, state.short_name());
-        if state.is_terminal() {
+        // A task LOST with its agent may come back RUNNING: count only final states.
+        if status.is_final() {
             if state == ringmaster_sdk::TaskState::TaskFinished {
                 self.finished += 1;
             } else {

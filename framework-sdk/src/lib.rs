@@ -24,7 +24,8 @@
 //!         }
 //!     }
 //!     async fn status_update(&mut self, driver: &Driver, status: TaskStatus) {
-//!         if status.state().is_terminal() {
+//!         // Final: terminal, and not a LOST its agent may still come back from.
+//!         if status.is_final() {
 //!             let _ = driver.stop();
 //!         }
 //!     }

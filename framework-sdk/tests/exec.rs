@@ -260,3 +260,67 @@ async fn exec_reconciles_when_an_accept_is_refused() {
     assert_eq!(code, 1);
     assert_eq!(output, "TASK job-0 LOST agent= reason=unknown_task\n");
 }
+
+/// Starts exec with one task, has it offered and accepted, and returns the master's side.
+async fn one_task_launched(master: &FakeMaster) -> MasterSide {
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 1).await;
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-1", "a-1", "cpus:1;mem:128")],
+    }))
+    .await;
+    expect_accept(&mut side, "o-1").await;
+    expect_demand(&mut side, 0).await;
+    assert!(matches!(side.recv().await, Message::Suppress(_)));
+    side
+}
+
+#[tokio::test]
+async fn exec_accepts_a_task_lost_with_its_agent_coming_back_and_finishing() {
+    let master = FakeMaster::bind().await;
+    let running = start_exec(&master.addr, "1", &[]);
+    let mut side = one_task_launched(&master).await;
+    let script = [
+        (TaskState::TaskRunning, "", "u1"),
+        // The agent missed its heartbeats (a paused agent), then came back with the task.
+        (TaskState::TaskLost, "agent_lost", "u2"),
+        (TaskState::TaskRunning, "agent_reregistered", "u3"),
+        (TaskState::TaskFinished, "", "u4"),
+    ];
+    for (state, reason, update_id) in script {
+        side.send(update("job-0", "a-1", state, reason, update_id))
+            .await;
+        // Before the fix exec tore down right after the LOST: its Teardown came here instead.
+        expect_ack(&mut side, update_id).await;
+    }
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    let (code, output) = finish(running).await;
+    assert_eq!(code, 0, "{output}");
+    assert_eq!(
+        output,
+        "TASK job-0 RUNNING agent=a-1\n\
+         TASK job-0 LOST agent=a-1 reason=agent_lost\n\
+         TASK job-0 RUNNING agent=a-1 reason=agent_reregistered\n\
+         TASK job-0 FINISHED agent=a-1\n"
+    );
+}
+
+#[tokio::test]
+async fn exec_with_no_lost_grace_gives_up_on_a_lost_task_at_once() {
+    let master = FakeMaster::bind().await;
+    let running = start_exec(&master.addr, "1", &["--lost-grace", "0"]);
+    let mut side = one_task_launched(&master).await;
+    side.send(update(
+        "job-0",
+        "a-1",
+        TaskState::TaskLost,
+        "agent_lost",
+        "u1",
+    ))
+    .await;
+    expect_ack(&mut side, "u1").await;
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    let (code, output) = finish(running).await;
+    assert_eq!(code, 1);
+    assert_eq!(output, "TASK job-0 LOST agent=a-1 reason=agent_lost\n");
+}

@@ -107,6 +107,20 @@ impl Error {
     }
 }
 
+/// The reason of a `TASK_LOST` that may still be undone: the agent missed its heartbeats, and
+/// if it comes back with the task the master reports `TASK_RUNNING` again (docs/protocol.md).
+pub const REASON_AGENT_LOST: &str = "agent_lost";
+
+impl TaskStatus {
+    /// Whether this status is the task's last word: a terminal state other than a `TASK_LOST`
+    /// with reason [`REASON_AGENT_LOST`], which the documented recovery (the agent re-registers
+    /// with the task) turns back into `TASK_RUNNING`.
+    pub fn is_final(&self) -> bool {
+        let state = self.state();
+        state.is_terminal() && !(state == TaskState::TaskLost && self.reason == REASON_AGENT_LOST)
+    }
+}
+
 impl TaskState {
     /// Terminal states never change again.
     pub fn is_terminal(self) -> bool {

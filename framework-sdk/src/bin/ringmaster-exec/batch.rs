@@ -31,7 +31,7 @@ use ringmaster_sdk::{
     TaskState, TaskStatus,
 };
 
-use crate::report::{exit_code, status_line};
+use crate::report::{exit_code, status_line, Progress, Stopper, TaskBook};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -133,17 +133,23 @@ pub struct BatchExecScheduler<W> {
     tasks: Vec<BatchTask>,
     index_of: HashMap<String, usize>,
     /// Last state per task; unmatched tasks stay `None`.
-    states: Vec<Option<TaskState>>,
+    book: TaskBook,
     launched: HashSet<usize>,
     result: Option<BatchResult>,
     submitted: bool,
-    stopping: bool,
+    stopper: Stopper,
     out: W,
 }
 
 impl<W: Write + Send + 'static> BatchExecScheduler<W> {
-    /// A scheduler submitting `tasks` as batch `batch_id`, printing its lines to `out`.
-    pub fn new(batch_id: String, tasks: Vec<BatchTask>, out: W) -> Self {
+    /// A scheduler submitting `tasks` as batch `batch_id`, printing its lines to `out`; tasks
+    /// LOST with their agent get `lost_grace` to come back (see `--lost-grace`).
+    pub fn new(
+        batch_id: String,
+        tasks: Vec<BatchTask>,
+        lost_grace: std::time::Duration,
+        out: W,
+    ) -> Self {
         let index_of = tasks
             .iter()
             .enumerate()
@@ -151,20 +157,20 @@ impl<W: Write + Send + 'static> BatchExecScheduler<W> {
             .collect();
         BatchExecScheduler {
             batch_id,
-            states: vec![None; tasks.len()],
+            book: TaskBook::new(tasks.len()),
             tasks,
             index_of,
             launched: HashSet::new(),
             result: None,
             submitted: false,
-            stopping: false,
+            stopper: Stopper::new(lost_grace),
             out,
         }
     }
 
     /// 0 iff every task of the batch FINISHED.
     pub fn exit_code(&self) -> i32 {
-        exit_code(&self.states)
+        exit_code(self.book.states())
     }
 
     fn print(&mut self, line: &str) {
@@ -178,25 +184,19 @@ impl<W: Write + Send + 'static> BatchExecScheduler<W> {
             warn!(task_id = %status.task_id, "status of a task not in the batch ignored");
             return;
         };
-        let state = status.state();
-        let previous = self.states[index];
-        if previous == Some(state) || previous.is_some_and(TaskState::is_terminal) {
-            return;
+        if self.book.record(index, status) {
+            self.print(&status_line(status));
         }
-        self.states[index] = Some(state);
-        self.print(&status_line(status));
     }
 
+    /// Stops when every task ended for good, or after the lost grace (see [`Stopper`]).
     fn stop_when_done(&mut self, driver: &Driver) {
-        let done = self.result.is_some()
-            && self
-                .launched
-                .iter()
-                .all(|&i| self.states[i].is_some_and(TaskState::is_terminal));
-        if done && !self.stopping {
-            self.stopping = true;
-            let _ = driver.stop();
-        }
+        let progress = if self.result.is_some() {
+            self.book.progress(self.launched.iter().copied())
+        } else {
+            Progress::Open
+        };
+        self.stopper.update(progress, driver);
     }
 }
 

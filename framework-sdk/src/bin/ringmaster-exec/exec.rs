@@ -21,7 +21,9 @@ use ringmaster_sdk::{
 };
 
 use crate::batch::{BatchExecScheduler, BatchFile};
-use crate::report::{exit_code, status_line, EXIT_FAILURE, EXIT_USAGE};
+use crate::report::{
+    exit_code, status_line, Progress, Stopper, TaskBook, EXIT_FAILURE, EXIT_USAGE,
+};
 
 /// Command line of `ringmaster-exec`.
 #[derive(Debug, Clone, clap::Parser)]
@@ -66,6 +68,11 @@ pub struct ExecArgs {
     /// Give up (exit 1) when the master cannot be reached for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub connect_timeout: f64,
+    /// When every task has ended but some are LOST with their agent (reason `agent_lost`), wait
+    /// this many seconds for the agent to come back with them (they then report RUNNING
+    /// again) before exiting 1; 0 exits at once.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub lost_grace: f64,
     /// Submit the tasks of this YAML file as one batch to be matched at once (see
     /// docs/batch.md); then no --resources, --instances or command.
     #[arg(long, value_name = "FILE")]
@@ -100,6 +107,8 @@ pub struct ExecPlan {
     pub priority_class: String,
     /// `TaskInfo::gpu_models` of every task: `gpu_model:A|B` of `--resources` (docs/devices.md).
     pub gpu_models: Vec<String>,
+    /// How long tasks LOST with their agent may take to come back (`--lost-grace`).
+    pub lost_grace: Duration,
 }
 
 impl ExecArgs {
@@ -164,6 +173,15 @@ impl ExecArgs {
                 ))
             }
         };
+        let lost_grace = match Duration::try_from_secs_f64(self.lost_grace) {
+            Ok(t) if t <= Duration::from_secs(86_400) => t,
+            _ => {
+                return usage(format!(
+                    "--lost-grace must be a number of seconds from 0 to 86400, got {}",
+                    self.lost_grace
+                ))
+            }
+        };
         let command = self.command.join(" ");
         if command.trim().is_empty() {
             return usage("the command after `--` is empty".into());
@@ -207,6 +225,7 @@ impl ExecArgs {
             batch: None,
             priority_class,
             gpu_models,
+            lost_grace,
         })
     }
 }
@@ -247,11 +266,11 @@ pub struct ExecScheduler<W> {
     command: String,
     priority_class: String,
     gpu_models: Vec<String>,
-    /// The last state of each task by index; `None` until launched and reported.
-    states: Vec<Option<TaskState>>,
+    /// The last state of each task by index.
+    book: TaskBook,
     index_of: HashMap<String, usize>,
     launched: u32,
-    stopping: bool,
+    stopper: Stopper,
     out: W,
 }
 
@@ -268,43 +287,32 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
             command: plan.command.clone(),
             priority_class: plan.priority_class.clone(),
             gpu_models: plan.gpu_models.clone(),
-            states: vec![None; plan.instances as usize],
+            book: TaskBook::new(plan.instances as usize),
             index_of,
             launched: 0,
-            stopping: false,
+            stopper: Stopper::new(plan.lost_grace),
             out,
         }
     }
 
     /// The exit code for the states seen so far.
     pub fn exit_code(&self) -> i32 {
-        exit_code(&self.states)
+        exit_code(self.book.states())
     }
 
     fn remaining(&self) -> u32 {
-        self.states.len() as u32 - self.launched
+        self.book.states().len() as u32 - self.launched
     }
 
-    fn all_terminal(&self) -> bool {
-        self.launched as usize == self.states.len()
-            && self
-                .states
-                .iter()
-                .all(|s| s.is_some_and(TaskState::is_terminal))
-    }
-
-    /// Records a state; prints a line when it changed. Terminal states are final.
+    /// Records a state; prints a line when it changed (see [`TaskBook`]).
     fn record(&mut self, status: &TaskStatus) {
         let Some(&index) = self.index_of.get(&status.task_id) else {
             warn!(task_id = %status.task_id, "status of a task this run did not launch ignored");
             return;
         };
-        let state = status.state();
-        let previous = self.states[index];
-        if previous == Some(state) || previous.is_some_and(TaskState::is_terminal) {
+        if !self.book.record(index, status) {
             return;
         }
-        self.states[index] = Some(state);
         if let Err(e) =
             writeln!(self.out, "{}", status_line(status)).and_then(|()| self.out.flush())
         {
@@ -315,7 +323,7 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
     /// Asks for the state of every launched task not yet terminal.
     fn reconcile_open(&self, driver: &Driver) {
         let open: Vec<String> = (0..self.launched as usize)
-            .filter(|&i| !self.states[i].is_some_and(TaskState::is_terminal))
+            .filter(|&i| !self.book.ended(i))
             .map(|i| format!("{}-{i}", self.name))
             .collect();
         if !open.is_empty() {
@@ -323,11 +331,14 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
         }
     }
 
+    /// Stops when every task ended for good, or after the lost grace (see [`Stopper`]).
     fn stop_when_done(&mut self, driver: &Driver) {
-        if !self.stopping && self.all_terminal() {
-            self.stopping = true;
-            let _ = driver.stop();
-        }
+        let progress = if self.launched as usize == self.book.states().len() {
+            self.book.progress(0..self.book.states().len())
+        } else {
+            Progress::Open
+        };
+        self.stopper.update(progress, driver);
     }
 }
 
@@ -424,7 +435,7 @@ pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 
     };
     if let Some(batch) = plan.batch {
         let batch_id = batch.batch_id.unwrap_or_else(|| plan.config.name.clone());
-        let scheduler = BatchExecScheduler::new(batch_id, batch.tasks, out);
+        let scheduler = BatchExecScheduler::new(batch_id, batch.tasks, plan.lost_grace, out);
         return match ringmaster_sdk::run(plan.config, scheduler).await {
             Ok(scheduler) => scheduler.exit_code(),
             Err(e) => {

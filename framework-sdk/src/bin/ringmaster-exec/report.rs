@@ -1,7 +1,10 @@
 //! What `ringmaster-exec` prints and returns, shared by the plain mode ([`crate::exec`]) and the
 //! batch mode ([`crate::batch`]): the exit codes and the per-task state line.
 
-use ringmaster_sdk::{TaskState, TaskStatus};
+use std::time::Duration;
+
+use ringmaster_sdk::{Driver, TaskState, TaskStatus};
+use tokio::task::AbortHandle;
 
 /// Exit code when every task finished.
 pub const EXIT_SUCCESS: i32 = 0;
@@ -38,6 +41,140 @@ pub fn status_line(status: &TaskStatus) -> String {
     line
 }
 
+/// Each task's last state as exec sees it, by index.
+///
+/// Terminal states are final, except a `TASK_LOST` with reason `agent_lost`: the agent may come
+/// back with the task, and the master then reports `TASK_RUNNING` (docs/protocol.md), so such a
+/// task is only *provisionally* ended until another update or the lost grace says otherwise.
+#[derive(Debug, Clone)]
+pub struct TaskBook {
+    states: Vec<Option<TaskState>>,
+    provisional: Vec<bool>,
+}
+
+/// Where a set of tasks stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Some task has not ended.
+    Open,
+    /// Every task ended, some only provisionally (LOST, awaiting recovery).
+    AwaitingRecovery,
+    /// Every task ended for good.
+    Done,
+}
+
+impl TaskBook {
+    /// `n` tasks, none reported.
+    pub fn new(n: usize) -> Self {
+        TaskBook {
+            states: vec![None; n],
+            provisional: vec![false; n],
+        }
+    }
+
+    /// The last states, for the exit code.
+    pub fn states(&self) -> &[Option<TaskState>] {
+        &self.states
+    }
+
+    /// Records `status` for task `index`; true when its state changed (print a line).
+    pub fn record(&mut self, index: usize, status: &TaskStatus) -> bool {
+        let state = status.state();
+        let previous = self.states[index];
+        let ended_for_good =
+            previous.is_some_and(TaskState::is_terminal) && !self.provisional[index];
+        if ended_for_good {
+            return false;
+        }
+        self.provisional[index] = state.is_terminal() && !status.is_final();
+        if previous == Some(state) {
+            return false;
+        }
+        self.states[index] = Some(state);
+        true
+    }
+
+    /// Whether task `index` has ended (provisionally or for good).
+    pub fn ended(&self, index: usize) -> bool {
+        self.states[index].is_some_and(TaskState::is_terminal)
+    }
+
+    /// Where the tasks `indices` stand.
+    pub fn progress(&self, indices: impl IntoIterator<Item = usize>) -> Progress {
+        let mut awaiting = false;
+        for i in indices {
+            if !self.ended(i) {
+                return Progress::Open;
+            }
+            awaiting |= self.provisional[i];
+        }
+        if awaiting {
+            Progress::AwaitingRecovery
+        } else {
+            Progress::Done
+        }
+    }
+}
+
+/// When to stop the framework: once every task ended for good, or once the lost grace runs out
+/// while the only open tasks are LOST with their agent.
+#[derive(Debug)]
+pub struct Stopper {
+    stopping: bool,
+    lost_grace: Duration,
+    /// Armed while every task has ended but some are LOST with their agent.
+    lost_timer: Option<AbortHandle>,
+}
+
+impl Stopper {
+    /// A stopper that gives LOST tasks `lost_grace` to come back (0: none).
+    pub fn new(lost_grace: Duration) -> Self {
+        Stopper {
+            stopping: false,
+            lost_grace,
+            lost_timer: None,
+        }
+    }
+
+    /// Acts on where the tasks stand now.
+    pub fn update(&mut self, progress: Progress, driver: &Driver) {
+        if self.stopping {
+            return;
+        }
+        match progress {
+            Progress::AwaitingRecovery if !self.lost_grace.is_zero() => {
+                if self.lost_timer.is_none() {
+                    self.lost_timer = Some(stop_after(driver, self.lost_grace));
+                }
+                return;
+            }
+            Progress::Open => {}
+            Progress::AwaitingRecovery | Progress::Done => {
+                self.stopping = true;
+                let _ = driver.stop();
+            }
+        }
+        if let Some(timer) = self.lost_timer.take() {
+            timer.abort();
+        }
+    }
+}
+
+/// Stops `driver` after `grace` unless aborted first: the tasks still LOST by then are taken
+/// as lost for good.
+fn stop_after(driver: &Driver, grace: Duration) -> AbortHandle {
+    let driver = driver.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        eprintln!(
+            "ringmaster-exec: tasks still LOST after --lost-grace {}s; giving up",
+            grace.as_secs_f64()
+        );
+        let _ = driver.stop();
+    })
+    .abort_handle()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +205,50 @@ mod tests {
             status_line(&status),
             "TASK job-0 KILLED agent=a1 reason=preempted"
         );
+    }
+
+    fn lost(reason: &str) -> TaskStatus {
+        TaskStatus {
+            state: TaskState::TaskLost as i32,
+            reason: reason.into(),
+            ..TaskStatus::default()
+        }
+    }
+
+    fn with(state: TaskState) -> TaskStatus {
+        TaskStatus {
+            state: state as i32,
+            ..TaskStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_task_lost_with_its_agent_may_recover_and_finish() {
+        let mut book = TaskBook::new(1);
+        assert!(book.record(0, &with(TaskState::TaskRunning)));
+        assert!(book.record(0, &lost("agent_lost")));
+        assert_eq!(book.progress([0]), Progress::AwaitingRecovery);
+        assert!(book.record(0, &with(TaskState::TaskRunning)));
+        assert_eq!(book.progress([0]), Progress::Open);
+        assert!(book.record(0, &with(TaskState::TaskFinished)));
+        assert_eq!(book.progress([0]), Progress::Done);
+        assert_eq!(exit_code(book.states()), EXIT_SUCCESS);
+        // Final means final.
+        assert!(!book.record(0, &with(TaskState::TaskRunning)));
+    }
+
+    #[test]
+    fn other_terminal_states_and_other_losses_are_final() {
+        let mut book = TaskBook::new(3);
+        book.record(0, &with(TaskState::TaskFailed));
+        book.record(1, &lost("agent_reregistered"));
+        book.record(2, &lost("agent_lost"));
+        // The same state again with a final reason: no line, but no longer provisional.
+        assert!(!book.record(2, &lost("reconciliation")));
+        assert_eq!(book.progress([0, 1, 2]), Progress::Done);
+        for i in 0..3 {
+            assert!(!book.record(i, &with(TaskState::TaskRunning)), "task {i}");
+        }
+        assert_eq!(exit_code(book.states()), EXIT_FAILURE);
     }
 }
