@@ -5,18 +5,20 @@
 //! the dry-run) supplies per-agent facts as plain data ([`AgentFacts`]) and gets one verdict with
 //! [`check`]; placement calls that verdict only for the agents the placer looks at, so the hot
 //! path never walks all agents. Only "why pending" counts, per rule, how many agents each one
-//! excluded ([`Exclusions::count`]).
+//! excluded ([`WhyUnplaced::explain_rules`]).
 //!
 //! Rules apply in [`Filter`] order and an agent is counted against the first one it fails.
-//! Resource fit is the cluster's own check ([`Cluster`] keeps free amounts), slotted in at its
-//! place in that order by [`Exclusions::count`].
+//! Resource fit is the cluster's own check (the cluster keeps free amounts), slotted in at its
+//! place in that order by [`WhyUnplaced::explain_rules`].
 //!
 //! There is no attribute-constraint rule: the master matches no attributes beyond the
 //! `partition` one ([`Filter::Partition`]).
 
 use std::fmt;
 
-use super::{AgentKey, Cluster, Resources};
+use super::Resources;
+#[cfg(doc)]
+use super::WhyUnplaced;
 
 /// A rule that excluded an agent, in the order rules apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -146,74 +148,10 @@ pub fn check(facts: &AgentFacts, framework_partition: &str) -> Result<(), Filter
     devices_fit(facts)
 }
 
-/// How many agents each rule excluded for one demand (the first rule each agent failed), and
-/// how many passed them all.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Exclusions {
-    /// Non-zero counts only, in [`Filter`] order.
-    pub excluded: Vec<(Filter, usize)>,
-    /// Agents every rule accepts.
-    pub feasible: usize,
-}
-
-impl Exclusions {
-    /// Walks every agent once: for "why pending", never for placement. `rules` is the caller's
-    /// verdict for an agent (every rule but resource fit, in [`Filter`] order, e.g. [`check`]);
-    /// resource fit is applied at its place in that order.
-    pub fn count(
-        cluster: &Cluster,
-        demand: &Resources,
-        rules: &dyn Fn(AgentKey) -> Result<(), Filter>,
-    ) -> Exclusions {
-        let mut counts = [0usize; Filter::ALL.len()];
-        let mut feasible = 0;
-        for (key, agent) in cluster.agents() {
-            let verdict = match rules(key) {
-                Err(f) if f < Filter::Resources => Err(f),
-                other => resources_fit(&agent.free, demand).and(other),
-            };
-            match verdict {
-                Ok(()) => feasible += 1,
-                Err(f) => counts[f as usize] += 1,
-            }
-        }
-        Exclusions {
-            excluded: Filter::ALL
-                .iter()
-                .zip(counts)
-                .filter(|(_, n)| *n > 0)
-                .map(|(f, n)| (*f, n))
-                .collect(),
-            feasible,
-        }
-    }
-
-    /// Agents excluded by `filter`.
-    pub fn by(&self, filter: Filter) -> usize {
-        self.excluded
-            .iter()
-            .find(|(f, _)| *f == filter)
-            .map_or(0, |(_, n)| *n)
-    }
-}
-
-impl fmt::Display for Exclusions {
-    /// `partition: 2, resources: 1` (only rules that excluded something).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, (filter, n)) in self.excluded.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{filter}: {n}")?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::{PlacerKind, RingsConfig};
+    use crate::placement::{AgentKey, Cluster, PlacerKind, RingsConfig, WhyUnplaced};
 
     fn r(text: &str) -> Resources {
         Resources::parse(text).unwrap()
@@ -361,7 +299,7 @@ mod tests {
             let i = keys.iter().position(|k| *k == key).unwrap();
             check(&agents[i].1, "default")
         };
-        let got = Exclusions::count(&cluster, &r("cpus:4"), &rules);
+        let got = WhyUnplaced::explain_rules(&cluster, &r("cpus:4"), &rules);
         assert_eq!(
             got.excluded,
             [
@@ -374,14 +312,12 @@ mod tests {
                 (Filter::Devices, 1),
             ]
         );
-        assert_eq!(got.feasible, 2);
-        assert_eq!(got.by(Filter::Resources), 2);
-        assert_eq!(got.by(Filter::Devices), 1);
-        assert_eq!(
-            got.to_string(),
-            "disconnected: 1, partition: 1, held: 1, declined: 1, resources: 2, devices: 1"
-        );
-        let none = Exclusions::count(&cluster, &r("cpus:1"), &|_| Ok(()));
-        assert_eq!((none.excluded.clone(), none.feasible), (vec![], 9));
+        // The yes/no view agrees: 2 feasible; 4 fit but fail a rule (partition, held,
+        // declined, devices); 3 are short of cpus (the disconnected one among them).
+        assert_eq!((got.fitting, got.not_eligible), (2, 4));
+        assert_eq!(got.short, [("cpus".to_string(), 3)]);
+        assert_eq!(got.to_string(), "2 eligible agents fit cpus:4");
+        let none = WhyUnplaced::explain_rules(&cluster, &r("cpus:1"), &|_| Ok(()));
+        assert_eq!((none.excluded.clone(), none.fitting), (vec![], 9));
     }
 }

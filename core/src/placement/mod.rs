@@ -47,7 +47,7 @@ pub use cycle::{
     run_cycle, CycleInput, Outcome, Preemption, TieredRequest, Unserved, UnservedReason,
 };
 pub use drf::DrfSorter;
-pub use feasible::{AgentFacts, Exclusions, Filter};
+pub use feasible::{AgentFacts, Filter};
 pub use node_preference::{LeastRequested, MostBalanced};
 pub use placer::{Decision, FirstFit, LinearBestFit, Phase, Placer, PlacerKind, RingPlacer};
 pub use priority::{
