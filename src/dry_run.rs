@@ -1,9 +1,9 @@
 //! `ringmaster place`: run the placement library over a scenario file, with no master.
 //!
 //! It answers "where would these requests go, and why do some not fit?" with the very code the
-//! master runs: the scenario's requests are allocated as if each placed task were launched at once
-//! ([`Grant::Demand`]), frameworks served in DRF order, until everything is placed or nothing more
-//! fits. The output is one JSON object per line (placements, then the unplaced, then final state).
+//! master runs, the core's allocation cycle ([`run_cycle`]): the scenario's requests are
+//! allocated as if each placed task were launched at once ([`Grant::Demand`]), frameworks served
+//! in DRF order, cycle after cycle until one places nothing more. The output is one JSON object per line (placements, then the unplaced, then final state).
 //!
 //! Requests are tried in file order within a framework. With the balance placer each placement
 //! line also says why (`"balance":{"weights":[…],"y_before":…,"y_after":…}`, weights in balance
@@ -27,10 +27,13 @@
 //! the run follows SPEC seed 003 instead (docs/priorities.md): agents may name a `partition`,
 //! frameworks a `user` and a `partition`; `running:` tasks (`{ id, agent, resources, user,
 //! partition, priority, started }`, priority computed from the user's quota when omitted,
-//! `started` defaulting to file order) hold their agents first. Then one copy at a time, the
-//! request with the highest priority (then lowest DRF share, then file order) is placed, or
-//! preempts lower-priority tasks on one agent (a `{"preempted":[…]}` line per eviction), or
-//! waits. Placement lines then carry the task's `id` and `priority`.
+//! `started` defaulting to file order) hold their agents first. Then cycles run as the master
+//! runs them: requests tiered by the priority their next task would get, tiers served highest
+//! first and in DRF order within, then unserved demands above base preempt lower-priority tasks
+//! on one agent (a `{"preempted":[…]}` line per plan, before the cycle's placements); victims end
+//! at once and the agent is held for the preemptor, placed there by the next cycle. Placed copies
+//! launch between cycles, in grant order, at the priority the quota ledger then gives; placement
+//! lines carry the task's `id` and that `priority`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -933,6 +936,66 @@ requests:
             lines[0],
             r#"{"step":1,"framework":"A","agent":"a1","phase":null,"bucket":null,"resources":"cpus:1;mem:4096"}"#
         );
+    }
+
+    /// The master's cycle, derived by hand: a1 has cpus:4; alice (p5, quota cpus:2) asks for 3
+    /// copies, bob (no grant: base) for 2. Cycle 1 tiers alice's request at p5 (she runs
+    /// nothing yet) and serves that tier first even though DRF would alternate: A gets 3 copies,
+    /// then B the last cpu. The copies launch in grant order: A/1 and A/2 at p5 fill alice's
+    /// quota, so A/3 runs at base. Cycle 2 places nothing: bob's second copy waits at base.
+    #[test]
+    fn priority_tiers_come_before_drf_and_copies_launch_between_cycles() {
+        let text = "\
+priorities:
+  base: 0
+  users:
+    alice: { default: { priority: 5, quota: \"cpus:2\" } }
+agents:
+  - { id: a1, resources: \"cpus:4\" }
+frameworks:
+  - { name: B, user: bob }
+  - { name: A, user: alice }
+requests:
+  - { framework: B, resources: \"cpus:1\", count: 2 }
+  - { framework: A, resources: \"cpus:1\", count: 3 }
+";
+        let scenario = Scenario::from_yaml(
+            text,
+            "s.yaml",
+            RingsConfig::default(),
+            BalanceSettings::default(),
+        )
+        .unwrap();
+        let lines = run(&scenario, PlacerKind::FirstFit).json_lines();
+        let placed = |step: usize, fw: &str, n: usize, priority: i64| {
+            format!(
+                r#"{{"step":{step},"framework":"{fw}","agent":"a1","phase":null,"bucket":null,"resources":"cpus:1","id":"{fw}/{n}","priority":{priority}}}"#
+            )
+        };
+        assert_eq!(
+            lines[..4],
+            [
+                placed(1, "A", 1, 5),
+                placed(2, "A", 2, 5),
+                placed(3, "A", 3, 0),
+                placed(4, "B", 1, 0),
+            ]
+        );
+        assert!(
+            lines[4].starts_with(r#"{"unplaced":[{"framework":"B","resources":"cpus:1","count":1,"why":"no agent fits cpus:1: 1 agent short of cpus; "#),
+            "{}",
+            lines[4]
+        );
+        assert!(
+            lines[4].ends_with(r#"; base-priority demands never preempt"}]}"#),
+            "{}",
+            lines[4]
+        );
+        assert_eq!(
+            lines[5],
+            r#"{"agents":[{"id":"a1","free":""}],"shares":{"B":0.25,"A":0.75}}"#
+        );
+        assert_eq!(lines.len(), 6);
     }
 
     #[test]
