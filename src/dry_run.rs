@@ -1,9 +1,9 @@
 //! `ringmaster place`: run the placement library over a scenario file, with no master.
 //!
 //! It answers "where would these requests go, and why do some not fit?" with the very code the
-//! master runs: the scenario's requests are allocated as if each placed task were launched at once
-//! ([`Grant::Demand`]), frameworks served in DRF order, until everything is placed or nothing more
-//! fits. The output is one JSON object per line (placements, then the unplaced, then final state).
+//! master runs, the core's allocation cycle ([`run_cycle`]): the scenario's requests are
+//! allocated as if each placed task were launched at once ([`Grant::Demand`]), frameworks served
+//! in DRF order, cycle after cycle until one places nothing more. The output is one JSON object per line (placements, then the unplaced, then final state).
 //!
 //! Requests are tried in file order within a framework. With the balance placer each placement
 //! line also says why (`"balance":{"weights":[…],"y_before":…,"y_after":…}`, weights in balance
@@ -27,10 +27,13 @@
 //! the run follows SPEC seed 003 instead (docs/priorities.md): agents may name a `partition`,
 //! frameworks a `user` and a `partition`; `running:` tasks (`{ id, agent, resources, user,
 //! partition, priority, started }`, priority computed from the user's quota when omitted,
-//! `started` defaulting to file order) hold their agents first. Then one copy at a time, the
-//! request with the highest priority (then lowest DRF share, then file order) is placed, or
-//! preempts lower-priority tasks on one agent (a `{"preempted":[…]}` line per eviction), or
-//! waits. Placement lines then carry the task's `id` and `priority`.
+//! `started` defaulting to file order) hold their agents first. Then cycles run as the master
+//! runs them: requests tiered by the priority their next task would get, tiers served highest
+//! first and in DRF order within, then unserved demands above base preempt lower-priority tasks
+//! on one agent (a `{"preempted":[…]}` line per plan, before the cycle's placements); victims end
+//! at once and the agent is held for the preemptor, placed there by the next cycle. Placed copies
+//! launch between cycles, in grant order, at the priority the quota ledger then gives; placement
+//! lines carry the task's `id` and that `priority`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -42,10 +45,11 @@ use crate::config::{
     apply_balance, apply_priorities, apply_rings, whole_number, ConfigError, RawBalance,
     RawPriorities, RawRings, Seg, YamlSource,
 };
+use ringmaster_core::placement::feasible::{self, AgentFacts};
 use ringmaster_core::placement::{
-    allocate_in, plan_preemption, task_priority, BalanceSettings, Cluster, DrfSorter, Grant,
+    run_cycle, task_priority, Allocation, BalanceSettings, Cluster, CycleInput, DrfSorter, Grant,
     PlacementContext, PlacerKind, Priority, PriorityConfig, QuotaLedger, Request, Resources,
-    RingsConfig, RunningTask, DEFAULT_PARTITION,
+    RingsConfig, RunningTask, TieredRequest, Unserved, WhyUnplaced, DEFAULT_PARTITION,
 };
 
 #[derive(Debug, Deserialize)]
@@ -507,7 +511,36 @@ fn four_decimals(x: f64) -> f64 {
     (x * 10_000.0).round() / 10_000.0
 }
 
-/// Places the scenario's requests with `placer`.
+/// The placement line of one grant.
+fn placed_line(
+    step: usize,
+    framework: String,
+    agent: String,
+    grant: &Allocation,
+    task: Option<(String, Priority)>,
+) -> Placed {
+    let (id, priority) = task.unzip();
+    Placed {
+        step,
+        framework,
+        agent,
+        phase: grant.decision.phase.map(|p| p.to_string()),
+        bucket: grant.decision.bucket,
+        resources: grant.resources.to_string(),
+        balance: grant.decision.balance.as_ref().map(|note| BalanceLine {
+            weights: note.weights.iter().copied().map(four_decimals).collect(),
+            y_before: four_decimals(note.y_before),
+            y_after: four_decimals(note.y_after),
+        }),
+        id,
+        priority,
+    }
+}
+
+/// Places the scenario's requests with `placer`: allocation cycles as the master runs them
+/// (ringmaster_core::placement::cycle), each grant taken as if its task were launched at once,
+/// until a cycle makes no progress. Without priorities every request is at base priority, so
+/// the first cycle places all that fits and the second finds nothing more.
 pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
     if let Some(priorities) = &scenario.priorities {
         return run_with_priorities(scenario, priorities, placer);
@@ -521,46 +554,49 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
     for (fw, (_, weight)) in scenario.frameworks.iter().enumerate() {
         drf.add(fw, *weight);
     }
-    let mut requests: Vec<Request> = scenario
+    let base = PriorityConfig::default().base();
+    let mut requests: Vec<TieredRequest> = scenario
         .requests
         .iter()
-        .map(|(fw, demand, count)| Request {
-            framework: *fw,
-            demand: demand.clone(),
-            count: *count,
+        .map(|(fw, demand, count)| TieredRequest {
+            request: Request {
+                framework: *fw,
+                demand: demand.clone(),
+                count: *count,
+            },
+            priority: base,
         })
         .collect();
     let mut context = PlacementContext::new(scenario.balance.clone());
-    let allocations = allocate_in(
-        &mut cluster,
-        &mut drf,
-        &mut requests,
-        Grant::Demand,
-        &|_, _| true,
-        &mut context,
-    );
+    let input = CycleInput::<usize> {
+        base,
+        grant: Grant::Demand,
+        feasible: &|_, _| Ok(()),
+        waiting: &|_| false,
+        running: &Vec::new,
+    };
     let name = |fw: usize| scenario.frameworks[fw].0.clone();
-    let placed = allocations
-        .iter()
-        .enumerate()
-        .map(|(i, a)| Placed {
-            step: i + 1,
-            framework: name(a.framework),
-            agent: agent_ids.get(&a.agent).copied().unwrap_or("?").to_string(),
-            phase: a.decision.phase.map(|p| p.to_string()),
-            bucket: a.decision.bucket,
-            resources: a.resources.to_string(),
-            balance: a.decision.balance.as_ref().map(|note| BalanceLine {
-                weights: note.weights.iter().copied().map(four_decimals).collect(),
-                y_before: four_decimals(note.y_before),
-                y_after: four_decimals(note.y_after),
-            }),
-            id: None,
-            priority: None,
-        })
-        .collect();
+    let mut placed = Vec::new();
+    loop {
+        let outcome = run_cycle(&mut cluster, &mut drf, &mut requests, &input, &mut context);
+        if outcome.grants.is_empty() {
+            break;
+        }
+        for grant in &outcome.grants {
+            let agent = agent_ids.get(&grant.agent).copied().unwrap_or("?");
+            let line = placed_line(
+                placed.len() + 1,
+                name(grant.framework),
+                agent.to_string(),
+                grant,
+                None,
+            );
+            placed.push(line);
+        }
+    }
     let unplaced = requests
         .iter()
+        .map(|r| &r.request)
         .filter(|r| r.count > 0)
         .map(|r| Unplaced {
             framework: name(r.framework),
@@ -595,7 +631,12 @@ struct LiveTask {
     at_user_priority: bool,
 }
 
-/// The seed-003 run; see the module doc.
+/// The seed-003 run; see the module doc. It replays the master's loop: each allocation cycle
+/// tiers the requests by the priority their next task would get (from the quota ledger as it
+/// stands), serves tiers in DRF order, then lets unserved demands above base preempt. Victims
+/// end at once (their resources, quota and DRF share return) and their agent is held for the
+/// preemptor, which the next cycle places there. Placed copies launch between cycles, in grant
+/// order, at the priority the ledger gives them then (as the master does on Accept).
 fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: PlacerKind) -> DryRun {
     let config = &p.config;
     let mut cluster = Cluster::new(scenario.rings.clone(), placer);
@@ -651,135 +692,141 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
         last_start = last_start.max(t.started);
     }
     let mut left: Vec<u32> = scenario.requests.iter().map(|r| r.2).collect();
-    let mut gave_up = vec![false; left.len()];
-    let mut why: Vec<Option<String>> = vec![None; left.len()];
     let mut placed_count = vec![0usize; scenario.frameworks.len()];
     let mut events = Vec::new();
     let mut placed = Vec::new();
+    // Agents kept for a preempting framework until it is placed there.
+    let mut holds: HashMap<usize, usize> = HashMap::new();
     let mut context = PlacementContext::new(scenario.balance.clone());
+    let facts = |holds: &HashMap<usize, usize>, fw: usize, key: usize| {
+        let held = holds.get(&key).is_some_and(|h| *h != fw);
+        let agent = AgentFacts {
+            partition: &p.agent_partitions[agent_index(key)],
+            held_for_other: held,
+            ..AgentFacts::default()
+        };
+        feasible::check(&agent, &p.framework_users[fw].1)
+    };
+    let mut last: Vec<Unserved>;
     loop {
-        let total = cluster.total().clone();
-        // The next copy: highest priority, then lowest DRF share, then file order.
-        let next = (0..left.len())
-            .filter(|i| left[*i] > 0 && !gave_up[*i])
-            .map(|i| {
-                let (fw, demand, _) = &scenario.requests[i];
+        let mut requests: Vec<TieredRequest> = scenario
+            .requests
+            .iter()
+            .zip(&left)
+            .map(|((fw, demand, _), &count)| {
                 let (user, partition) = &p.framework_users[*fw];
-                let prio = task_priority(config, &ledger, user, partition, demand);
-                (i, prio, drf.share(*fw, &total))
-            })
-            .min_by(|a, b| {
-                b.1.priority
-                    .cmp(&a.1.priority)
-                    .then(a.2.total_cmp(&b.2))
-                    .then(a.0.cmp(&b.0))
-            });
-        let Some((i, prio, _)) = next else { break };
-        let (fw, demand, _) = &scenario.requests[i];
-        let (user, partition) = &p.framework_users[*fw];
-        let in_partition = |key: usize| p.agent_partitions.get(agent_index(key)) == Some(partition);
-        let mut preempted_for = None;
-        let agent = match cluster.place_in(demand, &in_partition, &mut context) {
-            Some(decision) => Some((decision.agent, decision.phase, decision.bucket)),
-            None if prio.priority > config.base() => {
-                match plan_preemption(&cluster, demand, prio.priority, &running, &in_partition) {
-                    Some(plan) => {
-                        let mut victims = Vec::new();
-                        for v in &plan.victims {
-                            let Some(at) = running.iter().position(|t| t.id == *v) else {
-                                continue;
-                            };
-                            let task = running.remove(at);
-                            let _ = cluster.give_back(task.agent, &task.resources);
-                            let info = &live[task.id];
-                            if info.at_user_priority {
-                                ledger.end(&info.user, &info.partition, &task.resources);
-                            }
-                            if let Some(owner) = info.framework {
-                                drf.unallocated(owner, &task.resources);
-                            }
-                            victims.push(Victim {
-                                id: info.id.clone(),
-                                agent: agent_name(task.agent),
-                                priority: task.priority,
-                                resources: task.resources.to_string(),
-                            });
-                        }
-                        preempted_for = Some(victims);
-                        Some((plan.agent, None, None))
-                    }
-                    None => None,
+                TieredRequest {
+                    request: Request {
+                        framework: *fw,
+                        demand: demand.clone(),
+                        count,
+                    },
+                    priority: task_priority(config, &ledger, user, partition, demand).priority,
                 }
+            })
+            .collect();
+        let tasks = running.clone();
+        let held = holds.clone();
+        let input = CycleInput {
+            base: config.base(),
+            grant: Grant::Demand,
+            feasible: &|fw, key| facts(&held, fw, key),
+            waiting: &|fw| held.values().any(|h| *h == fw),
+            running: &|| tasks.clone(),
+        };
+        let outcome = run_cycle(&mut cluster, &mut drf, &mut requests, &input, &mut context);
+        let progress = !outcome.grants.is_empty() || !outcome.preemptions.is_empty();
+        // The master kills victims before it sends the cycle's offers.
+        for preemption in &outcome.preemptions {
+            let mut victims = Vec::new();
+            for v in &preemption.plan.victims {
+                let Some(at) = running.iter().position(|t| t.id == *v) else {
+                    continue;
+                };
+                let task = running.remove(at);
+                let _ = cluster.give_back(task.agent, &task.resources);
+                let info = &live[task.id];
+                if info.at_user_priority {
+                    ledger.end(&info.user, &info.partition, &task.resources);
+                }
+                if let Some(owner) = info.framework {
+                    drf.unallocated(owner, &task.resources);
+                }
+                victims.push(Victim {
+                    id: info.id.clone(),
+                    agent: agent_name(task.agent),
+                    priority: task.priority,
+                    resources: task.resources.to_string(),
+                });
             }
-            None => None,
-        };
-        let Some((key, phase, bucket)) = agent else {
-            let fit = cluster.why_unplaced(demand, &in_partition).to_string();
-            let tail = if prio.priority > config.base() {
-                "no lower-priority victims on any agent".to_string()
-            } else {
-                "base-priority demands never preempt".to_string()
-            };
-            why[i] = Some(format!("{fit}; {}; {tail}", prio.reason));
-            gave_up[i] = true;
-            continue;
-        };
-        if let Some(victims) = preempted_for {
+            holds.insert(preemption.plan.agent, preemption.framework);
             events.push(Event::Preempted(Preempted {
                 preempted: victims,
-                by: scenario.frameworks[*fw].0.clone(),
-                priority: prio.priority,
+                by: scenario.frameworks[preemption.framework].0.clone(),
+                priority: preemption.priority,
             }));
         }
-        if cluster.take(key, demand).is_err() {
-            gave_up[i] = true;
-            continue;
+        // The grants launch, in order, at the priority the ledger gives each task then.
+        for grant in &outcome.grants {
+            let fw = grant.framework;
+            let (user, partition) = &p.framework_users[fw];
+            let launched = task_priority(config, &ledger, user, partition, &grant.resources);
+            if launched.at_user_priority {
+                ledger.start(user, partition, &grant.resources);
+            }
+            if holds.get(&grant.agent) == Some(&fw) {
+                holds.remove(&grant.agent);
+            }
+            left[grant.request] -= 1;
+            placed_count[fw] += 1;
+            last_start += 1;
+            let id = format!("{}/{}", scenario.frameworks[fw].0, placed_count[fw]);
+            running.push(RunningTask {
+                id: live.len(),
+                agent: grant.agent,
+                priority: launched.priority,
+                started: last_start,
+                resources: grant.resources.clone(),
+            });
+            live.push(LiveTask {
+                id: id.clone(),
+                framework: Some(fw),
+                user: user.clone(),
+                partition: partition.clone(),
+                at_user_priority: launched.at_user_priority,
+            });
+            let line = placed_line(
+                placed.len() + 1,
+                scenario.frameworks[fw].0.clone(),
+                agent_name(grant.agent),
+                grant,
+                Some((id, launched.priority)),
+            );
+            placed.push(line.clone());
+            events.push(Event::Placed(line));
         }
-        drf.allocated(*fw, demand);
-        if prio.at_user_priority {
-            ledger.start(user, partition, demand);
+        last = outcome.unserved;
+        if !progress {
+            if holds.is_empty() {
+                break;
+            }
+            // A hold its framework did not use runs out, as the master's does.
+            holds.clear();
         }
-        left[i] -= 1;
-        placed_count[*fw] += 1;
-        last_start += 1;
-        let id = format!("{}/{}", scenario.frameworks[*fw].0, placed_count[*fw]);
-        running.push(RunningTask {
-            id: live.len(),
-            agent: key,
-            priority: prio.priority,
-            started: last_start,
-            resources: demand.clone(),
-        });
-        live.push(LiveTask {
-            id: id.clone(),
-            framework: Some(*fw),
-            user: user.clone(),
-            partition: partition.clone(),
-            at_user_priority: prio.at_user_priority,
-        });
-        let line = Placed {
-            step: placed.len() + 1,
-            framework: scenario.frameworks[*fw].0.clone(),
-            agent: agent_name(key),
-            phase: phase.map(|p| p.to_string()),
-            bucket,
-            resources: demand.to_string(),
-            id: Some(id),
-            priority: Some(prio.priority),
-            balance: None,
-        };
-        placed.push(line.clone());
-        events.push(Event::Placed(line));
     }
-    let unplaced = (0..left.len())
-        .filter(|i| left[*i] > 0)
-        .map(|i| {
-            let (fw, demand, _) = &scenario.requests[i];
+    let unplaced = last
+        .iter()
+        .map(|u| {
+            let (fw, demand, _) = &scenario.requests[u.request];
+            let (user, partition) = &p.framework_users[*fw];
+            let rules = |key: usize| facts(&holds, *fw, key);
+            let fit = WhyUnplaced::explain_rules(&cluster, demand, &rules).to_string();
+            let prio = task_priority(config, &ledger, user, partition, demand);
             Unplaced {
                 framework: scenario.frameworks[*fw].0.clone(),
                 resources: demand.to_string(),
-                count: left[i],
-                why: why[i].clone().unwrap_or_default(),
+                count: u.count,
+                why: format!("{fit}; {}; {}", prio.reason, u.reason),
             }
         })
         .collect();
@@ -889,6 +936,66 @@ requests:
             lines[0],
             r#"{"step":1,"framework":"A","agent":"a1","phase":null,"bucket":null,"resources":"cpus:1;mem:4096"}"#
         );
+    }
+
+    /// The master's cycle, derived by hand: a1 has cpus:4; alice (p5, quota cpus:2) asks for 3
+    /// copies, bob (no grant: base) for 2. Cycle 1 tiers alice's request at p5 (she runs
+    /// nothing yet) and serves that tier first even though DRF would alternate: A gets 3 copies,
+    /// then B the last cpu. The copies launch in grant order: A/1 and A/2 at p5 fill alice's
+    /// quota, so A/3 runs at base. Cycle 2 places nothing: bob's second copy waits at base.
+    #[test]
+    fn priority_tiers_come_before_drf_and_copies_launch_between_cycles() {
+        let text = "\
+priorities:
+  base: 0
+  users:
+    alice: { default: { priority: 5, quota: \"cpus:2\" } }
+agents:
+  - { id: a1, resources: \"cpus:4\" }
+frameworks:
+  - { name: B, user: bob }
+  - { name: A, user: alice }
+requests:
+  - { framework: B, resources: \"cpus:1\", count: 2 }
+  - { framework: A, resources: \"cpus:1\", count: 3 }
+";
+        let scenario = Scenario::from_yaml(
+            text,
+            "s.yaml",
+            RingsConfig::default(),
+            BalanceSettings::default(),
+        )
+        .unwrap();
+        let lines = run(&scenario, PlacerKind::FirstFit).json_lines();
+        let placed = |step: usize, fw: &str, n: usize, priority: i64| {
+            format!(
+                r#"{{"step":{step},"framework":"{fw}","agent":"a1","phase":null,"bucket":null,"resources":"cpus:1","id":"{fw}/{n}","priority":{priority}}}"#
+            )
+        };
+        assert_eq!(
+            lines[..4],
+            [
+                placed(1, "A", 1, 5),
+                placed(2, "A", 2, 5),
+                placed(3, "A", 3, 0),
+                placed(4, "B", 1, 0),
+            ]
+        );
+        assert!(
+            lines[4].starts_with(r#"{"unplaced":[{"framework":"B","resources":"cpus:1","count":1,"why":"no agent fits cpus:1: 1 agent short of cpus; "#),
+            "{}",
+            lines[4]
+        );
+        assert!(
+            lines[4].ends_with(r#"; base-priority demands never preempt"}]}"#),
+            "{}",
+            lines[4]
+        );
+        assert_eq!(
+            lines[5],
+            r#"{"agents":[{"id":"a1","free":""}],"shares":{"B":0.25,"A":0.75}}"#
+        );
+        assert_eq!(lines.len(), 6);
     }
 
     #[test]

@@ -281,6 +281,11 @@ fn new_placer_names_are_accepted_and_bad_balance_sections_located() {
 
 /// SPEC seed 003's GPU partition: the 4-GPU request preempts the base-priority t2 (only t2 is
 /// lower) and runs; the 6-GPU request is then over quota → base priority, and waits.
+///
+/// As in the master, the preemptor is placed by the next allocation cycle, through the placer,
+/// on the agent held for it: gpus:4 is bucket 4 of the default `gpus` ring (base 0, step 1) and
+/// g1 has exactly gpus:4 free once t2 ended, so the ring search finds it in its first phase
+/// (`bucket`, 4); c1 is excluded by the partition rule.
 #[test]
 fn seed_003_preemption_lines() {
     let (code, lines, stderr) = place(&["--scenario", &path("seed_003_gpu.yaml")]);
@@ -291,7 +296,7 @@ fn seed_003_preemption_lines() {
     );
     assert_eq!(
         lines[1],
-        r#"{"step":1,"framework":"U2","agent":"g1","phase":null,"bucket":null,"resources":"gpus:4","id":"U2/1","priority":10}"#
+        r#"{"step":1,"framework":"U2","agent":"g1","phase":"bucket","bucket":4,"resources":"gpus:4","id":"U2/1","priority":10}"#
     );
     assert!(
         lines[2].contains("over priority quota in partition gpu: running gpus:4 of gpus:8, task needs gpus:6 → base priority; base-priority demands never preempt"),

@@ -173,6 +173,8 @@ async fn over_quota_demand_waits_and_says_why() {
     let master = start_master(Config::from_yaml(CONFIG, "test.yaml").unwrap()).await;
     let addr = master.addr();
     let mut gpu = agent(addr, "g1", "gpus:8", Some("gpu")).await;
+    // In another partition: excluded by the partition rule, whatever it has free.
+    let _cpu = agent(addr, "c1", "gpus:8", None).await;
     let mut low = framework(addr, "low", "bob", "gpu").await;
     low.demand("gpus:8", 1).await;
     let offers = low.expect_offers().await;
@@ -189,14 +191,14 @@ async fn over_quota_demand_waits_and_says_why() {
     high.demand("gpus:6", 1).await;
     // Wait until an allocation run has left the demand unserved.
     let deadline = tokio::time::Instant::now() + common::WAIT;
-    let why = loop {
+    let pending = loop {
         let s = master.snapshot().await.unwrap();
         if let Some(p) = s
             .pending
             .iter()
             .find(|p| p.framework == high.id && p.unserved_last_run)
         {
-            break p.why.clone();
+            break p.clone();
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -204,6 +206,23 @@ async fn over_quota_demand_waits_and_says_why() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     };
+    let why = &pending.why;
+    assert!(
+        why.starts_with("no agent fits gpus:6: 1 agent short of gpus, 1 not eligible; "),
+        "{why}"
+    );
+    // Per rule: c1 fails the partition rule, g1 (right partition) has too little free.
+    assert_eq!(
+        serde_json::to_value(&pending.excluded).unwrap(),
+        serde_json::json!([
+            {"filter": "partition", "agents": 1},
+            {"filter": "resources", "agents": 1}
+        ])
+    );
+    assert_eq!(
+        (pending.agents, pending.not_eligible, pending.fitting),
+        (2, 1, 0)
+    );
     assert!(
         why.ends_with("over priority quota in partition gpu: running nothing of gpus:4, task needs gpus:6 → base priority; base-priority demands never preempt"),
         "{why}"

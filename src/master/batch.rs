@@ -7,16 +7,15 @@
 //! and their reasons. From there the offers live the ordinary offer life: accept, decline,
 //! timeout, rescind.
 
-use ringmaster_proto::convert::ResourcesWire;
 use std::collections::HashSet;
 
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{
-    BatchResult, ErrorCode, Message, Offer, Offers, Placement, SubmitBatch, TaskInfo, UnmatchedTask,
+    BatchResult, ErrorCode, Message, Offers, Placement, SubmitBatch, TaskInfo, UnmatchedTask,
 };
 use tokio::time::Instant;
 
-use super::state::{MasterState, OfferRecord};
+use super::state::MasterState;
 use super::ConnId;
 use ringmaster_core::placement::matching::{match_batch, AgentProfile, BatchTask, MatchAgent};
 
@@ -82,7 +81,6 @@ impl MasterState {
         for m in &result.matches {
             per_agent[m.agent].push(m.task);
         }
-        let timeout = self.config.master.offer_timeout;
         let fw_key = self.frameworks[framework_id].key;
         let mut offers = Vec::new();
         let mut offer_ids = Vec::new();
@@ -102,8 +100,6 @@ impl MasterState {
             }
             self.drf.allocated(fw_key, &sum);
             let agent_id = agents[a].id.clone();
-            let offer_id = self.ids.offer();
-            let record = &self.agents[&agent_id];
             let suggested: Vec<TaskInfo> = task_indices
                 .iter()
                 .map(|&t| {
@@ -113,44 +109,17 @@ impl MasterState {
                 })
                 .collect();
             matched += suggested.len() as u32;
-            offers.push(Offer {
-                offer_id: offer_id.clone(),
-                framework_id: framework_id.to_string(),
-                agent_id: agent_id.clone(),
-                hostname: record.hostname.clone(),
-                resources: Some(sum.to_wire()),
-                attributes: record
-                    .attributes
-                    .iter()
-                    .map(|(k, v)| ringmaster_proto::Attribute {
-                        key: k.clone(),
-                        value: v.clone(),
-                    })
-                    .collect(),
-                placement: Some(Placement {
-                    placer: "matching".into(),
-                    ..Placement::default()
-                }),
-                suggested,
-                batch_id: batch_id.clone(),
-                ..Offer::default()
-            });
+            let placement = Placement {
+                placer: "matching".into(),
+                ..Placement::default()
+            };
+            let mut offer = self.book_offer(framework_id, &agent_id, sum.clone(), placement, now);
+            offer.suggested = suggested;
+            offer.batch_id = batch_id.clone();
+            let offer_id = offer.offer_id.clone();
+            offers.push(offer);
             tracing::info!(offer = %offer_id, framework = %framework_id, agent = %agent_id,
                 resources = %sum, batch = %batch_id, tasks = task_indices.len(), "batch offer");
-            self.counters.offers_made += 1;
-            self.offers.insert(
-                offer_id.clone(),
-                OfferRecord {
-                    id: offer_id.clone(),
-                    framework: framework_id.to_string(),
-                    agent: agent_id,
-                    resources: sum,
-                    expires: now + timeout,
-                },
-            );
-            if let Some(fw) = self.frameworks.get_mut(framework_id) {
-                fw.offers.insert(offer_id.clone());
-            }
             offer_ids.push(offer_id);
         }
         let placed: HashSet<&str> = offers

@@ -2,8 +2,7 @@
 //! accept (with validation) and decline (with refuse filters), rescinds and timeouts.
 
 use ringmaster_proto::convert::{BindingWire, DeviceStateWire, ResourcesWire};
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use ringmaster_proto::devices::{DeviceBinding, DeviceRequest, GpuDemand, GPU_MEM, GPU_MILLI};
 use ringmaster_proto::resources::{Resources, MILLI};
@@ -13,27 +12,28 @@ use ringmaster_proto::{
 };
 use tokio::time::{Duration, Instant};
 
-use super::pending::agent_eligible;
+use super::pending::agent_feasible;
 use super::state::{MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
 use ringmaster_core::placement::fragmentation::{DeviceFragmentScore, TaskShape};
 use ringmaster_core::placement::FrameworkKey;
 use ringmaster_core::placement::{
-    allocate_in, plan_preemption, task_priority, AgentKey, Allocation, Grant, PlacementContext,
-    PreemptionPlan, Priority, Request, RunningTask,
+    run_cycle, task_priority, AgentKey, Allocation, CycleInput, Filter, Grant, PlacementContext,
+    PreemptionPlan, Priority, Request, RunningTask, TieredRequest,
 };
 
 /// The reason KillTask and the victim's final status carry.
 pub(crate) const PREEMPTED: &str = "preempted";
 
 impl MasterState {
-    /// One allocation run: every framework with outstanding demand, highest (would-be) task
-    /// priority first and lowest DRF share first among equals, is offered the agent the placer
-    /// picks for its demand. Demands above base priority that fit nowhere then may preempt
-    /// (docs/priorities.md).
+    /// One allocation run: the placement core's cycle (ringmaster_core::placement::cycle) over
+    /// every framework with outstanding demand — priority tiers highest first, DRF within a
+    /// tier, the feasibility rules of [`agent_feasible`], then preemption for demands above base
+    /// that fit nowhere (docs/priorities.md). Its grants become offers, its preemptions kills
+    /// and holds.
     pub(crate) fn allocate(&mut self, now: Instant) {
         self.counters.allocation_runs += 1;
-        let mut requests: Vec<Request> = self
+        let mut requests: Vec<TieredRequest> = self
             .frameworks
             .values()
             .filter(|f| f.conn.is_some() && !f.suppressed && f.demand_count > 0)
@@ -46,10 +46,13 @@ impl MasterState {
                     .map(|o| o.resources.copies_of(&f.demand))
                     .sum();
                 let count = u64::from(f.demand_count).saturating_sub(covered) as u32;
-                (count > 0).then(|| Request {
-                    framework: f.key,
-                    demand: f.demand.clone(),
-                    count,
+                (count > 0).then(|| TieredRequest {
+                    priority: self.demand_priority(f.key, &f.demand),
+                    request: Request {
+                        framework: f.key,
+                        demand: f.demand.clone(),
+                        count,
+                    },
                 })
             })
             .collect();
@@ -57,35 +60,53 @@ impl MasterState {
             self.unserved.clear();
             return;
         }
-        requests.sort_by_key(|r| r.framework);
+        requests.sort_by_key(|r| r.request.framework);
         // The ring's tie-break: fragment growth against recent launches and these demands.
-        let target = self.launched_shapes.target(
-            requests
-                .iter()
-                .filter_map(|r| Some((TaskShape::of_demand(&r.demand)?, u64::from(r.count)))),
-        );
-        // Priority tiers, highest first; DRF orders each tier.
-        let mut tiers: BTreeMap<Reverse<Priority>, Vec<Request>> = BTreeMap::new();
-        for r in requests {
-            let priority = self.demand_priority(r.framework, &r.demand);
-            tiers.entry(Reverse(priority)).or_default().push(r);
-        }
-        let base = self.config.priorities.base();
+        let target = self.launched_shapes.target(requests.iter().filter_map(|r| {
+            Some((
+                TaskShape::of_demand(&r.request.demand)?,
+                u64::from(r.request.count),
+            ))
+        }));
         let agents = &self.agents;
         let agent_by_key = &self.agent_by_key;
         let frameworks = &self.frameworks;
         let framework_by_key = &self.framework_by_key;
         let devices = &self.devices;
-        let eligible = |fw: usize, agent: usize| -> bool {
+        let tasks = &self.tasks;
+        let feasible = |fw: FrameworkKey, agent: AgentKey| -> Result<(), Filter> {
             let Some(fw) = framework_by_key.get(&fw).and_then(|id| frameworks.get(id)) else {
+                return Err(Filter::Disconnected);
+            };
+            let record = agent_by_key.get(&agent).and_then(|id| agents.get(id));
+            // A GPU demand fits only an agent with a device that can hold it (docs/devices.md).
+            agent_feasible(record, fw, devices.fits(agent, &fw.demand), now)
+        };
+        // Already waiting for victims to end somewhere.
+        let waiting = |fw: FrameworkKey| {
+            let Some(id) = framework_by_key.get(&fw) else {
                 return false;
             };
-            // A GPU demand fits only an agent with a device that can hold it (docs/devices.md).
-            if !devices.fits(agent, &fw.demand) {
-                return false;
-            }
-            let agent = agent_by_key.get(&agent).and_then(|id| agents.get(id));
-            agent_eligible(agent, fw, now)
+            agents.values().any(|a| {
+                a.held_for
+                    .as_ref()
+                    .is_some_and(|(held, until)| held == id && *until > now)
+            })
+        };
+        let running = || -> Vec<RunningTask<TaskKey>> {
+            tasks
+                .iter()
+                .filter(|(_, t)| !t.state.is_terminal() && t.holds_resources && !t.preempted)
+                .filter_map(|(key, t)| {
+                    Some(RunningTask {
+                        id: key.clone(),
+                        agent: agents.get(&t.agent)?.key?,
+                        priority: t.priority,
+                        started: t.started,
+                        resources: t.resources.clone(),
+                    })
+                })
+                .collect()
         };
         let cluster = &self.cluster;
         let fragment_growth = target.as_ref().map(|target| {
@@ -100,80 +121,34 @@ impl MasterState {
         if let Some(score) = &fragment_growth {
             context = context.with_score(score);
         }
-        let mut allocations: Vec<Allocation> = Vec::new();
-        for requests in tiers.values_mut() {
-            allocations.extend(allocate_in(
-                &mut self.cluster,
-                &mut self.drf,
-                requests,
-                Grant::WholeAgent,
-                &eligible,
-                &mut context,
-            ));
-        }
+        let input = CycleInput {
+            base: self.config.priorities.base(),
+            grant: Grant::WholeAgent,
+            feasible: &feasible,
+            waiting: &waiting,
+            running: &running,
+        };
+        let outcome = run_cycle(
+            &mut self.cluster,
+            &mut self.drf,
+            &mut requests,
+            &input,
+            &mut context,
+        );
+        drop(context);
         // Whatever is still asked for after the run could not be placed in it.
-        self.unserved = tiers
-            .values()
-            .flatten()
-            .filter(|r| r.count > 0)
-            .map(|r| r.framework)
-            .collect();
-        // Preemption, highest priority first: each unserved demand above base may evict
-        // strictly lower-priority tasks on one agent of its partition.
-        let mut plans: Vec<(FrameworkKey, Priority, PreemptionPlan<TaskKey>)> = Vec::new();
-        let mut claimed: HashSet<AgentKey> = HashSet::new();
-        for (Reverse(priority), requests) in &tiers {
-            if *priority <= base {
-                continue;
-            }
-            for r in requests.iter().filter(|r| r.count > 0) {
-                let Some(fw) = framework_by_key
-                    .get(&r.framework)
-                    .and_then(|id| frameworks.get(id))
-                else {
-                    continue;
-                };
-                // Already waiting for victims to end somewhere.
-                let waiting = agents.values().any(|a| {
-                    a.held_for
-                        .as_ref()
-                        .is_some_and(|(id, until)| *id == fw.id && *until > now)
-                });
-                if waiting {
-                    continue;
-                }
-                let running: Vec<RunningTask<TaskKey>> = self
-                    .tasks
-                    .iter()
-                    .filter(|(_, t)| !t.state.is_terminal() && t.holds_resources && !t.preempted)
-                    .filter_map(|(key, t)| {
-                        let agent = agents.get(&t.agent)?.key?;
-                        Some(RunningTask {
-                            id: key.clone(),
-                            agent,
-                            priority: t.priority,
-                            started: t.started,
-                            resources: t.resources.clone(),
-                        })
-                    })
-                    .collect();
-                let plan =
-                    plan_preemption(&self.cluster, &r.demand, *priority, &running, &|agent| {
-                        !claimed.contains(&agent) && eligible(r.framework, agent)
-                    });
-                if let Some(plan) = plan.filter(|p| !p.victims.is_empty()) {
-                    claimed.insert(plan.agent);
-                    plans.push((r.framework, *priority, plan));
-                }
-            }
+        self.unserved = outcome.unserved.iter().map(|u| u.framework).collect();
+        for p in outcome.preemptions {
+            self.preempt(p.framework, p.priority, p.plan, now);
         }
-        for (framework, priority, plan) in plans {
-            self.preempt(framework, priority, plan, now);
-        }
-        let timeout = self.config.master.offer_timeout;
+        self.offer_grants(outcome.grants, now);
+    }
+
+    /// Turns a cycle's grants into offers, one `Offers` message per framework connection.
+    fn offer_grants(&mut self, grants: Vec<Allocation>, now: Instant) {
         let placer = self.cluster.placer().to_string();
         let mut batches: Vec<(ConnId, Vec<Offer>)> = Vec::new();
-        for allocation in allocations {
+        for allocation in grants {
             let framework_id = self.framework_by_key[&allocation.framework].clone();
             let agent_id = self.agent_by_key[&allocation.agent].clone();
             if let Some(agent) = self.agents.get_mut(&agent_id) {
@@ -186,62 +161,34 @@ impl MasterState {
                     agent.held_for = None;
                 }
             }
-            let offer_id = self.ids.offer();
-            let agent = &self.agents[&agent_id];
-            let offer = Offer {
-                offer_id: offer_id.clone(),
-                framework_id: framework_id.clone(),
-                agent_id: agent_id.clone(),
-                hostname: agent.hostname.clone(),
-                resources: Some(allocation.resources.to_wire()),
-                attributes: agent
-                    .attributes
-                    .iter()
-                    .map(|(k, v)| ringmaster_proto::Attribute {
-                        key: k.clone(),
-                        value: v.clone(),
-                    })
-                    .collect(),
-                placement: Some(Placement {
-                    placer: placer.clone(),
-                    phase: allocation
-                        .decision
-                        .phase
-                        .map(|p| p.to_string())
-                        .unwrap_or_default(),
-                    bucket: allocation.decision.bucket.unwrap_or(0) as u32,
-                    dimension: allocation.decision.dimension.clone().unwrap_or_default(),
-                }),
-                devices: self
-                    .devices
-                    .state(allocation.agent)
-                    .map(|s| s.devices().iter().map(Into::into).collect())
+            let placement = Placement {
+                placer: placer.clone(),
+                phase: allocation
+                    .decision
+                    .phase
+                    .map(|p| p.to_string())
                     .unwrap_or_default(),
-                free_devices: self
-                    .devices
-                    .state(allocation.agent)
-                    .map(|s| s.free_to_wire())
-                    .unwrap_or_default(),
-                ..Offer::default()
+                bucket: allocation.decision.bucket.unwrap_or(0) as u32,
+                dimension: allocation.decision.dimension.clone().unwrap_or_default(),
             };
-            tracing::info!(offer = %offer_id, framework = %framework_id, agent = %agent_id,
+            let mut offer = self.book_offer(
+                &framework_id,
+                &agent_id,
+                allocation.resources.clone(),
+                placement,
+                now,
+            );
+            if let Some(state) = self.devices.state(allocation.agent) {
+                offer.devices = state.devices().iter().map(Into::into).collect();
+                offer.free_devices = state.free_to_wire();
+            }
+            tracing::info!(offer = %offer.offer_id, framework = %framework_id, agent = %agent_id,
                 resources = %allocation.resources, phase = %offer.placement.as_ref().map(|p| p.phase.as_str()).unwrap_or(""),
                 "offer");
-            self.counters.offers_made += 1;
             self.metrics.placed(allocation.decision.phase);
-            self.offers.insert(
-                offer_id.clone(),
-                OfferRecord {
-                    id: offer_id.clone(),
-                    framework: framework_id.clone(),
-                    agent: agent_id,
-                    resources: allocation.resources,
-                    expires: now + timeout,
-                },
-            );
-            let fw = self.frameworks.get_mut(&framework_id).expect("allocated");
-            fw.offers.insert(offer_id);
-            let conn = fw.conn.expect("only connected frameworks are allocated to");
+            let conn = self.frameworks[&framework_id]
+                .conn
+                .expect("only connected frameworks are allocated to");
             match batches.iter_mut().find(|(c, _)| *c == conn) {
                 Some((_, offers)) => offers.push(offer),
                 None => batches.push((conn, vec![offer])),
@@ -250,6 +197,61 @@ impl MasterState {
         for (conn, offers) in batches {
             self.send(conn, Message::Offers(Offers { offers }));
         }
+    }
+
+    /// Books an offer of `resources` on `agent_id` to `framework_id` (offer record with its
+    /// expiry, the framework's offer set, the counter) and returns its message with the agent's
+    /// hostname and attributes filled in; callers add devices or suggested tasks and send it.
+    /// The resources must already be taken from the cluster and recorded in DRF.
+    pub(crate) fn book_offer(
+        &mut self,
+        framework_id: &str,
+        agent_id: &str,
+        resources: Resources,
+        placement: Placement,
+        now: Instant,
+    ) -> Offer {
+        let offer_id = self.ids.offer();
+        let (hostname, attributes) = self
+            .agents
+            .get(agent_id)
+            .map(|a| {
+                let attributes = a
+                    .attributes
+                    .iter()
+                    .map(|(k, v)| ringmaster_proto::Attribute {
+                        key: k.clone(),
+                        value: v.clone(),
+                    })
+                    .collect();
+                (a.hostname.clone(), attributes)
+            })
+            .unwrap_or_default();
+        let offer = Offer {
+            offer_id: offer_id.clone(),
+            framework_id: framework_id.to_string(),
+            agent_id: agent_id.to_string(),
+            hostname,
+            resources: Some(resources.to_wire()),
+            attributes,
+            placement: Some(placement),
+            ..Offer::default()
+        };
+        self.counters.offers_made += 1;
+        self.offers.insert(
+            offer_id.clone(),
+            OfferRecord {
+                id: offer_id.clone(),
+                framework: framework_id.to_string(),
+                agent: agent_id.to_string(),
+                resources,
+                expires: now + self.config.master.offer_timeout,
+            },
+        );
+        if let Some(fw) = self.frameworks.get_mut(framework_id) {
+            fw.offers.insert(offer_id);
+        }
+        offer
     }
 
     /// The priority a framework's next task would get now (its user's, within quota).

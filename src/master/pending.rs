@@ -12,7 +12,8 @@ use tokio::time::Instant;
 
 use super::metrics::add_saturating;
 use super::state::{AgentRecord, FrameworkRecord, MasterState};
-use ringmaster_core::placement::{task_priority, AgentKey};
+use ringmaster_core::placement::feasible::{self, AgentFacts, Filter};
+use ringmaster_core::placement::{task_priority, AgentKey, WhyUnplaced};
 
 /// A framework's demand the master cannot serve now, and why.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -36,6 +37,10 @@ pub struct PendingView {
     pub not_eligible: usize,
     /// Eligible agents with room (non-zero only when the demand waits for the next run).
     pub fitting: usize,
+    /// Per feasibility rule, in the order rules apply, how many agents it excluded (each agent
+    /// counted against the first rule it fails; rules excluding none are left out).
+    #[serde(default)]
+    pub excluded: Vec<Excluded>,
 }
 
 /// Where the cluster's resources are, beyond the free amounts placement keeps.
@@ -57,27 +62,42 @@ pub struct Health {
     pub uptime_secs: f64,
 }
 
-/// The allocator's eligibility rule: the agent is connected, in the framework's partition, not
-/// held for another framework after a preemption, and the framework has no live decline filter
-/// on it. One function, so "why" counts exactly the agents allocation would try.
-pub(crate) fn agent_eligible(
+/// One rule that excluded agents from a pending demand, and how many (`/state`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Excluded {
+    /// `disconnected`, `partition`, `held`, `declined`, `resources` or `devices`.
+    pub filter: String,
+    pub agents: usize,
+}
+
+/// The allocator's feasibility rules for one agent and one framework, as named filters
+/// (ringmaster_core::placement::feasible), resource fit aside: the agent is connected, in the
+/// framework's partition, not held for another framework after a preemption, the framework has
+/// no live decline filter on it, and its devices can hold the demand's GPU request. One
+/// function, so "why pending" counts exactly the agents allocation would try.
+pub(crate) fn agent_feasible(
     agent: Option<&AgentRecord>,
     framework: &FrameworkRecord,
+    devices_fit: bool,
     now: Instant,
-) -> bool {
+) -> Result<(), Filter> {
     let Some(agent) = agent else {
-        return false;
+        return Err(Filter::Disconnected);
     };
-    agent.conn.is_some()
-        && agent.partition() == framework.partition
-        && agent
+    let facts = AgentFacts {
+        connected: agent.conn.is_some(),
+        partition: agent.partition(),
+        held_for_other: agent
             .held_for
             .as_ref()
-            .is_none_or(|(fw, until)| *fw == framework.id || *until <= now)
-        && framework
+            .is_some_and(|(fw, until)| *fw != framework.id && *until > now),
+        declined: framework
             .filters
             .get(&agent.id)
-            .is_none_or(|until| *until <= now)
+            .is_some_and(|until| *until > now),
+        devices_fit,
+    };
+    feasible::check(&facts, &framework.partition)
 }
 
 impl MasterState {
@@ -119,19 +139,27 @@ impl MasterState {
             if count == 0 {
                 continue;
             }
-            let eligible = |key: AgentKey| {
+            let rules = |key: AgentKey| {
                 let agent = self
                     .agent_by_key
                     .get(&key)
                     .and_then(|id| self.agents.get(id));
-                agent_eligible(agent, f, now)
+                agent_feasible(agent, f, self.devices.fits(key, &f.demand), now)
             };
-            let why = self.cluster.why_unplaced(&f.demand, &eligible);
+            let why = WhyUnplaced::explain_rules(&self.cluster, &f.demand, &rules);
             let unserved_last_run = self.unserved.contains(&f.key);
             if !unserved_last_run && why.fitting > 0 {
                 // Not tried yet (the next run is at most `allocation_interval` away).
                 continue;
             }
+            let excluded = why
+                .excluded
+                .iter()
+                .map(|&(filter, agents)| Excluded {
+                    filter: filter.name().to_string(),
+                    agents,
+                })
+                .collect();
             let mut text = why.to_string();
             if let Some(priority) = self.priority_why(f, now) {
                 text = format!("{text}; {priority}");
@@ -147,6 +175,7 @@ impl MasterState {
                 short: why.short.clone(),
                 not_eligible: why.not_eligible,
                 fitting: why.fitting,
+                excluded,
             });
         }
         out.sort_by(|a, b| a.framework.cmp(&b.framework));

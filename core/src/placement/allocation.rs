@@ -31,6 +31,8 @@ pub enum Grant {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {
     pub framework: FrameworkKey,
+    /// Index of the served request in the slice given to the step.
+    pub request: usize,
     pub agent: AgentKey,
     /// What was taken from the agent and recorded against the framework.
     pub resources: Resources,
@@ -169,6 +171,7 @@ pub fn allocate_in(
             context.remove_pending(&req.demand, u64::from(before - req.count));
             out.push(Allocation {
                 framework: fw,
+                request: i,
                 agent: decision.agent,
                 resources: granted,
                 decision,

@@ -10,6 +10,8 @@
 //!   [`PlacementContext`] it needs; [`node_preference`]: least-requested, most-balanced (seed 004);
 //! - [`drf`]: the weighted dominant-resource-fairness order of frameworks;
 //! - [`allocation`]: one allocation step joining the two;
+//! - [`cycle`]: the whole allocation cycle (priority tiers, DRF, feasibility, placement,
+//!   preemption) the master runs and the dry-run replays; [`feasible`]: its named filters;
 //! - [`priority`]: user priorities, priority quotas and preemption plans (seed 003);
 //! - [`why`]: a readable reason when nothing fits;
 //! - [`matching`]: a whole burst of deadline-bound tasks matched at once (SPEC seed 002);
@@ -18,8 +20,10 @@
 
 pub mod allocation;
 pub mod balance;
+pub mod cycle;
 pub mod devices;
 pub mod drf;
+pub mod feasible;
 pub mod fragmentation;
 pub mod matching;
 pub mod node_preference;
@@ -39,7 +43,11 @@ use slab::Slab;
 pub use crate::resources::{ResourceError, Resources};
 pub use allocation::{allocate, allocate_in, Allocation, Grant, Request};
 pub use balance::{BalanceNote, BalancePlacer, BalanceSettings, PlacementContext};
+pub use cycle::{
+    run_cycle, CycleInput, Outcome, Preemption, TieredRequest, Unserved, UnservedReason,
+};
 pub use drf::DrfSorter;
+pub use feasible::{AgentFacts, Filter};
 pub use node_preference::{LeastRequested, MostBalanced};
 pub use placer::{Decision, FirstFit, LinearBestFit, Phase, Placer, PlacerKind, RingPlacer};
 pub use priority::{

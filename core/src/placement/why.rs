@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::feasible::{resources_fit, Filter};
 use super::{AgentKey, Cluster, Resources};
 
 /// Why no eligible agent fits a demand.
@@ -18,6 +19,10 @@ pub struct WhyUnplaced {
     pub not_eligible: usize,
     /// Agents that fit and are eligible (0 whenever placement failed for lack of room).
     pub fitting: usize,
+    /// With named rules ([`WhyUnplaced::explain_rules`]): per rule, in [`Filter`] order, the
+    /// agents it excluded (each against the first rule it fails; zero counts left out). Empty
+    /// when eligibility was a plain yes/no.
+    pub excluded: Vec<(Filter, usize)>,
 }
 
 impl WhyUnplaced {
@@ -26,10 +31,51 @@ impl WhyUnplaced {
         demand: &Resources,
         eligible: &dyn Fn(AgentKey) -> bool,
     ) -> Self {
+        Self::walk(cluster, demand, &mut |key, _| eligible(key))
+    }
+
+    /// [`Cluster::why_unplaced`] with named rules: `rules` is the caller's verdict for an agent
+    /// (every rule but resource fit, first failing one named, as
+    /// [`feasible::check`](super::feasible::check) gives), and `excluded` counts per rule, with
+    /// resource fit at its place in [`Filter`] order. One walk over the agents.
+    pub fn explain_rules(
+        cluster: &Cluster,
+        demand: &Resources,
+        rules: &dyn Fn(AgentKey) -> Result<(), Filter>,
+    ) -> Self {
+        let mut counts = [0usize; Filter::ALL.len()];
+        let mut why = Self::walk(cluster, demand, &mut |key, free| {
+            let rule = rules(key);
+            let verdict = match rule {
+                Err(f) if f < Filter::Resources => Err(f),
+                other => resources_fit(free, demand).and(other),
+            };
+            if let Err(f) = verdict {
+                counts[f as usize] += 1;
+            }
+            // Eligibility as placement sees it: every rule but resource fit.
+            rule.is_ok()
+        });
+        why.excluded = Filter::ALL
+            .iter()
+            .zip(counts)
+            .filter(|(_, n)| *n > 0)
+            .map(|(f, n)| (*f, n))
+            .collect();
+        why
+    }
+
+    /// `eligible(key, free)` is asked once for every agent.
+    fn walk(
+        cluster: &Cluster,
+        demand: &Resources,
+        eligible: &mut dyn FnMut(AgentKey, &Resources) -> bool,
+    ) -> Self {
         let mut short: Vec<(String, usize)> = demand.names().map(|n| (n.to_string(), 0)).collect();
         let mut not_eligible = 0;
         let mut fitting = 0;
         for (key, agent) in cluster.agents() {
+            let ok = eligible(key, &agent.free);
             let mut fits = true;
             for (i, (name, need)) in demand.iter().enumerate() {
                 if agent.free.milli(name) < need {
@@ -38,7 +84,7 @@ impl WhyUnplaced {
                 }
             }
             if fits {
-                if eligible(key) {
+                if ok {
                     fitting += 1;
                 } else {
                     not_eligible += 1;
@@ -51,6 +97,7 @@ impl WhyUnplaced {
             short,
             not_eligible,
             fitting,
+            excluded: Vec::new(),
         }
     }
 }

@@ -1,0 +1,446 @@
+//! One allocation cycle, as the master runs it and the dry-run replays it.
+//!
+//! Priority tiers, highest first → DRF order within each tier ([`allocate_in`]) → feasibility
+//! (the caller's [`Filter`] verdict per agent) → place → preempt ([`plan_preemption`]) → an
+//! [`Outcome`]: the grants, the preemptions to carry out, and every demand left unserved with
+//! its reason.
+//!
+//! Preemption comes after every tier was served: each unserved demand above the base priority,
+//! highest tier first and in request order within a tier, may evict strictly lower-priority
+//! tasks on one agent. An agent is claimed by at most one plan per cycle, a framework gets at
+//! most one plan per cycle, and a framework already waiting for preempted tasks to end (a live
+//! hold) does not preempt again. The preemptor is not placed in this cycle: its victims must
+//! end first; the caller keeps the agent for it (a hold, which [`Filter::Held`] reports to
+//! others) and the next cycle places it there.
+//!
+//! Pure like the rest of the crate: agent facts, holds and running tasks come in as closures.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+use super::allocation::{allocate_in, Allocation, Grant, Request};
+use super::feasible::Filter;
+use super::priority::{plan_preemption, PreemptionPlan, Priority, RunningTask};
+use super::{AgentKey, Cluster, DrfSorter, FrameworkKey, PlacementContext, Resources};
+
+/// What a cycle needs besides the cluster, the DRF sorter and the requests.
+pub struct CycleInput<'a, T> {
+    /// The base priority: demands at or below it never preempt.
+    pub base: Priority,
+    /// Whole-agent offers (the master) or exactly the demand (the dry-run).
+    pub grant: Grant,
+    /// May `framework` be given `agent`? Every rule but resource fit, first failing rule named
+    /// (see [`super::feasible`]). Asked only for agents the placer or the preemption planner
+    /// looks at.
+    pub feasible: &'a dyn Fn(FrameworkKey, AgentKey) -> Result<(), Filter>,
+    /// The framework waits for preempted tasks to end on some agent (a live hold).
+    pub waiting: &'a dyn Fn(FrameworkKey) -> bool,
+    /// The running tasks preemption may evict; called at most once per cycle, and only when an
+    /// unserved demand above base may preempt.
+    pub running: &'a dyn Fn() -> Vec<RunningTask<T>>,
+}
+
+/// A request and the priority its next task would run at (its tier).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TieredRequest {
+    pub request: Request,
+    pub priority: Priority,
+}
+
+/// Evict `plan.victims` so that `framework`'s demand at `priority` fits `plan.agent`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemption<T> {
+    pub framework: FrameworkKey,
+    /// Index of the preempting request in the cycle's requests.
+    pub request: usize,
+    pub priority: Priority,
+    pub plan: PreemptionPlan<T>,
+}
+
+/// Why a demand is still (partly) unserved after the cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnservedReason {
+    /// At or below the base priority: it waits for room and never preempts.
+    AtBase,
+    /// Above base, but no agent has enough strictly lower-priority tasks to evict.
+    NoVictims,
+    /// An agent fits it but the placer declined this cycle (e.g. balance would not improve).
+    Declined,
+    /// Its framework already waits for preempted tasks to end (a live hold, or a plan for
+    /// another of its requests in this cycle).
+    Waiting,
+    /// This cycle's preemption frees `agent` for it; the next cycle places it there.
+    Preempting { agent: AgentKey },
+}
+
+impl fmt::Display for UnservedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UnservedReason::AtBase => f.write_str("base-priority demands never preempt"),
+            UnservedReason::NoVictims => f.write_str("no lower-priority victims on any agent"),
+            UnservedReason::Declined => f.write_str("the placer declined every fitting agent"),
+            UnservedReason::Waiting => f.write_str("waiting for preempted tasks to end"),
+            UnservedReason::Preempting { .. } => {
+                f.write_str("preempting lower-priority tasks to make room")
+            }
+        }
+    }
+}
+
+/// A request with copies left after the cycle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unserved {
+    /// Index in the cycle's requests.
+    pub request: usize,
+    pub framework: FrameworkKey,
+    pub demand: Resources,
+    /// Copies not served.
+    pub count: u32,
+    pub priority: Priority,
+    pub reason: UnservedReason,
+}
+
+/// What one cycle decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome<T> {
+    /// In the order they were made: tiers highest first, DRF order within a tier. Each is
+    /// already taken from the cluster and recorded in the DRF sorter; `request` indexes the
+    /// cycle's requests.
+    pub grants: Vec<Allocation>,
+    /// For the caller to carry out (kill the victims, keep the agent for the framework).
+    pub preemptions: Vec<Preemption<T>>,
+    /// In request order.
+    pub unserved: Vec<Unserved>,
+}
+
+/// Runs one cycle over `requests`; their counts are lowered by what is served. See the module
+/// doc.
+pub fn run_cycle<T: Clone>(
+    cluster: &mut Cluster,
+    drf: &mut DrfSorter,
+    requests: &mut [TieredRequest],
+    input: &CycleInput<T>,
+    context: &mut PlacementContext,
+) -> Outcome<T> {
+    // Tiers, highest priority first; each keeps its requests' indices in request order.
+    let mut tiers: BTreeMap<Reverse<Priority>, Vec<usize>> = BTreeMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        if r.request.count > 0 {
+            tiers.entry(Reverse(r.priority)).or_default().push(i);
+        }
+    }
+    let eligible = |fw: FrameworkKey, agent: AgentKey| (input.feasible)(fw, agent).is_ok();
+    let mut grants = Vec::new();
+    for indices in tiers.values() {
+        let mut tier: Vec<Request> = indices
+            .iter()
+            .map(|&i| requests[i].request.clone())
+            .collect();
+        let served = allocate_in(cluster, drf, &mut tier, input.grant, &eligible, context);
+        for (&i, r) in indices.iter().zip(&tier) {
+            requests[i].request.count = r.count;
+        }
+        grants.extend(served.into_iter().map(|mut a| {
+            a.request = indices[a.request];
+            a
+        }));
+    }
+    // Preemption, highest tier first, in request order within a tier.
+    let mut running: Option<Vec<RunningTask<T>>> = None;
+    let mut claimed: HashSet<AgentKey> = HashSet::new();
+    let mut planned: HashSet<FrameworkKey> = HashSet::new();
+    let mut preemptions = Vec::new();
+    let mut reasons: BTreeMap<usize, UnservedReason> = BTreeMap::new();
+    for (Reverse(priority), indices) in &tiers {
+        for &i in indices {
+            let r = &requests[i].request;
+            if r.count == 0 {
+                continue;
+            }
+            let fw = r.framework;
+            let reason = if *priority <= input.base {
+                UnservedReason::AtBase
+            } else if planned.contains(&fw) || (input.waiting)(fw) {
+                UnservedReason::Waiting
+            } else {
+                let running = running.get_or_insert_with(|| (input.running)());
+                let plan = plan_preemption(cluster, &r.demand, *priority, running, &|agent| {
+                    !claimed.contains(&agent) && eligible(fw, agent)
+                });
+                match plan {
+                    Some(plan) if !plan.victims.is_empty() => {
+                        claimed.insert(plan.agent);
+                        planned.insert(fw);
+                        let agent = plan.agent;
+                        preemptions.push(Preemption {
+                            framework: fw,
+                            request: i,
+                            priority: *priority,
+                            plan,
+                        });
+                        UnservedReason::Preempting { agent }
+                    }
+                    Some(_) => UnservedReason::Declined,
+                    None => UnservedReason::NoVictims,
+                }
+            };
+            reasons.insert(i, reason);
+        }
+    }
+    let unserved = reasons
+        .into_iter()
+        .map(|(i, reason)| {
+            let r = &requests[i];
+            Unserved {
+                request: i,
+                framework: r.request.framework,
+                demand: r.request.demand.clone(),
+                count: r.request.count,
+                priority: r.priority,
+                reason,
+            }
+        })
+        .collect();
+    Outcome {
+        grants,
+        preemptions,
+        unserved,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::{PlacerKind, RingsConfig};
+
+    fn r(text: &str) -> Resources {
+        Resources::parse(text).unwrap()
+    }
+
+    fn req(framework: FrameworkKey, demand: &str, count: u32, priority: Priority) -> TieredRequest {
+        TieredRequest {
+            request: Request {
+                framework,
+                demand: r(demand),
+                count,
+            },
+            priority,
+        }
+    }
+
+    fn task(
+        id: &'static str,
+        agent: AgentKey,
+        priority: Priority,
+        res: &str,
+    ) -> RunningTask<&'static str> {
+        RunningTask {
+            id,
+            agent,
+            priority,
+            started: 1,
+            resources: r(res),
+        }
+    }
+
+    struct Setup {
+        cluster: Cluster,
+        drf: DrfSorter,
+        agents: Vec<AgentKey>,
+    }
+
+    /// Agents with these (total, taken) and frameworks 1..=n of weight 1.
+    fn setup(agents: &[(&str, &str)], frameworks: usize) -> Setup {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::FirstFit);
+        let agents = agents
+            .iter()
+            .map(|(total, taken)| {
+                let k = cluster.add_agent(r(total));
+                if !taken.is_empty() {
+                    cluster.take(k, &r(taken)).unwrap();
+                }
+                k
+            })
+            .collect();
+        let mut drf = DrfSorter::new();
+        for fw in 1..=frameworks {
+            drf.add(fw, 1.0);
+        }
+        Setup {
+            cluster,
+            drf,
+            agents,
+        }
+    }
+
+    fn run(
+        s: &mut Setup,
+        requests: &mut [TieredRequest],
+        running: &[RunningTask<&'static str>],
+        feasible: &dyn Fn(FrameworkKey, AgentKey) -> Result<(), Filter>,
+        waiting: &dyn Fn(FrameworkKey) -> bool,
+    ) -> Outcome<&'static str> {
+        let running = running.to_vec();
+        let input = CycleInput {
+            base: 0,
+            grant: Grant::Demand,
+            feasible,
+            waiting,
+            running: &|| running.clone(),
+        };
+        let mut context = PlacementContext::default();
+        run_cycle(&mut s.cluster, &mut s.drf, requests, &input, &mut context)
+    }
+
+    /// The higher tier is served first even though DRF alone would pick the other framework
+    /// (framework 1 already holds a large share); within a tier DRF orders.
+    #[test]
+    fn tiers_before_drf() {
+        // Cases: (priorities of framework 1's and 2's requests, expected grant order).
+        let cases: [((Priority, Priority), [FrameworkKey; 3]); 3] = [
+            ((5, 0), [1, 1, 2]),
+            ((0, 5), [2, 2, 1]),
+            // One tier: DRF picks 2 (no share) first, then alternates by share.
+            ((0, 0), [2, 1, 2]),
+        ];
+        for ((p1, p2), want) in cases {
+            let mut s = setup(&[("cpus:3", "")], 2);
+            s.drf.allocated(1, &r("cpus:1"));
+            let mut requests = [req(1, "cpus:1", 2, p1), req(2, "cpus:1", 2, p2)];
+            let out = run(&mut s, &mut requests, &[], &|_, _| Ok(()), &|_| false);
+            let order: Vec<FrameworkKey> = out.grants.iter().map(|g| g.framework).collect();
+            assert_eq!(order, want, "priorities {p1}, {p2}");
+            let served: Vec<usize> = out.grants.iter().map(|g| g.request).collect();
+            assert_eq!(
+                served,
+                want.iter().map(|f| f - 1).collect::<Vec<_>>(),
+                "grants name their request"
+            );
+            assert!(out.preemptions.is_empty());
+            assert_eq!(out.unserved.len(), 1);
+            assert_eq!(out.unserved[0].count, 1);
+        }
+    }
+
+    /// Only demands above base preempt, and only strictly lower-priority tasks; the reasons say
+    /// why the others wait.
+    #[test]
+    fn preemption_only_above_base_with_reasons() {
+        // One full agent running a base task; (request priority, expected reason, victims).
+        let cases: [(Priority, UnservedReason, Vec<&str>); 3] = [
+            (0, UnservedReason::AtBase, vec![]),
+            (-3, UnservedReason::AtBase, vec![]),
+            (5, UnservedReason::Preempting { agent: 0 }, vec!["low"]),
+        ];
+        for (priority, reason, victims) in cases {
+            let mut s = setup(&[("cpus:4", "cpus:4")], 1);
+            let mut requests = [req(1, "cpus:2", 1, priority)];
+            let running = [task("low", s.agents[0], -5, "cpus:4")];
+            let out = run(&mut s, &mut requests, &running, &|_, _| Ok(()), &|_| false);
+            assert!(out.grants.is_empty());
+            assert_eq!(out.unserved.len(), 1);
+            assert_eq!(out.unserved[0].reason, reason, "priority {priority}");
+            let got: Vec<&str> = out
+                .preemptions
+                .iter()
+                .flat_map(|p| p.plan.victims.clone())
+                .collect();
+            assert_eq!(got, victims);
+        }
+        // Equal priority is no victim: above base but nothing to evict.
+        let mut s = setup(&[("cpus:4", "cpus:4")], 1);
+        let mut requests = [req(1, "cpus:2", 1, 5)];
+        let running = [task("peer", s.agents[0], 5, "cpus:4")];
+        let out = run(&mut s, &mut requests, &running, &|_, _| Ok(()), &|_| false);
+        assert_eq!(out.unserved[0].reason, UnservedReason::NoVictims);
+        assert!(out.preemptions.is_empty());
+        // A framework already waiting on a hold does not preempt again.
+        let running = [task("low", s.agents[0], 0, "cpus:4")];
+        let out = run(&mut s, &mut requests, &running, &|_, _| Ok(()), &|fw| {
+            fw == 1
+        });
+        assert_eq!(out.unserved[0].reason, UnservedReason::Waiting);
+        assert!(out.preemptions.is_empty());
+    }
+
+    /// Two preemptors, two full agents: each plan claims its own agent, the higher tier first;
+    /// a third preemptor finds both claimed. A framework gets one plan per cycle.
+    #[test]
+    fn one_claimed_agent_per_plan() {
+        let mut s = setup(&[("cpus:4", "cpus:4"), ("cpus:4", "cpus:4")], 4);
+        let (a, b) = (s.agents[0], s.agents[1]);
+        let running = [task("a-low", a, 0, "cpus:4"), task("b-low", b, 1, "cpus:4")];
+        let mut requests = [
+            req(1, "cpus:4", 1, 5),
+            req(2, "cpus:4", 1, 9),
+            req(3, "cpus:4", 1, 5),
+            req(4, "cpus:1", 1, 7),
+            req(4, "cpus:1", 1, 7),
+        ];
+        let out = run(&mut s, &mut requests, &running, &|_, _| Ok(()), &|_| false);
+        let plans: Vec<(FrameworkKey, usize, AgentKey, Vec<&str>)> = out
+            .preemptions
+            .iter()
+            .map(|p| (p.framework, p.request, p.plan.agent, p.plan.victims.clone()))
+            .collect();
+        // Framework 2 (p9) first: the cheapest victim set is a's p0 task. Framework 4 (p7)
+        // then gets b. Frameworks 1 and 3 (p5) find both agents claimed.
+        assert_eq!(plans, [(2, 1, a, vec!["a-low"]), (4, 3, b, vec!["b-low"]),]);
+        let reasons: Vec<(usize, UnservedReason)> =
+            out.unserved.iter().map(|u| (u.request, u.reason)).collect();
+        assert_eq!(
+            reasons,
+            [
+                (0, UnservedReason::NoVictims),
+                (1, UnservedReason::Preempting { agent: a }),
+                (2, UnservedReason::NoVictims),
+                (3, UnservedReason::Preempting { agent: b }),
+                (4, UnservedReason::Waiting),
+            ]
+        );
+    }
+
+    /// Infeasible agents are neither placed on nor preempted on.
+    #[test]
+    fn feasibility_applies_to_placement_and_preemption() {
+        let mut s = setup(&[("cpus:4", ""), ("cpus:4", "cpus:4")], 1);
+        let (a, b) = (s.agents[0], s.agents[1]);
+        let running = [task("b-low", b, 0, "cpus:4")];
+        let only_b = move |_: FrameworkKey, k: AgentKey| {
+            if k == a {
+                Err(Filter::Partition)
+            } else {
+                Ok(())
+            }
+        };
+        let mut requests = [req(1, "cpus:4", 1, 5)];
+        let out = run(&mut s, &mut requests, &running, &only_b, &|_| false);
+        assert!(out.grants.is_empty());
+        assert_eq!(out.preemptions.len(), 1);
+        assert_eq!(out.preemptions[0].plan.agent, b);
+        let none = |_: FrameworkKey, _: AgentKey| Err(Filter::Held);
+        let out = run(&mut s, &mut requests, &running, &none, &|_| false);
+        assert!(out.preemptions.is_empty());
+        assert_eq!(out.unserved[0].reason, UnservedReason::NoVictims);
+        // Feasible and free: placed, nothing unserved, the running list never asked for.
+        let input = CycleInput::<&str> {
+            base: 0,
+            grant: Grant::Demand,
+            feasible: &|_, _| Ok(()),
+            waiting: &|_| false,
+            running: &|| panic!("no preemption needed"),
+        };
+        let out = run_cycle(
+            &mut s.cluster,
+            &mut s.drf,
+            &mut requests,
+            &input,
+            &mut PlacementContext::default(),
+        );
+        assert_eq!(out.grants.len(), 1);
+        assert_eq!(out.grants[0].agent, a);
+        assert!(out.unserved.is_empty());
+        assert_eq!(requests[0].request.count, 0);
+    }
+}
