@@ -550,7 +550,7 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
             phase: a.decision.phase.map(|p| p.to_string()),
             bucket: a.decision.bucket,
             resources: a.resources.to_string(),
-            balance: a.decision.balance.as_ref().map(|note| BalanceLine {
+            balance: a.decision.balance().map(|note| BalanceLine {
                 weights: note.weights.iter().copied().map(four_decimals).collect(),
                 y_before: four_decimals(note.y_before),
                 y_after: four_decimals(note.y_after),

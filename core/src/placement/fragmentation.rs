@@ -17,7 +17,7 @@ use crate::devices::{DeviceRequest, DeviceSelection, DeviceState, GpuDemand};
 use crate::resources::Resources;
 
 use super::devices::DeviceBook;
-use super::ring_search::AgentScore;
+use super::placers::context::AgentScore;
 use super::AgentKey;
 
 /// A whole GPU, in milli-GPU.
