@@ -527,7 +527,7 @@ fn placed_line(
         phase: grant.decision.phase.map(|p| p.to_string()),
         bucket: grant.decision.bucket,
         resources: grant.resources.to_string(),
-        balance: grant.decision.balance.as_ref().map(|note| BalanceLine {
+        balance: grant.decision.balance().map(|note| BalanceLine {
             weights: note.weights.iter().copied().map(four_decimals).collect(),
             y_before: four_decimals(note.y_before),
             y_after: four_decimals(note.y_after),

@@ -97,7 +97,7 @@ proptest! {
                         let agent = cluster.agent(d.agent).unwrap();
                         prop_assert!(agent.free.contains(demand), "{placer}: {demand} on {:?}", agent);
                         prop_assert!(eligible(d.agent));
-                        prop_assert_eq!(d.balance.is_some(), placer == PlacerKind::Balance);
+                        prop_assert_eq!(d.balance().is_some(), placer == PlacerKind::Balance);
                     }
                     // Only require_improvement may leave a fitting demand pending.
                     None => prop_assert!(
@@ -162,7 +162,7 @@ proptest! {
         let out = allocate_in(&mut cluster, &mut drf, &mut requests, Grant::Demand, &|_, _| true, &mut context);
         for a in &out {
             prop_assert!(replay.take(a.agent, &a.resources).is_ok());
-            let note = a.decision.balance.as_ref().expect("balance explains itself");
+            let note = a.decision.balance().expect("balance explains itself");
             prop_assert!(note.y_before >= 0.0 && note.y_after >= 0.0);
         }
         if !settings.require_improvement() {

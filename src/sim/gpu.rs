@@ -5,9 +5,23 @@
 //! first. [`NodeState`] keeps the free milli of each GPU, so "fits" can be checked per GPU and
 //! the GPUs inside the chosen node picked by best fit (the least free GPU that still holds the
 //! request), the in-node rule of the paper's BestFit and of Kubernetes GPU-share schedulers.
+//!
+//! That pick is the master's: [`ringmaster_core::devices::select_shares`] with
+//! [`SIM_SELECTION`], the free-share form of [`DeviceState::select`] (the master's binding with
+//! `devices.selection: most-used-that-fits`). FGD's per-GPU choice is the core's too
+//! ([`TargetWorkload::least_growth`](ringmaster_core::placement::fragmentation::TargetWorkload::least_growth),
+//! over [`ringmaster_core::devices::select_shares_by_cost`]).
+//!
+//! [`DeviceState::select`]: ringmaster_core::devices::DeviceState::select
 
 use super::trace::GPU_MILLI;
-use ringmaster_core::placement::fragmentation::{best_fit_pick, TaskShape};
+use ringmaster_core::devices::{select_shares, DeviceSelection};
+use ringmaster_core::placement::fragmentation::TaskShape;
+
+/// The device selection the simulator binds GPUs by when no score chose them: best fit
+/// (`most-used-that-fits`, "pack"), as the paper's policies do. The master's default is
+/// `least-used`; configured with `devices.selection: most-used-that-fits` it binds as simulated.
+pub const SIM_SELECTION: DeviceSelection = DeviceSelection::MostUsedThatFits;
 
 /// What one task needs, in the units the simulator compares. Tasks with equal shapes are
 /// interchangeable for placement, so scores are cached per shape.
@@ -126,9 +140,15 @@ impl NodeState {
         Some(self.best_fit_gpus_unchecked(shape))
     }
 
-    /// [`best_fit_gpus`](Self::best_fit_gpus) for a shape known to fit.
+    /// [`best_fit_gpus`](Self::best_fit_gpus) for a shape known to fit (0 if it does not).
     pub fn best_fit_gpus_unchecked(&self, shape: &Shape) -> GpuPick {
-        best_fit_pick(&self.gpu_free, shape.num_gpu, shape.gpu_milli)
+        select_shares(
+            &self.gpu_free,
+            shape.num_gpu,
+            shape.gpu_milli,
+            SIM_SELECTION,
+        )
+        .unwrap_or(0)
     }
 
     /// Takes the shape off the node, `gpu_milli` from each GPU in `pick`.

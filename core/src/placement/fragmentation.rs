@@ -13,11 +13,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::devices::{DeviceRequest, DeviceSelection, DeviceState, GpuDemand};
+use crate::devices::{
+    select_shares_by_cost, DeviceRequest, DeviceSelection, DeviceState, GpuDemand, MAX_PICK_DEVICES,
+};
 use crate::resources::Resources;
 
 use super::devices::DeviceBook;
-use super::ring_search::AgentScore;
+use super::placers::context::AgentScore;
 use super::AgentKey;
 
 /// A whole GPU, in milli-GPU.
@@ -27,7 +29,7 @@ pub const TARGET_COVERAGE: f64 = 0.95;
 /// How many recent launches the master learns its target workload from.
 pub const LAUNCH_WINDOW: usize = 1000;
 /// GPUs a pick mask can name (bit i = GPU i).
-const MAX_PICK_GPUS: usize = 64;
+const MAX_PICK_GPUS: usize = MAX_PICK_DEVICES;
 
 /// A task as the fragment measure sees it: cpu, GPU count, share per GPU and allowed models
 /// (memory is not part of it, as in the paper). Field order is the tie order of equally frequent
@@ -219,10 +221,11 @@ impl TargetWorkload {
         Some(fragment as i64 - before as i64)
     }
 
-    /// FGD for one node: tries every distinct way to place `shape` on its GPUs (for a shared
-    /// GPU, each distinct free amount that holds it; whole GPUs are interchangeable, taken by
-    /// [`best_fit_pick`]) and returns the least growth of the fragment with its GPUs (bit i =
-    /// GPU i). `None` when the shape does not fit or the node has more than 64 GPUs.
+    /// FGD for one node: the least growth of the fragment over every distinct way to place
+    /// `shape` on its GPUs, with those GPUs (bit i = GPU i). The ways are the core's
+    /// [`select_shares_by_cost`]: for a shared GPU each distinct free amount that holds it,
+    /// otherwise the best fit (whole GPUs are interchangeable). `None` when the shape does not
+    /// fit or the node has more than 64 GPUs.
     pub fn least_growth(
         &self,
         cpu_free: u64,
@@ -234,55 +237,13 @@ impl TargetWorkload {
         if gpu_free.len() > MAX_PICK_GPUS {
             return None;
         }
-        let mut candidates: Vec<u64> = Vec::with_capacity(gpu_free.len());
-        if shape.num_gpu == 1 && shape.gpu_milli < WHOLE_GPU_MILLI {
-            let mut seen: Vec<u32> = Vec::with_capacity(gpu_free.len());
-            for (i, &g) in gpu_free.iter().enumerate() {
-                if g >= shape.gpu_milli && !seen.contains(&g) {
-                    seen.push(g);
-                    candidates.push(1 << i);
-                }
-            }
-        } else {
-            candidates.push(best_fit_pick(gpu_free, shape.num_gpu, shape.gpu_milli));
-        }
-        let mut best: Option<(i64, u64)> = None;
         let mut positions = Vec::with_capacity(shape.num_gpu as usize);
-        for pick in candidates {
+        select_shares_by_cost(gpu_free, shape.num_gpu, shape.gpu_milli, |pick| {
             positions.clear();
             positions.extend((0..MAX_PICK_GPUS).filter(|&i| pick & (1 << i) != 0));
-            let Some(delta) = self.growth(cpu_free, gpu_free, model, shape, &positions, before)
-            else {
-                continue;
-            };
-            if best.is_none_or(|(b, _)| delta < b) {
-                best = Some((delta, pick));
-            }
-        }
-        best
+            self.growth(cpu_free, gpu_free, model, shape, &positions, before)
+        })
     }
-}
-
-/// Best fit inside a node: the `num_gpu` GPUs with the least free milli that still hold
-/// `gpu_milli` (ties: lowest index), as a mask (bit i = GPU i; GPUs past the 64th are not
-/// considered). Fewer bits than `num_gpu` when not enough GPUs hold it.
-pub fn best_fit_pick(gpu_free: &[u32], num_gpu: u32, gpu_milli: u32) -> u64 {
-    let need = num_gpu as usize;
-    if need == 0 {
-        return 0;
-    }
-    let mut candidates: Vec<(u32, usize)> = gpu_free
-        .iter()
-        .take(MAX_PICK_GPUS)
-        .enumerate()
-        .filter(|(_, &g)| g >= gpu_milli)
-        .map(|(i, &g)| (g, i))
-        .collect();
-    candidates.sort_unstable();
-    candidates
-        .iter()
-        .take(need)
-        .fold(0, |mask, &(_, i)| mask | (1u64 << i))
 }
 
 // ------------------------------------------------------------------ the master's view
@@ -500,10 +461,104 @@ mod tests {
         // A model-bound shape on a node of another model does not fit.
         let bound = TaskShape { models: 0b10, ..s3 };
         assert_eq!(target.growth(8000, &[1000], Some(0), &bound, &[0], 0), None);
-        // Whole GPUs by best fit: the fully free ones, lowest index first.
-        assert_eq!(best_fit_pick(&[1000, 400, 1000, 1000], 2, 1000), 0b0101);
-        assert_eq!(best_fit_pick(&[1000, 400, 700], 1, 300), 0b010);
-        assert_eq!(best_fit_pick(&[200], 1, 300), 0);
+        // Whole GPUs: the fully free ones, lowest index first (one candidate); the 400 GPU
+        // stays stranded for a half.
+        let whole = gpu_shape(0, 2, 1000);
+        assert_eq!(
+            target.least_growth(8000, &[1000, 400, 1000, 1000], None, &whole, 0),
+            Some((400, 0b0101))
+        );
+        assert_eq!(
+            target.least_growth(8000, &[1000, 400, 700], None, &whole, 0),
+            None
+        );
+    }
+
+    /// The per-GPU choice as it was before it moved to `devices::select_shares_by_cost`: the
+    /// reference the new code must match exactly (the simulator's results depend on it).
+    fn least_growth_before(
+        target: &TargetWorkload,
+        cpu_free: u64,
+        gpu_free: &[u32],
+        shape: &TaskShape,
+        before: u64,
+    ) -> Option<(i64, u64)> {
+        fn best_fit_pick(gpu_free: &[u32], num_gpu: u32, gpu_milli: u32) -> u64 {
+            let mut candidates: Vec<(u32, usize)> = gpu_free
+                .iter()
+                .enumerate()
+                .filter(|(_, &g)| g >= gpu_milli)
+                .map(|(i, &g)| (g, i))
+                .collect();
+            candidates.sort_unstable();
+            candidates
+                .iter()
+                .take(num_gpu as usize)
+                .fold(0, |mask, &(_, i)| mask | (1u64 << i))
+        }
+        let mut candidates = Vec::new();
+        if shape.num_gpu == 1 && shape.gpu_milli < WHOLE_GPU_MILLI {
+            let mut seen = Vec::new();
+            for (i, &g) in gpu_free.iter().enumerate() {
+                if g >= shape.gpu_milli && !seen.contains(&g) {
+                    seen.push(g);
+                    candidates.push(1u64 << i);
+                }
+            }
+        } else {
+            candidates.push(best_fit_pick(gpu_free, shape.num_gpu, shape.gpu_milli));
+        }
+        let mut best: Option<(i64, u64)> = None;
+        for pick in candidates {
+            let positions: Vec<usize> = (0..64).filter(|&i| pick & (1 << i) != 0).collect();
+            let Some(delta) = target.growth(cpu_free, gpu_free, None, shape, &positions, before)
+            else {
+                continue;
+            };
+            if best.is_none_or(|(b, _)| delta < b) {
+                best = Some((delta, pick));
+            }
+        }
+        best
+    }
+
+    /// Every node of four GPUs with free shares from {0, 200, 500, 700, 1000}, every shape of a
+    /// mixed target: the same growth and the same GPUs as before the move.
+    #[test]
+    fn least_growth_matches_the_previous_choice() {
+        let shapes = [
+            gpu_shape(0, 0, 0),
+            gpu_shape(1000, 1, 200),
+            gpu_shape(1000, 1, 500),
+            gpu_shape(2000, 1, 1000),
+            gpu_shape(1000, 2, 1000),
+            gpu_shape(1000, 2, 500),
+            gpu_shape(1000, 4, 1000),
+        ];
+        let target = TargetWorkload::from_counts(
+            shapes
+                .iter()
+                .zip([3, 5, 4, 2, 1, 1, 1])
+                .map(|(s, c)| (*s, c)),
+        );
+        let steps = [0, 200, 500, 700, 1000];
+        for a in steps {
+            for b in steps {
+                for c in steps {
+                    for d in steps {
+                        let free = [a, b, c, d];
+                        let before = target.fragment(4000, &free);
+                        for shape in &shapes {
+                            assert_eq!(
+                                target.least_growth(4000, &free, None, shape, before),
+                                least_growth_before(&target, 4000, &free, shape, before),
+                                "{free:?} {shape:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Three hand-made agents: 1 with GPUs free [1000, 700], 2 with [1000, 1000], 3 without

@@ -4,10 +4,11 @@
 //! CLI, tests and benchmarks all drive the same code and get the same answers. Pieces:
 //! - [`rings`]: how a dimension is cut into buckets; [`ring_set`]: the agents in those buckets;
 //! - [`Cluster`] (here): agents in a slab, one ring set per dimension, running totals;
-//! - [`placer`]: the [`Placer`] interface and the ring search of SPEC seed 001, plus baselines;
-//!   [`ring_search`]: its options beyond the seed (sparing, a caller-scored tie-break);
-//! - [`balance`]: balance-degree placement with dynamic weights (seed 000) and the
-//!   [`PlacementContext`] it needs; [`node_preference`]: least-requested, most-balanced (seed 004);
+//! - [`placers`]: the [`Placer`] trait (one entry point) and each placer in its own module —
+//!   the ring search of SPEC seed 001 with its options (sparing, a caller-scored tie-break),
+//!   the baselines, balance degree with dynamic weights (seed 000), least-requested and
+//!   most-balanced (seed 004) — with [`PlacerKind`] to choose one by name and the
+//!   [`PlacementContext`] they may read;
 //! - [`drf`]: the weighted dominant-resource-fairness order of frameworks;
 //! - [`allocation`]: one allocation step joining the two;
 //! - [`cycle`]: the whole allocation cycle (priority tiers, DRF, feasibility, placement,
@@ -17,22 +18,43 @@
 //! - [`matching`]: a whole burst of deadline-bound tasks matched at once (SPEC seed 002);
 //! - [`devices`]: every agent's GPUs device by device, for the device fit and binding (seed 004);
 //! - [`fragmentation`]: FGD's expected GPU fragment, the ring's tie-break score.
+//!
+//! The modules `placer`, `balance`, `node_preference` and `ring_search` of earlier versions are
+//! kept as paths to the same items.
 
 pub mod allocation;
-pub mod balance;
 pub mod cycle;
 pub mod devices;
 pub mod drf;
 pub mod feasible;
 pub mod fragmentation;
 pub mod matching;
-pub mod node_preference;
-pub mod placer;
+pub mod placers;
 pub mod priority;
-pub mod ring_search;
 pub mod ring_set;
 pub mod rings;
 pub mod why;
+
+/// The balance placer and its settings (old path of [`placers::balance`]).
+pub use placers::balance;
+/// Least-requested and most-balanced (old path of [`placers::node_preference`]).
+pub use placers::node_preference;
+
+/// The placer interface, kinds, the ring placer and the baselines (old path).
+pub mod placer {
+    pub use super::placers::baselines::{FirstFit, LinearBestFit};
+    pub use super::placers::kind::{PlacerKind, UnknownPlacer};
+    pub use super::placers::ring::RingPlacer;
+    pub use super::placers::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
+}
+
+/// The ring search's options and the caller's score (old path).
+pub mod ring_search {
+    pub use super::placers::context::AgentScore;
+    pub use super::placers::ring::{
+        RingSearch, RingSearchError, DEFAULT_CANDIDATES, MAX_CANDIDATES,
+    };
+}
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -42,19 +64,22 @@ use slab::Slab;
 
 pub use crate::resources::{ResourceError, Resources};
 pub use allocation::{allocate, allocate_in, Allocation, Grant, Request};
-pub use balance::{BalanceNote, BalancePlacer, BalanceSettings, PlacementContext};
 pub use cycle::{
     run_cycle, CycleInput, Outcome, Preemption, TieredRequest, Unserved, UnservedReason,
 };
 pub use drf::DrfSorter;
 pub use feasible::{AgentFacts, Filter};
-pub use node_preference::{LeastRequested, MostBalanced};
-pub use placer::{Decision, FirstFit, LinearBestFit, Phase, Placer, PlacerKind, RingPlacer};
+pub use placers::balance::BalancePlacer;
+pub use placers::baselines::{FirstFit, LinearBestFit};
+pub use placers::context::{AgentScore, BalanceSettings, PlacementContext};
+pub use placers::kind::PlacerKind;
+pub use placers::node_preference::{LeastRequested, MostBalanced};
+pub use placers::ring::{RingPlacer, RingSearch, RingSearchError};
+pub use placers::{BalanceNote, Decision, Phase, Placer, PlacerNote};
 pub use priority::{
     plan_preemption, task_priority, PreemptionPlan, Priority, PriorityConfig, QuotaLedger,
     RunningTask, TaskPriority, UserGrant, DEFAULT_PARTITION,
 };
-pub use ring_search::{AgentScore, RingSearch, RingSearchError};
 pub use ring_set::RingSet;
 pub use rings::{RingLayout, RingLayoutError, RingSpec, RingsConfig};
 pub use why::WhyUnplaced;
@@ -464,9 +489,7 @@ impl Cluster {
         eligible: &dyn Fn(AgentKey) -> bool,
         context: &mut PlacementContext,
     ) -> Option<Decision> {
-        self.placer
-            .placer()
-            .place_in(self, demand, eligible, context)
+        self.placer.placer().place(self, demand, eligible, context)
     }
 
     /// [`place`](Cluster::place), but a demand that asks for none of `spare` (e.g. `gpus`) first
@@ -500,7 +523,7 @@ impl Cluster {
         demand: &Resources,
         eligible: &dyn Fn(AgentKey) -> bool,
     ) -> Option<Decision> {
-        placer.place(self, demand, eligible)
+        placer.place(self, demand, eligible, &mut PlacementContext::default())
     }
 
     /// Why no eligible agent fits `demand`, per dimension.

@@ -13,36 +13,12 @@
 //! mixes every dimension), so both visit every fitting agent; [`fitting_agents`] at least skips
 //! the agents that lack the demand's dominant dimension, through that dimension's ring.
 
-use super::placer::{dominant_dimension, Decision, Placer};
-use super::{AgentEntry, AgentKey, Cluster, Resources};
+use super::context::PlacementContext;
+use super::{Decision, Placer};
+use crate::placement::{AgentEntry, AgentKey, Cluster, Resources};
 
-/// The eligible agents that fit `demand`, in best-fit order of its dominant dimension (smallest
-/// free amount there first, then lowest key). Walks that dimension's ring from the bucket holding
-/// the demand upward, so agents with too little of it are not visited (except the rest of that
-/// first bucket). Empty for an empty demand or one naming a dimension the cluster lacks.
-pub fn fitting_agents<'a>(
-    cluster: &'a Cluster,
-    demand: &'a Resources,
-    eligible: &'a dyn Fn(AgentKey) -> bool,
-) -> impl Iterator<Item = (AgentKey, &'a AgentEntry)> + 'a {
-    let walk = dominant_dimension(demand, cluster.total()).and_then(|dimension| {
-        let ring = cluster.ring(dimension)?;
-        let need = demand.milli(dimension);
-        Some((ring, need, ring.bucket_of(need)))
-    });
-    walk.into_iter()
-        .flat_map(|(ring, need, first)| {
-            (first..ring.len()).flat_map(move |bucket| {
-                ring.members(bucket)
-                    .skip_while(move |(free, _)| *free < need)
-                    .map(|(_, key)| key)
-            })
-        })
-        .filter_map(move |key| {
-            let agent = cluster.agent(key)?;
-            (agent.free.contains(demand) && eligible(key)).then_some((key, agent))
-        })
-}
+/// Shared with the balance placer; defined with the trait, named here as before.
+pub use super::fitting_agents;
 
 /// The requested ratio of every dimension the agent has, in name order (see the module doc).
 pub fn requested_ratios(agent: &AgentEntry, demand: &Resources) -> Vec<f64> {
@@ -93,13 +69,7 @@ fn smallest(
             best = Some((s, key));
         }
     }
-    best.map(|(_, agent)| Decision {
-        agent,
-        phase: None,
-        bucket: None,
-        dimension: None,
-        balance: None,
-    })
+    best.map(|(_, agent)| Decision::plain(agent))
 }
 
 /// Smallest mean requested ratio among fitting agents: spread the load.
@@ -116,6 +86,7 @@ impl Placer for LeastRequested {
         cluster: &Cluster,
         demand: &Resources,
         eligible: &dyn Fn(AgentKey) -> bool,
+        _context: &mut PlacementContext,
     ) -> Option<Decision> {
         smallest(cluster, demand, eligible, least_requested_score)
     }
@@ -135,6 +106,7 @@ impl Placer for MostBalanced {
         cluster: &Cluster,
         demand: &Resources,
         eligible: &dyn Fn(AgentKey) -> bool,
+        _context: &mut PlacementContext,
     ) -> Option<Decision> {
         smallest(cluster, demand, eligible, most_balanced_score)
     }
@@ -143,20 +115,24 @@ impl Placer for MostBalanced {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::{PlacerKind, RingsConfig};
+    use crate::placement::RingsConfig;
 
     fn r(text: &str) -> Resources {
         Resources::parse(text).unwrap()
     }
 
     /// (total, already used) per agent.
-    fn cluster(placer: PlacerKind, agents: &[(&str, &str)]) -> Cluster {
-        let mut cluster = Cluster::new(RingsConfig::default(), placer);
+    fn cluster(agents: &[(&str, &str)]) -> Cluster {
+        let mut cluster = Cluster::new(RingsConfig::default(), Default::default());
         for (total, used) in agents {
             let key = cluster.add_agent(r(total));
             cluster.take(key, &r(used)).unwrap();
         }
         cluster
+    }
+
+    fn place(placer: &dyn Placer, cluster: &Cluster, demand: &Resources) -> Option<Decision> {
+        placer.place(cluster, demand, &|_| true, &mut PlacementContext::default())
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -221,7 +197,7 @@ mod tests {
             },
         ];
         for case in cases {
-            let cluster = cluster(PlacerKind::LeastRequested, case.agents);
+            let cluster = cluster(case.agents);
             let demand = r(case.demand);
             for (key, want) in case.scores.iter().enumerate() {
                 let got = least_requested_score(cluster.agent(key).unwrap(), &demand);
@@ -231,7 +207,7 @@ mod tests {
                     case.what
                 );
             }
-            let got = cluster.place(&demand, &|_| true).map(|d| d.agent);
+            let got = place(&LeastRequested, &cluster, &demand).map(|d| d.agent);
             assert_eq!(got, case.expected, "{}", case.what);
         }
     }
@@ -294,7 +270,7 @@ mod tests {
             },
         ];
         for case in cases {
-            let cluster = cluster(PlacerKind::MostBalanced, case.agents);
+            let cluster = cluster(case.agents);
             let demand = r(case.demand);
             for (key, want) in case.scores.iter().enumerate() {
                 let got = most_balanced_score(cluster.agent(key).unwrap(), &demand);
@@ -304,29 +280,8 @@ mod tests {
                     case.what
                 );
             }
-            let got = cluster.place(&demand, &|_| true).map(|d| d.agent);
+            let got = place(&MostBalanced, &cluster, &demand).map(|d| d.agent);
             assert_eq!(got, case.expected, "{}", case.what);
         }
-    }
-
-    #[test]
-    fn fitting_agents_walks_the_dominant_ring_in_best_fit_order() {
-        let cluster = cluster(
-            PlacerKind::Ring,
-            &[
-                ("cpus:8;mem:1000", ""),
-                ("cpus:3;mem:1000", ""),
-                ("cpus:1;mem:1000", ""),
-                ("cpus:5;mem:10", ""),
-                ("cpus:3;mem:1000", ""),
-            ],
-        );
-        let demand = r("cpus:2;mem:100");
-        let keys: Vec<AgentKey> = fitting_agents(&cluster, &demand, &|k| k != 4)
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(keys, [1, 0]);
-        assert_eq!(fitting_agents(&cluster, &r(""), &|_| true).count(), 0);
-        assert_eq!(fitting_agents(&cluster, &r("gpus:1"), &|_| true).count(), 0);
     }
 }
