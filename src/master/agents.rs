@@ -442,7 +442,7 @@ impl MasterState {
     /// Keeps at most `max_removed_agents` lost agents, forgetting those lost longest ago (by
     /// their last heartbeat), in memory and in the registry. A forgotten agent that comes back
     /// registers as a new one.
-    fn forget_old_lost_agents(&mut self) {
+    pub(crate) fn forget_old_lost_agents(&mut self) {
         let bound = self.config.master.max_removed_agents;
         let mut lost: Vec<(Instant, String)> = self
             .agents

@@ -47,6 +47,14 @@ impl Durable {
     }
 }
 
+impl MasterState {
+    /// The attached registry, if any (tests read it back).
+    #[cfg(test)]
+    pub(crate) fn registry(&self) -> Option<&Registry> {
+        self.durable.as_ref().map(|d| &d.registry)
+    }
+}
+
 fn unix_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -311,6 +319,7 @@ impl MasterState {
             self.forget_completed_of(&id);
             self.framework_forgotten(&id);
         }
+        self.forget_old_lost_agents();
         for key in to_retell {
             let exit_code = self.tasks[&key].exit_code;
             let status: TaskStatus = self.status_of(&key, exit_code, now);

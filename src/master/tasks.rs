@@ -149,9 +149,10 @@ impl MasterState {
     pub(crate) fn remember_completed(&mut self, task_key: &TaskKey) {
         let bound = self.config.master.max_completed_tasks_per_framework;
         let list = self.finished.entry(task_key.0.clone()).or_default();
-        if !list.contains(&task_key.1) {
-            list.push_back(task_key.1.clone());
-        }
+        // Every caller completes a task once (on its transition out of `terminal_unacked`, or at
+        // its end when nobody is to be told), so no search for duplicates: a task id reused after
+        // it ended is listed twice and forgotten when its older entry leaves the list.
+        list.push_back(task_key.1.clone());
         let mut forgotten = Vec::new();
         while list.len() > bound {
             let Some(old) = list.pop_front() else { break };

@@ -265,3 +265,63 @@ fn removed_frameworks_are_remembered_up_to_max_removed_frameworks() {
     assert_eq!(h.task_state(&f1, "t1"), None);
     assert!(!h.state.finished.contains_key(&f1.id));
 }
+
+fn one_completed(c: &mut crate::config::Config) {
+    c.master.max_completed_tasks_per_framework = 1;
+}
+
+/// The task ids the registry holds, sorted.
+fn stored_tasks(h: &Harness) -> Vec<String> {
+    let registry = h.state.registry().expect("a registry");
+    let mut ids: Vec<String> = registry
+        .load()
+        .unwrap()
+        .tasks
+        .into_iter()
+        .map(|t| t.task_id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn the_registry_forgets_dropped_completed_tasks_and_keeps_unacknowledged_ones_across_a_restart() {
+    use super::super::registry::Registry;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = Harness::configured(one_completed);
+    h.attach_registry(Registry::open(dir.path()).unwrap());
+    let agent = h.agent("a1", "cpus:8;mem:1024");
+    let fw = h.framework("web");
+    for task_id in ["t1", "t2"] {
+        let done = finished(&mut h, &fw, agent, task_id);
+        h.ack(&fw, &done);
+    }
+    let t3 = finished(&mut h, &fw, agent, "t3");
+    // t1 was pushed out of the completed list, from memory and from the registry; t3 is kept
+    // (unacknowledged) beside t2 (the completed list).
+    assert_eq!(stored_tasks(&h), ["t2", "t3"]);
+    assert_eq!(h.task_state(&fw, "t1"), None);
+    drop(h);
+
+    // A master restarted on the same registry tells the framework again when it comes back.
+    let mut h = Harness::configured(one_completed);
+    h.attach_registry(Registry::open(dir.path()).unwrap());
+    let conn = h.connect(Message::Subscribe(Subscribe {
+        framework_id: fw.id.clone(),
+        ..super::super::harness::subscribe("web")
+    }));
+    let retold = match h.messages(conn).as_slice() {
+        [Message::Subscribed(_), Message::Update(u)] => u.status.clone().unwrap(),
+        other => panic!("Subscribed and the terminal update expected: {other:?}"),
+    };
+    assert_eq!(
+        (retold.task_id.as_str(), retold.state()),
+        ("t3", TaskState::TaskFinished)
+    );
+    assert_eq!(t3.task_id, retold.task_id);
+    let fw = Fw { conn, id: fw.id };
+    h.ack(&fw, &retold);
+    // Acknowledged: t3 is the completed task now, and t2 is gone.
+    assert_eq!(stored_tasks(&h), ["t3"]);
+    assert_eq!(h.task_state(&fw, "t2"), None);
+}
