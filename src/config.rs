@@ -293,6 +293,62 @@ pub struct MasterConfig {
     /// After a restart from a registry (`--work-dir`): how long a recovered agent has to
     /// re-register before its tasks become LOST with reason `agent_lost` (docs/reliability.md).
     pub agent_reregister_timeout: Duration,
+    /// The most an agent may register in each dimension named (`cpus:4096;mem:67108864`);
+    /// an agent above it is refused. Dimensions not named are not limited (docs/operations.md).
+    pub max_agent_resources: Resources,
+    /// Ended tasks whose terminal update was acknowledged, kept per framework for
+    /// reconciliation and `/state` (oldest dropped first, from memory and the registry).
+    pub max_completed_tasks_per_framework: usize,
+    /// Lost agents remembered (for `/state` and re-registration by id); oldest forgotten first.
+    pub max_removed_agents: usize,
+    /// Removed frameworks remembered (their ids may not subscribe again); oldest forgotten first.
+    pub max_removed_frameworks: usize,
+}
+
+/// The default of `master.max_agent_resources`: far above any real machine, far below what
+/// would make cluster sums meaningless.
+pub const DEFAULT_MAX_AGENT_RESOURCES: &str =
+    "cpus:4096;mem:67108864;disk:1073741824;gpus:64;gpu_milli:64000;gpu_mem:16777216";
+
+/// The range every duration key of the `master:` section must lie in, by key: (least, most).
+pub const MASTER_DURATION_RANGES: [(&str, Duration, Duration); 7] = [
+    ("agent_timeout", Duration::from_millis(100), DAY),
+    ("offer_timeout", Duration::from_millis(100), DAY),
+    (
+        "allocation_interval",
+        Duration::from_millis(1),
+        Duration::from_secs(60),
+    ),
+    (
+        "heartbeat_interval",
+        Duration::from_millis(100),
+        Duration::from_secs(3600),
+    ),
+    ("default_refuse", Duration::ZERO, DAY),
+    (
+        "status_retry_interval",
+        Duration::from_millis(100),
+        Duration::from_secs(3600),
+    ),
+    ("agent_reregister_timeout", Duration::from_millis(100), DAY),
+];
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// `master.max_frame_bytes` must lie in this range: 64 KiB to 1 GiB.
+pub const FRAME_BYTES_RANGE: (usize, usize) = (64 * 1024, 1024 * 1024 * 1024);
+
+/// The most `max_completed_tasks_per_framework`, `max_removed_agents` and
+/// `max_removed_frameworks` may be.
+pub const MAX_HISTORY: u64 = 1_000_000;
+
+/// Prints a duration for range messages: `100ms`, `1day`.
+fn show_duration(d: Duration) -> String {
+    if d.is_zero() {
+        "0s".to_string()
+    } else {
+        humantime::format_duration(d).to_string()
+    }
 }
 
 impl Default for MasterConfig {
@@ -306,6 +362,11 @@ impl Default for MasterConfig {
             status_retry_interval: Duration::from_secs(2),
             max_frame_bytes: 4 * 1024 * 1024,
             agent_reregister_timeout: Duration::from_secs(60),
+            max_agent_resources: Resources::parse(DEFAULT_MAX_AGENT_RESOURCES)
+                .expect("valid default"),
+            max_completed_tasks_per_framework: 1000,
+            max_removed_agents: 1000,
+            max_removed_frameworks: 1000,
         }
     }
 }
@@ -321,6 +382,10 @@ struct RawMaster {
     status_retry_interval: Option<String>,
     max_frame_bytes: Option<serde_yaml::Value>,
     agent_reregister_timeout: Option<String>,
+    max_agent_resources: Option<String>,
+    max_completed_tasks_per_framework: Option<serde_yaml::Value>,
+    max_removed_agents: Option<serde_yaml::Value>,
+    max_removed_frameworks: Option<serde_yaml::Value>,
 }
 
 /// Per-connection limits (see `master::limits` and docs/reliability.md, "Limits").
@@ -739,14 +804,96 @@ impl Config {
             if let Some(v) = &m.max_frame_bytes {
                 let path = ["master".into(), "max_frame_bytes".into()];
                 let n = whole_number(v).map_err(|e| source.error(&path, e))?;
+                let (least, most) = FRAME_BYTES_RANGE;
                 out.max_frame_bytes = match usize::try_from(n) {
-                    Ok(n) if n > 0 => n,
-                    _ => return Err(source.error(&path, format!("{n} is not a usable frame size"))),
+                    Ok(n) if (least..=most).contains(&n) => n,
+                    _ => {
+                        return Err(source.error(
+                            &path,
+                            format!("{n} is out of range: the frame size must be from {least} (64 KiB) to {most} (1 GiB) bytes"),
+                        ))
+                    }
                 };
             }
+            if let Some(text) = &m.max_agent_resources {
+                out.max_agent_resources = Resources::parse(text).map_err(|e| {
+                    source.error(
+                        &["master".into(), "max_agent_resources".into()],
+                        format!("`{text}` is not a resource list like cpus:4096;mem:67108864: {e}"),
+                    )
+                })?;
+            }
+            let counts: [(&str, &Option<serde_yaml::Value>, &mut usize); 3] = [
+                (
+                    "max_completed_tasks_per_framework",
+                    &m.max_completed_tasks_per_framework,
+                    &mut out.max_completed_tasks_per_framework,
+                ),
+                (
+                    "max_removed_agents",
+                    &m.max_removed_agents,
+                    &mut out.max_removed_agents,
+                ),
+                (
+                    "max_removed_frameworks",
+                    &m.max_removed_frameworks,
+                    &mut out.max_removed_frameworks,
+                ),
+            ];
+            for (name, value, slot) in counts {
+                let Some(value) = value else { continue };
+                let path = ["master".into(), name.into()];
+                let n = whole_number(value).map_err(|e| source.error(&path, e))?;
+                if n > MAX_HISTORY {
+                    return Err(source.error(
+                        &path,
+                        format!("{n} is out of range: must be from 0 to {MAX_HISTORY}"),
+                    ));
+                }
+                *slot = n as usize;
+            }
         }
+        check_master_ranges(&source, &config.master)?;
         Ok(config)
     }
+}
+
+/// Refuses timers outside their sane range (a zero `agent_timeout` would lose every agent at
+/// once, a zero `offer_timeout` rescind every offer as it is made), naming the key's line.
+fn check_master_ranges(source: &YamlSource, m: &MasterConfig) -> Result<(), ConfigError> {
+    let values = [
+        m.agent_timeout,
+        m.offer_timeout,
+        m.allocation_interval,
+        m.heartbeat_interval,
+        m.default_refuse,
+        m.status_retry_interval,
+        m.agent_reregister_timeout,
+    ];
+    for ((name, least, most), value) in MASTER_DURATION_RANGES.iter().zip(values) {
+        if value < *least || value > *most {
+            return Err(source.error(
+                &["master".into(), (*name).into()],
+                format!(
+                    "{} is out of range: must be from {} to {}",
+                    show_duration(value),
+                    show_duration(*least),
+                    show_duration(*most)
+                ),
+            ));
+        }
+    }
+    if m.heartbeat_interval >= m.agent_timeout {
+        return Err(source.error(
+            &["master".into(), "heartbeat_interval".into()],
+            format!(
+                "{} must be shorter than master.agent_timeout ({}), or every agent is lost between two heartbeats",
+                show_duration(m.heartbeat_interval),
+                show_duration(m.agent_timeout)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -770,7 +917,7 @@ rings:
 master:
   agent_timeout: 30s
   allocation_interval: 500ms
-  max_frame_bytes: 1024
+  max_frame_bytes: 65536
 matching: { a: 0.7, d: -1 }
 ";
 
@@ -816,7 +963,7 @@ matching: { a: 0.7, d: -1 }
             Duration::from_millis(500)
         );
         assert_eq!(config.master.offer_timeout, Duration::from_secs(10));
-        assert_eq!(config.master.max_frame_bytes, 1024);
+        assert_eq!(config.master.max_frame_bytes, 65536);
         assert_eq!(
             config.matching,
             MatchingCoefficients {
@@ -970,7 +1117,7 @@ matching: { a: 0.7, d: -1 }
             ),
             (
                 "master:\n  max_frame_bytes: 0\n",
-                "cluster.yaml:2: master.max_frame_bytes: 0 is not a usable frame size",
+                "cluster.yaml:2: master.max_frame_bytes: 0 is out of range: the frame size must be from 65536 (64 KiB) to 1073741824 (1 GiB) bytes",
             ),
             (
                 "rings:\n  cpus: { step: 1, buckets: 4, sarch_up: 1 }\n",
@@ -1087,6 +1234,111 @@ matching: { a: 0.7, d: -1 }
             err.starts_with("c.yaml:2: master.agent_reregister_timeout:"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn master_timers_and_sizes_out_of_range_are_refused() {
+        let cases = [
+            (
+                "master:\n  agent_timeout: 0s\n",
+                "c.yaml:2: master.agent_timeout: 0s is out of range: must be from 100ms to 1day",
+            ),
+            (
+                "master:\n  agent_timeout: 2days\n",
+                "c.yaml:2: master.agent_timeout: 2days is out of range: must be from 100ms to 1day",
+            ),
+            (
+                "master:\n  agent_timeout: 5s\n  offer_timeout: 0s\n",
+                "c.yaml:3: master.offer_timeout: 0s is out of range: must be from 100ms to 1day",
+            ),
+            (
+                "master:\n  allocation_interval: 0s\n",
+                "c.yaml:2: master.allocation_interval: 0s is out of range: must be from 1ms to 1m",
+            ),
+            (
+                "master:\n  allocation_interval: 2m\n",
+                "c.yaml:2: master.allocation_interval: 2m is out of range: must be from 1ms to 1m",
+            ),
+            (
+                "master:\n  heartbeat_interval: 10ms\n",
+                "c.yaml:2: master.heartbeat_interval: 10ms is out of range: must be from 100ms to 1h",
+            ),
+            (
+                "master:\n  default_refuse: 3days\n",
+                "c.yaml:2: master.default_refuse: 3days is out of range: must be from 0s to 1day",
+            ),
+            (
+                "master:\n  status_retry_interval: 0s\n",
+                "c.yaml:2: master.status_retry_interval: 0s is out of range: must be from 100ms to 1h",
+            ),
+            (
+                "master:\n  agent_reregister_timeout: 1ms\n",
+                "c.yaml:2: master.agent_reregister_timeout: 1ms is out of range: must be from 100ms to 1day",
+            ),
+            (
+                "master:\n  agent_timeout: 1s\n  heartbeat_interval: 2s\n",
+                "c.yaml:3: master.heartbeat_interval: 2s must be shorter than master.agent_timeout (1s)",
+            ),
+            (
+                "master:\n  max_frame_bytes: 1\n",
+                "c.yaml:2: master.max_frame_bytes: 1 is out of range: the frame size must be from 65536 (64 KiB) to 1073741824 (1 GiB) bytes",
+            ),
+            (
+                "master:\n  max_frame_bytes: 2147483648\n",
+                "c.yaml:2: master.max_frame_bytes: 2147483648 is out of range: the frame size must be from 65536 (64 KiB) to 1073741824 (1 GiB) bytes",
+            ),
+            (
+                "master:\n  max_completed_tasks_per_framework: -1\n",
+                "c.yaml:2: master.max_completed_tasks_per_framework: -1 is negative",
+            ),
+            (
+                "master:\n  max_removed_agents: 2000000\n",
+                "c.yaml:2: master.max_removed_agents: 2000000 is out of range: must be from 0 to 1000000",
+            ),
+            (
+                "master:\n  max_removed_frameworks: many\n",
+                "c.yaml:2: master.max_removed_frameworks: expected a whole number, found the string `many`",
+            ),
+            (
+                "master:\n  max_agent_resources: \"cpus:lots\"\n",
+                "c.yaml:2: master.max_agent_resources: `cpus:lots` is not a resource list like cpus:4096;mem:67108864:",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = Config::from_yaml(text, "c.yaml").unwrap_err().to_string();
+            assert!(err.starts_with(want), "{text:?}\n got: {err}\nwant: {want}");
+        }
+        // The bounds themselves are accepted.
+        let edge = "master:\n  agent_timeout: 1day\n  offer_timeout: 100ms\n  \
+                    allocation_interval: 1ms\n  heartbeat_interval: 100ms\n  default_refuse: 0s\n  \
+                    status_retry_interval: 1h\n  agent_reregister_timeout: 100ms\n  \
+                    max_frame_bytes: 65536\n";
+        let config = Config::from_yaml(edge, "c.yaml").unwrap();
+        assert_eq!(config.master.default_refuse, Duration::ZERO);
+        assert_eq!(config.master.max_frame_bytes, 65536);
+        let big = Config::from_yaml("master:\n  max_frame_bytes: 1073741824\n", "c.yaml").unwrap();
+        assert_eq!(big.master.max_frame_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn history_and_agent_limits_are_read() {
+        let d = Config::default().master;
+        assert_eq!(d.max_completed_tasks_per_framework, 1000);
+        assert_eq!(d.max_removed_agents, 1000);
+        assert_eq!(d.max_removed_frameworks, 1000);
+        assert_eq!(d.max_agent_resources.milli("cpus"), 4096 * MILLI);
+        let text = "master:\n  max_agent_resources: \"cpus:64;mem:1024\"\n  \
+                    max_completed_tasks_per_framework: 5\n  max_removed_agents: 0\n  \
+                    max_removed_frameworks: 7\n";
+        let m = Config::from_yaml(text, "c.yaml").unwrap().master;
+        assert_eq!(m.max_agent_resources.to_string(), "cpus:64;mem:1024");
+        assert_eq!(m.max_completed_tasks_per_framework, 5);
+        assert_eq!(m.max_removed_agents, 0);
+        assert_eq!(m.max_removed_frameworks, 7);
+        let unlimited = Config::from_yaml("master:\n  max_agent_resources: \"\"\n", "c.yaml")
+            .unwrap()
+            .master;
+        assert!(unlimited.max_agent_resources.is_empty());
     }
 
     #[test]

@@ -351,6 +351,22 @@ mod tests {
         }
     }
 
+    /// The agent has no duration or size flags; its fixed timers stay within the ranges the
+    /// master's own timers are held to (docs/operations.md, "Allowed ranges").
+    #[test]
+    fn fixed_timers_are_in_sane_ranges() {
+        let config = AgentConfig::from_args(args(&["--resources", "cpus:1;mem:64"])).unwrap();
+        for (name, value) in [
+            ("kill_grace", config.kill_grace),
+            ("reconnect_max_backoff", config.reconnect_max_backoff),
+        ] {
+            assert!(
+                (Duration::from_millis(100)..=Duration::from_secs(24 * 3600)).contains(&value),
+                "{name} = {value:?}"
+            );
+        }
+    }
+
     #[test]
     fn bad_master_and_id_are_refused() {
         let err = format!(

@@ -197,6 +197,16 @@ impl Resources {
         out
     }
 
+    /// The first dimension (by name) that `limits` names and this bundle exceeds: its name,
+    /// this bundle's amount and the limit, in thousandths. Dimensions `limits` does not name
+    /// are not limited.
+    pub fn first_above<'a>(&'a self, limits: &Resources) -> Option<(&'a str, u64, u64)> {
+        self.iter().find_map(|(name, have)| {
+            let max = limits.milli(name);
+            (limits.names().any(|n| n == name) && have > max).then_some((name, have, max))
+        })
+    }
+
     /// How many copies of `unit` fit in this bundle (u64::MAX for an empty unit).
     pub fn copies_of(&self, unit: &Resources) -> u64 {
         unit.iter()
@@ -337,6 +347,21 @@ mod tests {
             a.shortfalls(&r("cpus:5;mem:1")).collect::<Vec<_>>(),
             ["cpus"]
         );
+    }
+
+    #[test]
+    fn first_above_names_the_dimension_and_its_limit() {
+        let limits = r("cpus:64;mem:1024");
+        assert_eq!(r("cpus:64;mem:1024;disk:99999").first_above(&limits), None);
+        assert_eq!(
+            r("cpus:65;mem:2048").first_above(&limits),
+            Some(("cpus", 65_000, 64_000))
+        );
+        assert_eq!(
+            r("cpus:1;mem:1024.001").first_above(&limits),
+            Some(("mem", 1_024_001, 1_024_000))
+        );
+        assert_eq!(r("cpus:1000").first_above(&Resources::new()), None);
     }
 
     /// SPEC seed 001: an agent with 4 CPU and 8 GB free runs (2 CPU, 1 GB) and (2 CPU, 2 GB)

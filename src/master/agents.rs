@@ -5,7 +5,7 @@ use ringmaster_proto::convert::ResourcesWire;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
-use ringmaster_proto::resources::Resources;
+use ringmaster_proto::resources::{format_milli, Resources};
 use ringmaster_proto::{
     AgentRegistered, ErrorCode, KillTask, Message, Pong, RegisterAgent, StatusAck, TaskState,
     TaskStatus,
@@ -40,6 +40,20 @@ impl MasterState {
                 )
             }
         };
+        if let Some((name, have, max)) = total.first_above(&self.config.master.max_agent_resources)
+        {
+            tracing::warn!(agent = %register.agent_id, %peer, resource = name, amount = %format_milli(have),
+                limit = %format_milli(max), "agent refused: above master.max_agent_resources");
+            return self.close(
+                conn,
+                ErrorCode::InvalidRequest,
+                format!(
+                    "RegisterAgent: `{name}` {} is above the limit {} of master.max_agent_resources",
+                    format_milli(have),
+                    format_milli(max)
+                ),
+            );
+        }
         let devices = match ringmaster_proto::devices::devices_from_wire(&register.devices) {
             Ok(devices) => devices,
             Err(e) => {
@@ -263,6 +277,25 @@ impl MasterState {
                     );
                 };
                 status.agent_id = agent_id.to_string();
+                if status.framework_id.is_empty() {
+                    // Tasks are keyed by (framework, task): find the one framework this agent
+                    // runs (or ran) the task for, or refuse. Never acknowledge an update that
+                    // was not applied: the agent keeps it and sends it again.
+                    match self.framework_of_agent_task(agent_id, &status.task_id) {
+                        Some(framework_id) => status.framework_id = framework_id,
+                        None => {
+                            return self.send_error(
+                                conn,
+                                ErrorCode::InvalidRequest,
+                                format!(
+                                    "StatusUpdate for task {:?} has no framework_id and the task is not \
+                                     one this agent runs for exactly one framework; not acknowledged",
+                                    status.task_id
+                                ),
+                            )
+                        }
+                    }
+                }
                 let update_id = status.update_id.clone();
                 let task_id = status.task_id.clone();
                 self.agent_status(agent_id, status, now);
@@ -281,6 +314,18 @@ impl MasterState {
                 format!("{} is not valid from an agent", other.kind()),
             ),
         }
+    }
+
+    /// The framework of the task `task_id` placed on `agent_id`, when exactly one framework
+    /// has a task of that id there.
+    fn framework_of_agent_task(&self, agent_id: &str, task_id: &str) -> Option<String> {
+        let mut frameworks = self
+            .tasks
+            .iter()
+            .filter(|((_, t), task)| t == task_id && task.agent == agent_id)
+            .map(|((f, _), _)| f);
+        let first = frameworks.next()?;
+        frameworks.next().is_none().then(|| first.clone())
     }
 
     /// A status update from an agent: apply it and pass it on to the framework.
@@ -390,6 +435,30 @@ impl MasterState {
                     format!("agent {agent_id} was declared lost; re-register"),
                 );
             }
+        }
+        self.forget_old_lost_agents();
+    }
+
+    /// Keeps at most `max_removed_agents` lost agents, forgetting those lost longest ago (by
+    /// their last heartbeat), in memory and in the registry. A forgotten agent that comes back
+    /// registers as a new one.
+    pub(crate) fn forget_old_lost_agents(&mut self) {
+        let bound = self.config.master.max_removed_agents;
+        let mut lost: Vec<(Instant, String)> = self
+            .agents
+            .values()
+            .filter(|a| a.lost && a.conn.is_none() && a.key.is_none())
+            .map(|a| (a.last_heartbeat, a.id.clone()))
+            .collect();
+        if lost.len() <= bound {
+            return;
+        }
+        lost.sort();
+        let excess = lost.len() - bound;
+        for (_, id) in lost.into_iter().take(excess) {
+            tracing::info!(agent = %id, "lost agent forgotten (master.max_removed_agents)");
+            self.agents.remove(&id);
+            self.agent_changed(&id);
         }
     }
 }

@@ -26,6 +26,7 @@ pub(crate) struct Durable {
     agents: HashSet<String>,
     tasks: HashSet<TaskKey>,
     removed: Vec<String>,
+    forgotten: Vec<String>,
     id_epoch: Option<u64>,
     /// Messages of this turn, sent once its changes are committed.
     pub outbox: Vec<(ConnId, Outbound)>,
@@ -39,9 +40,18 @@ impl Durable {
             agents: HashSet::new(),
             tasks: HashSet::new(),
             removed: Vec::new(),
+            forgotten: Vec::new(),
             id_epoch: None,
             outbox: Vec::new(),
         }
+    }
+}
+
+impl MasterState {
+    /// The attached registry, if any (tests read it back).
+    #[cfg(test)]
+    pub(crate) fn registry(&self) -> Option<&Registry> {
+        self.durable.as_ref().map(|d| &d.registry)
     }
 }
 
@@ -65,6 +75,13 @@ impl MasterState {
         if let Some(d) = &mut self.durable {
             d.frameworks.insert(framework_id.to_string());
             d.removed.push(framework_id.to_string());
+        }
+    }
+
+    /// A removed framework left the bounded history: its id is no longer refused.
+    pub(crate) fn framework_forgotten(&mut self, framework_id: &str) {
+        if let Some(d) = &mut self.durable {
+            d.forgotten.push(framework_id.to_string());
         }
     }
 
@@ -106,6 +123,7 @@ impl MasterState {
         let mut batch = RegistryBatch {
             id_epoch: durable.id_epoch.take(),
             removed_frameworks: std::mem::take(&mut durable.removed),
+            forgotten_frameworks: std::mem::take(&mut durable.forgotten),
             ..Default::default()
         };
         for id in durable.frameworks.drain() {
@@ -159,8 +177,9 @@ impl MasterState {
             tasks = recovered.tasks.len(),
             "recovering the master's state from the registry"
         );
-        self.removed_frameworks
-            .extend(recovered.removed_frameworks.iter().cloned());
+        for id in &recovered.removed_frameworks {
+            self.removed_frameworks.insert(id, usize::MAX);
+        }
         for f in recovered.frameworks {
             self.owners
                 .restore(&Peer::Framework(f.id.clone()), &f.principal);
@@ -232,6 +251,7 @@ impl MasterState {
         tasks.sort_by_key(|t| t.started);
         let mut orphans = Vec::new();
         let mut to_retell = Vec::new();
+        let mut completed = Vec::new();
         for t in tasks {
             let key: TaskKey = (t.framework_id.clone(), t.task_id.clone());
             let state = TaskState::try_from(t.state).unwrap_or(TaskState::TaskLost);
@@ -244,6 +264,9 @@ impl MasterState {
                 DeviceBinding::default()
             });
             self.launches = self.launches.max(t.started);
+            // A terminal update nobody is left to acknowledge is done with.
+            let terminal_unacked =
+                t.terminal_unacked && self.frameworks.contains_key(&t.framework_id);
             let record = TaskRecord {
                 agent: t.agent_id.clone(),
                 name: t.name,
@@ -259,14 +282,18 @@ impl MasterState {
                 started: t.started,
                 preempted: t.preempted,
                 exit_code: t.exit_code,
-                terminal_unacked: t.terminal_unacked,
+                terminal_unacked,
                 devices,
             };
             self.tasks.insert(key.clone(), record);
             if state.is_terminal() {
-                self.finished.push_back(key.clone());
-                if t.terminal_unacked {
+                if terminal_unacked {
                     to_retell.push(key);
+                } else {
+                    if t.terminal_unacked {
+                        self.task_changed(&key);
+                    }
+                    completed.push(key);
                 }
                 continue;
             }
@@ -283,6 +310,16 @@ impl MasterState {
                 _ => orphans.push(key),
             }
         }
+        // Oldest first, so the bound forgets the oldest.
+        for key in completed {
+            self.remember_completed(&key);
+        }
+        let bound = self.config.master.max_removed_frameworks;
+        for id in self.removed_frameworks.trim(bound) {
+            self.forget_completed_of(&id);
+            self.framework_forgotten(&id);
+        }
+        self.forget_old_lost_agents();
         for key in to_retell {
             let exit_code = self.tasks[&key].exit_code;
             let status: TaskStatus = self.status_of(&key, exit_code, now);

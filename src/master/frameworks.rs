@@ -367,9 +367,25 @@ impl MasterState {
         if let Some(fw) = self.frameworks.remove(framework_id) {
             self.drf.remove(fw.key);
             self.framework_by_key.remove(&fw.key);
+            // Terminal updates nobody is left to acknowledge: those tasks are completed.
+            for pending in fw.unacked.into_values() {
+                let key: TaskKey = (framework_id.to_string(), pending.status.task_id);
+                if let Some(task) = self.tasks.get_mut(&key) {
+                    if task.state.is_terminal() && task.terminal_unacked {
+                        task.terminal_unacked = false;
+                        self.task_changed(&key);
+                        self.remember_completed(&key);
+                    }
+                }
+            }
         }
-        self.removed_frameworks.insert(framework_id.to_string());
         self.framework_removed_for_good(framework_id);
+        // A bounded history: the oldest removed frameworks (and their completed tasks) go.
+        let bound = self.config.master.max_removed_frameworks;
+        for forgotten in self.removed_frameworks.insert(framework_id, bound) {
+            self.forget_completed_of(&forgotten);
+            self.framework_forgotten(&forgotten);
+        }
         self.counters.frameworks_removed += 1;
         self.request_allocation(now);
     }

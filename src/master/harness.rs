@@ -151,12 +151,28 @@ impl Harness {
     /// Runs the timers (agent, offer and failover timeouts, update retries, filters) now.
     pub fn tick(&mut self) {
         self.state.tick(self.now);
+        self.commit();
+    }
+
+    /// With a registry attached ([`Harness::attach_registry`]): ends the actor turn as the actor
+    /// does, writing its changes and then delivering its messages. Without one, nothing to do.
+    fn commit(&mut self) {
+        self.state.commit_turn().expect("registry commit");
+    }
+
+    /// Attaches a registry and recovers what it holds, as `serve --work-dir` does at start
+    /// (ids then carry the registry's epoch, not 0).
+    pub fn attach_registry(&mut self, registry: super::registry::Registry) {
+        let recovered = registry.load().expect("registry load");
+        self.state.recover(registry, recovered, self.now);
+        self.commit();
     }
 
     /// Runs an allocation now, as the actor does when `allocation_due` fires.
     pub fn allocate(&mut self) {
         self.state.allocation_due = None;
         self.state.allocate(self.now);
+        self.commit();
     }
 
     /// When an allocation is due (`None`: none is requested).
@@ -240,6 +256,7 @@ impl Harness {
             },
             self.now,
         );
+        self.commit();
         conn
     }
 
@@ -247,11 +264,13 @@ impl Harness {
     pub fn send(&mut self, conn: ConnId, message: Message) {
         self.state
             .handle(Event::Inbound { conn, message }, self.now);
+        self.commit();
     }
 
     /// The connection ends (peer closed, error or the master closed it).
     pub fn disconnect(&mut self, conn: ConnId) {
         self.state.handle(Event::Closed { conn }, self.now);
+        self.commit();
     }
 
     /// Registers an agent (id `id`, hostname `id`, total `resources`) on a new connection,

@@ -18,6 +18,7 @@ mod frameworks;
 mod harness;
 #[cfg(test)]
 mod harness_tests;
+mod history;
 pub mod http;
 mod ids;
 mod limits;

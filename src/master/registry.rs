@@ -130,6 +130,8 @@ pub struct RegistryBatch {
     pub agents: Vec<(String, Option<AgentEntry>)>,
     pub tasks: Vec<((String, String), Option<TaskEntry>)>,
     pub removed_frameworks: Vec<String>,
+    /// Removed frameworks dropped from the bounded history (`master.max_removed_frameworks`).
+    pub forgotten_frameworks: Vec<String>,
     pub id_epoch: Option<u64>,
 }
 
@@ -139,6 +141,7 @@ impl RegistryBatch {
             && self.agents.is_empty()
             && self.tasks.is_empty()
             && self.removed_frameworks.is_empty()
+            && self.forgotten_frameworks.is_empty()
             && self.id_epoch.is_none()
     }
 
@@ -148,6 +151,7 @@ impl RegistryBatch {
             + self.agents.len()
             + self.tasks.len()
             + self.removed_frameworks.len()
+            + self.forgotten_frameworks.len()
             + usize::from(self.id_epoch.is_some())
     }
 }
@@ -312,6 +316,11 @@ impl Registry {
                     .insert(id.as_str(), ())
                     .map_err(|e| self.error("writing removed_frameworks", e))?;
             }
+            for id in &batch.forgotten_frameworks {
+                table
+                    .remove(id.as_str())
+                    .map_err(|e| self.error("writing removed_frameworks", e))?;
+            }
             let mut table = write
                 .open_table(META)
                 .map_err(|e| self.error("cannot open table meta", e))?;
@@ -399,6 +408,7 @@ mod tests {
                         (("f1".into(), "t2".into()), Some(task("f1", "t2", 1))),
                     ],
                     removed_frameworks: vec![],
+                    forgotten_frameworks: vec![],
                     id_epoch: Some(77),
                 })
                 .unwrap();

@@ -25,9 +25,6 @@ use ringmaster_core::placement::{
     AgentKey, Cluster, DrfSorter, FrameworkKey, Priority, QuotaLedger, DEFAULT_PARTITION,
 };
 
-/// How many ended tasks the master remembers (for reconciliation and `/state`).
-pub(crate) const FINISHED_TASKS_KEPT: usize = 10_000;
-
 /// A task is named by its framework and its framework-chosen id.
 pub(crate) type TaskKey = (String, String);
 
@@ -149,11 +146,13 @@ pub struct MasterState {
     pub(crate) framework_by_key: HashMap<FrameworkKey, String>,
     pub(crate) next_framework_key: FrameworkKey,
     /// Frameworks removed after their failover timeout or teardown; they may not come back.
-    pub(crate) removed_frameworks: HashSet<String>,
+    /// The newest `max_removed_frameworks` are remembered.
+    pub(crate) removed_frameworks: super::history::History,
     pub(crate) offers: HashMap<String, OfferRecord>,
     pub(crate) tasks: HashMap<TaskKey, TaskRecord>,
-    /// Ended tasks, oldest first: kept for reconciliation and state, up to `FINISHED_TASKS_KEPT`.
-    pub(crate) finished: VecDeque<TaskKey>,
+    /// Ended tasks whose terminal update was acknowledged, by framework, oldest first: kept
+    /// for reconciliation and state, up to `max_completed_tasks_per_framework` each.
+    pub(crate) finished: HashMap<String, VecDeque<String>>,
     pub(crate) conns: HashMap<ConnId, ConnRecord>,
     pub(crate) next_update: u64,
     /// When set, an allocation run is due at this instant (events are batched).
@@ -212,10 +211,10 @@ impl MasterState {
             frameworks: HashMap::new(),
             framework_by_key: HashMap::new(),
             next_framework_key: 0,
-            removed_frameworks: HashSet::new(),
+            removed_frameworks: Default::default(),
             offers: HashMap::new(),
             tasks: HashMap::new(),
-            finished: VecDeque::new(),
+            finished: HashMap::new(),
             conns: HashMap::new(),
             next_update: 0,
             allocation_due: None,

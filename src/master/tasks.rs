@@ -7,7 +7,7 @@ use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
 use tokio::time::Instant;
 
 use super::ids::IdMint;
-use super::state::{MasterState, PendingUpdate, TaskKey, FINISHED_TASKS_KEPT};
+use super::state::{MasterState, PendingUpdate, TaskKey};
 
 impl MasterState {
     /// Counts a task's resources as used on its agent and allocated to its framework.
@@ -135,24 +135,60 @@ impl MasterState {
             state = state.short_name(), reason, "task ended");
         let status = self.status_of(task_key, exit_code, now);
         self.deliver_update(&task_key.0, status, now);
-        self.remember_finished(task_key.clone());
+        // Kept, and its update re-sent, until the framework acknowledges it; then it joins the
+        // framework's completed list. Without a framework there is nobody to wait for.
+        if !self.tasks[task_key].terminal_unacked {
+            self.remember_completed(task_key);
+        }
         self.request_allocation(now);
     }
 
-    /// Keeps the most recent ended tasks; older ones are forgotten.
-    fn remember_finished(&mut self, task_key: TaskKey) {
-        self.finished.push_back(task_key);
-        while self.finished.len() > FINISHED_TASKS_KEPT {
-            let Some(old) = self.finished.pop_front() else {
-                break;
-            };
+    /// An ended task whose terminal update needs no more delivery (acknowledged, or its
+    /// framework is gone) joins its framework's completed list; the oldest completed tasks
+    /// beyond `max_completed_tasks_per_framework` are forgotten, in memory and in the registry.
+    pub(crate) fn remember_completed(&mut self, task_key: &TaskKey) {
+        let bound = self.config.master.max_completed_tasks_per_framework;
+        let list = self.finished.entry(task_key.0.clone()).or_default();
+        // Every caller completes a task once (on its transition out of `terminal_unacked`, or at
+        // its end when nobody is to be told), so no search for duplicates: a task id reused after
+        // it ended is listed twice and forgotten when its older entry leaves the list.
+        list.push_back(task_key.1.clone());
+        let mut forgotten = Vec::new();
+        while list.len() > bound {
+            let Some(old) = list.pop_front() else { break };
+            forgotten.push(old);
+        }
+        if list.is_empty() {
+            self.finished.remove(&task_key.0);
+        }
+        for task_id in forgotten {
+            let old: TaskKey = (task_key.0.clone(), task_id);
             // The id may have been reused by a live task since.
-            if self.tasks.get(&old).is_some_and(|t| {
-                t.state.is_terminal()
-                    && (!t.terminal_unacked || !self.frameworks.contains_key(&old.0))
-            }) {
+            if self
+                .tasks
+                .get(&old)
+                .is_some_and(|t| t.state.is_terminal() && !t.terminal_unacked)
+            {
                 self.tasks.remove(&old);
                 self.task_changed(&old);
+            }
+        }
+    }
+
+    /// Forgets every completed task of a framework (a removed framework dropped from history).
+    pub(crate) fn forget_completed_of(&mut self, framework_id: &str) {
+        let Some(list) = self.finished.remove(framework_id) else {
+            return;
+        };
+        for task_id in list {
+            let key: TaskKey = (framework_id.to_string(), task_id);
+            if self
+                .tasks
+                .get(&key)
+                .is_some_and(|t| t.state.is_terminal() && !t.terminal_unacked)
+            {
+                self.tasks.remove(&key);
+                self.task_changed(&key);
             }
         }
     }
@@ -239,6 +275,7 @@ impl MasterState {
                 if task.state.is_terminal() && task.terminal_unacked {
                     task.terminal_unacked = false;
                     self.task_changed(&task_key);
+                    self.remember_completed(&task_key);
                 }
             }
         }

@@ -153,6 +153,9 @@ pub struct Cluster {
     dimensions: Vec<Dimension>,
     /// Dimension name → index, sorted by name.
     index: BTreeMap<String, usize>,
+    /// The sum of every agent's total, clamped to `u64::MAX` per dimension for display and
+    /// shares; the exact sums are [`Dimension::total`], so removing an agent never leaves a
+    /// wrong (saturated-then-subtracted) total behind.
     total: Resources,
     /// The sum of free amounts as a bundle, built from `dimensions` on first use after a change.
     free: OnceLock<Resources>,
@@ -164,7 +167,16 @@ struct Dimension {
     ring: RingSet,
     /// Free amount by agent key; 0 past the end, for absent agents and agents without it.
     free_by_agent: Vec<u64>,
-    free: u64,
+    /// Exact sum of every agent's free amount: `u128` cannot overflow (it would take 2^64
+    /// agents at `u64::MAX` each), so adding and removing agents keeps it exact.
+    free: u128,
+    /// Exact sum of every agent's total amount.
+    total: u128,
+}
+
+/// A cluster sum as a `u64` amount: clamped at the largest amount.
+fn clamp_sum(sum: u128) -> u64 {
+    u64::try_from(sum).unwrap_or(u64::MAX)
 }
 
 impl Dimension {
@@ -180,14 +192,6 @@ impl Dimension {
             self.free_by_agent.resize(key + 1, 0);
         }
         self.free_by_agent[key] = amount;
-    }
-}
-
-/// Adds per dimension, saturating at the largest amount instead of failing (cluster sums only).
-fn saturating_add(into: &mut Resources, add: &Resources) {
-    for (name, m) in add.iter() {
-        let sum = into.milli(name).saturating_add(m);
-        into.set_milli(name, sum);
     }
 }
 
@@ -229,6 +233,7 @@ impl Cluster {
             ring: RingSet::new(name, self.config.spec_for(name).clone()),
             free_by_agent: Vec::new(),
             free: 0,
+            total: 0,
         });
         self.index.insert(name.to_string(), i);
         i
@@ -242,9 +247,10 @@ impl Cluster {
             let dimension = &mut self.dimensions[d];
             dimension.set_free_of(key, amount);
             dimension.ring.insert(key, amount);
-            dimension.free = dimension.free.saturating_add(amount);
+            dimension.free += u128::from(amount);
+            dimension.total += u128::from(amount);
+            self.total.set_milli(name, clamp_sum(dimension.total));
         }
-        saturating_add(&mut self.total, &total);
         self.free.take();
         let inserted = self.agents.insert(AgentEntry {
             total: total.clone(),
@@ -262,12 +268,15 @@ impl Cluster {
                 let dimension = &mut self.dimensions[d];
                 let free = dimension.free_of(key);
                 dimension.ring.remove(key, free);
-                dimension.free = dimension.free.saturating_sub(free);
+                dimension.free = dimension.free.saturating_sub(u128::from(free));
+                dimension.total = dimension
+                    .total
+                    .saturating_sub(u128::from(entry.total.milli(name)));
                 // The key will be reused: the next agent starts from 0 here.
                 dimension.set_free_of(key, 0);
+                self.total.set_milli(name, clamp_sum(dimension.total));
             }
         }
-        self.total = self.total.saturating_sub(&entry.total);
         self.free.take();
         Some(entry)
     }
@@ -309,7 +318,7 @@ impl Cluster {
                 let dimension = &mut self.dimensions[d];
                 dimension.set_free_of(key, old - m);
                 dimension.ring.relocate(key, old, old - m);
-                dimension.free = dimension.free.saturating_sub(m);
+                dimension.free = dimension.free.saturating_sub(u128::from(m));
             }
         }
         self.free.take();
@@ -337,7 +346,7 @@ impl Cluster {
             if *free > 0 {
                 taken.push((d, *free));
                 dimension.ring.relocate(key, *free, 0);
-                dimension.free = dimension.free.saturating_sub(*free);
+                dimension.free = dimension.free.saturating_sub(u128::from(*free));
                 *free = 0;
             }
         }
@@ -369,7 +378,7 @@ impl Cluster {
                 let dimension = &mut self.dimensions[d];
                 dimension.set_free_of(key, old + m);
                 dimension.ring.relocate(key, old, old + m);
-                dimension.free = dimension.free.saturating_add(m);
+                dimension.free += u128::from(m);
             }
         }
         self.free.take();
@@ -386,7 +395,7 @@ impl Cluster {
         self.free.get_or_init(|| {
             let mut free = Resources::new();
             for (name, &d) in &self.index {
-                free.set_milli(name, self.dimensions[d].free);
+                free.set_milli(name, clamp_sum(self.dimensions[d].free));
             }
             free
         })
@@ -614,6 +623,37 @@ mod tests {
             cluster.take(a, &r("cpus:1")),
             Err(PlacementError::UnknownAgent(a))
         );
+    }
+
+    /// An agent at the largest amount cannot saturate the cluster sums: when it leaves, the
+    /// other agents' totals and free amounts are exactly what they were.
+    #[test]
+    fn cluster_sums_survive_a_huge_agent_coming_and_going() {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::default());
+        let small = cluster.add_agent(r("cpus:4;mem:8192"));
+        let huge_total = Resources::from_milli([("cpus", u64::MAX), ("mem", u64::MAX)]).unwrap();
+        let huge = cluster.add_agent(huge_total.clone());
+        assert_eq!(
+            cluster.total().milli("cpus"),
+            u64::MAX,
+            "clamped while present"
+        );
+        assert_eq!(cluster.free().milli("mem"), u64::MAX);
+        cluster.take(small, &r("cpus:1")).unwrap();
+        cluster.take(huge, &r("cpus:1")).unwrap();
+        cluster.give_back(huge, &r("cpus:1")).unwrap();
+        assert_eq!(cluster.remove_agent(huge).unwrap().total, huge_total);
+        assert_eq!(cluster.total(), &r("cpus:4;mem:8192"));
+        assert_eq!(cluster.free(), &r("cpus:3;mem:8192"));
+        // Twice the largest amount, then both gone.
+        let a = cluster.add_agent(huge_total.clone());
+        let b = cluster.add_agent(huge_total);
+        cluster.remove_agent(a);
+        assert_eq!(cluster.total().milli("cpus"), u64::MAX);
+        cluster.remove_agent(b);
+        assert_eq!(cluster.total(), &r("cpus:4;mem:8192"));
+        cluster.remove_agent(small);
+        assert!(cluster.total().is_empty() && cluster.free().is_empty());
     }
 
     #[test]

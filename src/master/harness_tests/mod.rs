@@ -6,6 +6,7 @@ mod batch;
 mod frameworks;
 mod offers;
 mod priorities;
+mod robust;
 mod tasks;
 
 use ringmaster_proto::{Message, TaskState, TaskStatus, Update};

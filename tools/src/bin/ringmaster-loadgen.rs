@@ -10,6 +10,7 @@
 //! master's memory with many agents); `--master-pid` prints the master's VmRSS.
 
 use ringmaster_proto::convert::ResourcesWire;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,6 +185,9 @@ async fn sim_framework(
     };
     conn.send(demand(tasks)).await?;
     let mut launched = 0u64;
+    // The master re-sends an update until it is acknowledged (and after a reconnect), so one
+    // task's FINISHED can arrive more than once: count each task once.
+    let mut finished_ids: HashSet<String> = HashSet::new();
     let mut result = FrameworkResult {
         finished: 0,
         first_offer: None,
@@ -223,8 +227,10 @@ async fn sim_framework(
                     continue;
                 };
                 if status.state == TaskState::TaskFinished as i32 {
-                    result.finished += 1;
-                    result.last_finish = Some(Instant::now());
+                    if finished_ids.insert(status.task_id.clone()) {
+                        result.finished += 1;
+                        result.last_finish = Some(Instant::now());
+                    }
                 } else if TaskState::try_from(status.state).is_ok_and(|s| s.is_terminal()) {
                     bail!(
                         "task {} ended {:?}: {}",
