@@ -154,6 +154,13 @@ impl Harness {
         self.commit();
     }
 
+    /// What the actor does when its ticker fires now: `ticks` (one per actor, see
+    /// `liveness::PauseDetector`) first sees whether the master stalled since the last tick.
+    pub fn timer_fired(&mut self, ticks: &mut super::liveness::PauseDetector) {
+        self.state.timer_fired(ticks, self.now);
+        self.commit();
+    }
+
     /// With a registry attached ([`Harness::attach_registry`]): ends the actor turn as the actor
     /// does, writing its changes and then delivering its messages. Without one, nothing to do.
     fn commit(&mut self) {

@@ -22,6 +22,7 @@ mod history;
 pub mod http;
 mod ids;
 mod limits;
+mod liveness;
 pub mod metrics;
 mod offers;
 mod owners;

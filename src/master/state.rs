@@ -244,6 +244,8 @@ impl MasterState {
         let tick_every = self.tick_interval();
         let mut ticker = tokio::time::interval(tick_every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A tick far later than due means the master itself stalled (docs/reliability.md).
+        let mut ticks = super::liveness::PauseDetector::new(tick_every);
         loop {
             let due = self.allocation_due;
             tokio::select! {
@@ -255,7 +257,7 @@ impl MasterState {
                         self.handle(event, Instant::now());
                     }
                 }
-                _ = ticker.tick() => self.tick(Instant::now()),
+                _ = ticker.tick() => self.timer_fired(&mut ticks, Instant::now()),
                 _ = sleep_until_opt(due) => {
                     self.allocation_due = None;
                     let started = std::time::Instant::now();

@@ -4,6 +4,7 @@
 mod agents;
 mod batch;
 mod frameworks;
+mod liveness;
 mod offers;
 mod priorities;
 mod robust;
