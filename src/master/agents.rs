@@ -208,6 +208,19 @@ impl MasterState {
             if let Some(agent) = self.agents.get_mut(agent_id) {
                 agent.tasks.insert(task_key.clone());
             }
+            if was.is_terminal() {
+                // Back from LOST: its framework owns it again (reconciliation, teardown and
+                // failover see it) and it counts against its user's priority quota again.
+                let task = self.tasks.get_mut(&task_key).expect("adoptable");
+                task.terminal_unacked = false;
+                if task.at_user_priority {
+                    let (user, partition) = (task.user.clone(), task.partition.clone());
+                    self.ledger.start(&user, &partition, &resources);
+                }
+                if let Some(fw) = self.frameworks.get_mut(&task_key.0) {
+                    fw.tasks.insert(task_key.1.clone());
+                }
+            }
             let new_state = if reported_state == TaskState::TaskStaging {
                 TaskState::TaskStaging
             } else {
@@ -365,6 +378,23 @@ impl MasterState {
         // Nothing can be launched on it now: its offers are void.
         self.rescind_offers_on_agent(agent_id, "agent_disconnected");
         self.request_allocation(now);
+    }
+
+    /// Ends the holds (kept for a preempting framework, docs/priorities.md) that ran out by
+    /// `now`; true when one did, so the agent is offered to everyone again.
+    pub(crate) fn holds_expired(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for agent in self.agents.values_mut() {
+            if agent
+                .held_for
+                .as_ref()
+                .is_some_and(|(_, until)| *until <= now)
+            {
+                agent.held_for = None;
+                any = true;
+            }
+        }
+        any
     }
 
     pub(crate) fn expire_agents(&mut self, now: Instant) {

@@ -36,7 +36,9 @@ impl PauseDetector {
     /// (smaller delays are ordinary scheduling noise).
     pub fn tick(&mut self, now: Instant) -> Option<Duration> {
         let last = self.last.replace(now)?;
-        let stalled = now.saturating_duration_since(last).saturating_sub(self.every);
+        let stalled = now
+            .saturating_duration_since(last)
+            .saturating_sub(self.every);
         (stalled > self.every && stalled >= Duration::from_secs(1)).then_some(stalled)
     }
 }
@@ -75,7 +77,11 @@ mod tests {
     fn regular_ticks_and_small_delays_are_no_pause() {
         let start = Instant::now();
         let mut d = PauseDetector::new(Duration::from_millis(500));
-        assert_eq!(d.tick(start), None, "the first tick has nothing to compare with");
+        assert_eq!(
+            d.tick(start),
+            None,
+            "the first tick has nothing to compare with"
+        );
         let table = [
             (500, None),
             (1_000, None),
@@ -102,7 +108,10 @@ mod tests {
         let start = Instant::now();
         let mut d = PauseDetector::new(Duration::from_secs(2));
         d.tick(start);
-        assert_eq!(d.tick(start + Duration::from_secs(5)), Some(Duration::from_secs(3)));
+        assert_eq!(
+            d.tick(start + Duration::from_secs(5)),
+            Some(Duration::from_secs(3))
+        );
         assert_eq!(d.tick(start + Duration::from_secs(8)), None);
     }
 }

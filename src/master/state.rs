@@ -362,7 +362,10 @@ impl MasterState {
         self.expire_offers(now);
         self.expire_frameworks(now);
         self.retry_updates(now);
-        if self.filters_expired(now) {
+        // Either may free agents for other frameworks: both run, then one allocation request.
+        let filters = self.filters_expired(now);
+        let holds = self.holds_expired(now);
+        if filters || holds {
             self.request_allocation(now);
         }
     }

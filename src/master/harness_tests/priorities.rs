@@ -176,8 +176,6 @@ fn a_base_priority_demand_never_preempts() {
 }
 
 #[test]
-#[ignore = "bug: when the hold on a preempted agent expires nothing asks for an allocation run, \
-            so other frameworks' demands wait for an unrelated event"]
 fn the_freed_agent_is_held_for_the_preemptor_for_offer_timeout_only() {
     let mut h = harness();
     let agent = h.agent("a1", "cpus:4;mem:1024");
@@ -195,7 +193,11 @@ fn the_freed_agent_is_held_for_the_preemptor_for_offer_timeout_only() {
     h.settle();
     h.expect_nothing(carol.conn);
     // The hold lasts offer_timeout (10 s) from the preemption; the actor keeps ticking.
-    h.run_for(Duration::from_secs(10));
+    h.run_for(Duration::from_secs(10) - Duration::from_millis(100));
+    assert!(h.allocation_due().is_none());
+    h.expect_nothing(carol.conn);
+    // The tick that ends the hold asks for the allocation run that offers the room.
+    h.run_for(Duration::from_secs(1));
     let offers = h.expect_offers(&carol);
     assert_eq!(offers[0].agent_id, "a1");
 }

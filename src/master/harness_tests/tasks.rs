@@ -384,9 +384,6 @@ fn agent_loss_reports_every_task_lost() {
 }
 
 #[test]
-#[ignore = "bug: a task adopted after its agent came back is not put back in its framework's \
-            task set (nor its priority quota), so implicit reconciliation, teardown and \
-            failover miss it"]
 fn a_task_adopted_after_agent_loss_belongs_to_its_framework_again() {
     let mut h = Harness::new();
     let old = h.agent("a1", "cpus:4;mem:1024");
