@@ -36,7 +36,8 @@ use tokio::time::{Duration, Instant};
 use super::ids::IdMint;
 use super::limits::{outbound_queue, OutboundReceiver};
 use super::metrics::Metrics;
-use super::state::{MasterState, Snapshot};
+use super::state::MasterState;
+use super::Snapshot;
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;
 

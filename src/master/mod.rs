@@ -18,11 +18,10 @@ mod frameworks;
 mod harness;
 #[cfg(test)]
 mod harness_tests;
-pub mod http;
 mod ids;
 mod limits;
-pub mod metrics;
 mod offers;
+pub mod ops;
 mod owners;
 mod pending;
 pub mod registry;
@@ -37,11 +36,13 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
-pub use metrics::Metrics;
-pub use pending::{Health, PendingView};
-pub use state::{
-    AgentView, Counters, FrameworkView, OfferView, RingBucketView, RingSetView, Snapshot, TaskView,
+pub use ops::metrics::Metrics;
+pub use ops::views::{
+    AgentView, FrameworkView, OfferView, RingBucketView, RingSetView, Snapshot, TaskView,
 };
+pub use ops::{http, metrics};
+pub use pending::{Health, PendingView};
+pub use state::Counters;
 
 /// Identifies one connection for the actor's lifetime.
 pub type ConnId = u64;
