@@ -34,8 +34,8 @@ use ringmaster_proto::{
 use tokio::time::{Duration, Instant};
 
 use super::ids::IdMint;
-use super::limits::{outbound_queue, OutboundReceiver};
 use super::metrics::Metrics;
+use super::server::limits::{outbound_queue, OutboundReceiver};
 use super::state::MasterState;
 use super::Snapshot;
 use super::{ConnId, Event, Outbound};

@@ -11,7 +11,6 @@
 
 mod agents;
 mod batch;
-mod connection;
 mod durability;
 mod frameworks;
 #[cfg(test)]
@@ -19,12 +18,12 @@ mod harness;
 #[cfg(test)]
 mod harness_tests;
 mod ids;
-mod limits;
 mod offers;
 pub mod ops;
 mod owners;
 mod pending;
 pub mod registry;
+mod server;
 mod state;
 mod tasks;
 
@@ -54,7 +53,7 @@ pub(crate) enum Event {
     Opened {
         conn: ConnId,
         peer: SocketAddr,
-        outbound: limits::OutboundSender,
+        outbound: server::limits::OutboundSender,
         first: ringmaster_proto::Message,
         /// The principal the connection authenticated as (`None`: anonymous).
         principal: Option<String>,
@@ -181,14 +180,17 @@ impl Master {
             ))
         });
         let tls_on = tls.is_some();
-        let accept_task = tokio::spawn(connection::accept_loop(
-            listener,
-            tls,
-            events_tx.clone(),
-            config,
-            metrics,
-            shutdown_rx,
-        ));
+        let accept_task = tokio::spawn(
+            server::Listener::new(
+                listener,
+                tls,
+                events_tx.clone(),
+                config,
+                metrics,
+                shutdown_rx,
+            )
+            .run(),
+        );
         let join = tokio::spawn(async move {
             let _ = accept_task.await;
             if let Some(task) = http_task {

@@ -15,10 +15,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
 use super::ids::IdMint;
-use super::limits::{OutboundSender, SendRefused};
 use super::metrics::Metrics;
 use super::owners::IdOwners;
 use super::registry::Registry;
+use super::server::limits::{OutboundSender, SendRefused};
 use super::{ConnId, Event, Outbound};
 use crate::config::Config;
 use ringmaster_core::placement::{

@@ -105,6 +105,8 @@ pub struct Metrics {
     messages_sent: Family<Label, Counter>,
     frames_rejected: Family<Label, Counter>,
     connections_limited: Family<Label, Counter>,
+    connections_refused: Counter,
+    connections_open: Gauge,
     allocation_seconds: Histogram,
     placements: Family<Label, Counter>,
     preemptions: Counter,
@@ -144,6 +146,8 @@ impl Metrics {
             messages_sent: Family::default(),
             frames_rejected: Family::default(),
             connections_limited: Family::default(),
+            connections_refused: Counter::default(),
+            connections_open: Gauge::default(),
             // 10 µs … ~5 s.
             allocation_seconds: Histogram::new(exponential_buckets(1e-5, 4.0, 10)),
             placements: Family::default(),
@@ -187,6 +191,16 @@ impl Metrics {
             "connections_limited",
             "Connections closed for exceeding a per-connection limit, by limit",
             m.connections_limited.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed at accept because limits.max_connections were open",
+            m.connections_refused.clone(),
+        );
+        r.register(
+            "connections_open",
+            "Protocol connections open (handshakes included; not HTTP)",
+            m.connections_open.clone(),
         );
         r.register_with_unit(
             "allocation_duration",
@@ -328,6 +342,16 @@ impl Metrics {
         self.connections_limited
             .get_or_create(&[("limit", limit.label())])
             .inc();
+    }
+
+    /// A connection closed at accept: the connection cap was reached.
+    pub(crate) fn connection_refused(&self) {
+        self.connections_refused.inc();
+    }
+
+    /// A protocol connection was accepted (`+1`) or has ended (`-1`).
+    pub(crate) fn connections_open_add(&self, delta: i64) {
+        self.connections_open.inc_by(delta);
     }
 
     /// A connection refused by authentication or authorization; `reason` is one of
