@@ -14,12 +14,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
+use super::events::{ConnId, Event, Outbound};
 use super::ids::IdMint;
 use super::metrics::Metrics;
 use super::owners::IdOwners;
 use super::registry::Registry;
 use super::server::limits::{OutboundSender, SendRefused};
-use super::{ConnId, Event, Outbound};
 use crate::config::Config;
 use ringmaster_core::placement::{
     AgentKey, Cluster, DrfSorter, FrameworkKey, Priority, QuotaLedger, DEFAULT_PARTITION,

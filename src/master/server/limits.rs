@@ -22,7 +22,14 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::config::LimitsConfig;
-use crate::master::Outbound;
+
+/// What the actor asks a connection task to do.
+#[derive(Debug)]
+pub(crate) enum Outbound {
+    Send(ringmaster_proto::Message),
+    /// Send this error, then close the connection.
+    Close(ringmaster_proto::Error),
+}
 
 /// A token bucket: `rate` tokens per second, at most `burst` saved up; one token per message.
 #[derive(Debug, Clone)]

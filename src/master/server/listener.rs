@@ -24,8 +24,8 @@ use tokio_util::task::TaskTracker;
 
 use super::task::ConnectionTask;
 use crate::config::Config;
+use crate::master::events::{ConnId, Event};
 use crate::master::metrics::Metrics;
-use crate::master::{ConnId, Event};
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 

@@ -33,8 +33,8 @@ use tokio_rustls::TlsAcceptor;
 
 use super::limits::{outbound_queue, OutboundReceiver, TokenBucket};
 use crate::config::{Config, LimitsConfig};
+use crate::master::events::{ConnId, Event, Outbound};
 use crate::master::metrics::{Limit, Metrics, Rejection};
-use crate::master::{ConnId, Event, Outbound};
 use crate::security::AuthConfig;
 
 /// How long a client has to send `Hello` and its first message.
