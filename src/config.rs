@@ -334,8 +334,9 @@ pub struct LimitsConfig {
     pub outbound_queue: usize,
     /// Connections open at once (all roles, handshakes included); more are closed at accept.
     pub max_connections: usize,
-    /// Largest frame accepted before a connection's RegisterAgent or Subscribe (Hello,
-    /// Authenticate); `master.max_frame_bytes` applies after it.
+    /// Largest frame accepted before a connection's RegisterAgent or Subscribe (Hello, and
+    /// Authenticate where `auth.required`); `master.max_frame_bytes` applies from the role
+    /// message on.
     pub max_handshake_frame_bytes: usize,
 }
 

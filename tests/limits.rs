@@ -230,7 +230,7 @@ async fn connections_beyond_the_cap_are_refused_and_counted() {
 }
 
 #[tokio::test]
-async fn a_large_frame_before_hello_is_refused_and_allowed_after_subscribe() {
+async fn a_large_frame_before_hello_is_refused_and_allowed_from_registration_on() {
     use tokio::io::AsyncWriteExt as _;
     let master = start("max_handshake_frame_bytes: 65536").await;
     let http = master.http_addr().unwrap();
@@ -250,6 +250,24 @@ async fn a_large_frame_before_hello_is_refused_and_allowed_after_subscribe() {
         metric(http, "frames_rejected_total{reason=\"bad_frame\"}").await,
         1.0
     );
+
+    // The role message itself may be full-size: an agent re-registering with many tasks.
+    let tasks: Vec<ringmaster_proto::TaskStatus> = (0..2_000)
+        .map(|i| ringmaster_proto::TaskStatus {
+            task_id: format!("old-task-{i}"),
+            framework_id: "gone-framework".into(),
+            agent_id: "big".into(),
+            state: ringmaster_proto::TaskState::TaskRunning as i32,
+            ..Default::default()
+        })
+        .collect();
+    assert!(
+        prost::Message::encoded_len(&ringmaster_proto::RegisterAgent {
+            tasks: tasks.clone(),
+            ..Default::default()
+        }) > 65536
+    );
+    let _big = Client::agent_with_tasks(master.addr(), "big", "cpus:1;mem:1024", tasks).await;
 
     // After Subscribe the full master.max_frame_bytes applies: a ~150 KB Reconcile is fine.
     let _agent = Client::agent(master.addr(), "steady", "cpus:4;mem:4096").await;

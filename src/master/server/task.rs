@@ -13,9 +13,12 @@
 //! role/user checks of `auth:` also happen here, before the actor hears of the connection.
 //! See docs/security.md.
 //!
-//! Until its RegisterAgent or Subscribe a connection may send frames of at most
-//! `limits.max_handshake_frame_bytes` (64 KiB by default): an unauthenticated peer cannot make
-//! the master buffer a `master.max_frame_bytes` (4 MiB) frame. The limit is raised after it.
+//! Before its RegisterAgent or Subscribe a connection may send frames of at most
+//! `limits.max_handshake_frame_bytes` (64 KiB by default): `Hello`, and on a master that
+//! requires authentication also `Authenticate`. So a peer that has not said (or, where
+//! required, proven) who it is cannot make the master buffer a `master.max_frame_bytes`
+//! (4 MiB) frame. The role message itself may be full-size (an agent re-registering with many
+//! tasks); see `handshake`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -237,7 +240,7 @@ impl ConnectionTask {
         let max_frame = config.master.max_frame_bytes;
         let handshake_max = config.limits.max_handshake_frame_bytes.min(max_frame);
         let mut connection = Connection::with_max_frame(stream, handshake_max);
-        let handshake = handshake(&mut connection, &config.auth, &metrics, peer);
+        let handshake = handshake(&mut connection, &config.auth, max_frame, &metrics, peer);
         let handshake = tokio::select! {
             done = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => done,
             _ = super::stopping(&mut stopping) => return,
@@ -266,7 +269,8 @@ impl ConnectionTask {
             }
         };
         let role = role_of(&opened).expect("handshake returns a role message");
-        // Registered (and authenticated where required): full-size frames from now on.
+        // Registered: full-size frames from now on (the handshake raised the limit before
+        // the role message already; this only makes it plain).
         connection.set_max_frame(max_frame);
         let limits: &LimitsConfig = &config.limits;
         let (outbound_tx, mut outbound_rx) = outbound_queue(limits.outbound_queue);
@@ -362,9 +366,16 @@ fn auth_failure(
 /// Reads `Hello`, an optional `Authenticate`, and the role message. Returns the role message
 /// and the authenticated principal (`None`: anonymous, allowed only when auth is not
 /// required). `Ok(None)`: the peer left quietly.
+///
+/// Frame limits: the connection starts at the small handshake limit. It is raised to
+/// `max_frame` for the role message: right after `HelloAck` when authentication is optional
+/// (anyone may register and send full-size frames then anyway), after a successful
+/// `Authenticate` when it is required. So on a master requiring authentication nothing larger
+/// than the handshake limit is read from a peer that has not proven who it is.
 async fn handshake<S>(
     connection: &mut Connection<S>,
     auth: &AuthConfig,
+    max_frame: usize,
     metrics: &Metrics,
     peer: SocketAddr,
 ) -> Result<Option<(Message, Option<String>)>, ringmaster_proto::Error>
@@ -399,6 +410,9 @@ where
     metrics.message_sent("HelloAck");
     if connection.send(Message::HelloAck(ack)).await.is_err() {
         return Ok(None);
+    }
+    if !auth.required {
+        connection.set_max_frame(max_frame);
     }
     let mut next = connection.recv().await;
     let mut authenticated: Option<(String, Role)> = None;
@@ -467,6 +481,7 @@ where
         if connection.send(Message::Authenticated(done)).await.is_err() {
             return Ok(None);
         }
+        connection.set_max_frame(max_frame);
         tracing::debug!(%peer, principal, %role, "authenticated");
         authenticated = Some((principal.to_string(), role));
         next = connection.recv().await;
