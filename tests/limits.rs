@@ -284,3 +284,23 @@ async fn a_large_frame_before_hello_is_refused_and_allowed_from_registration_on(
     );
     master.shutdown().await;
 }
+
+#[tokio::test]
+async fn shutdown_drains_every_connection_including_handshakes() {
+    let master = start("max_connections: 10").await;
+    let mut fw = Client::framework(master.addr(), "registered").await;
+    // Mid-handshake (Hello answered, no Subscribe yet): its 10 s handshake timeout must not
+    // hold the shutdown, which waits for every connection task.
+    let mut handshaking = Client::connect(master.addr()).await;
+    tokio::time::timeout(WAIT / 2, master.shutdown())
+        .await
+        .expect("shutdown drains the connections well before the handshake timeout");
+    let error = fw.expect_closed().await.expect("an Error before the close");
+    assert_eq!(
+        error.code,
+        ErrorCode::ShuttingDown as i32,
+        "{}",
+        error.message
+    );
+    assert!(handshaking.expect_closed().await.is_none());
+}

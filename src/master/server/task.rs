@@ -300,6 +300,13 @@ impl ConnectionTask {
             shutdown,
         )
         .await;
+        // The actor also stops on shutdown, which closes the outbound queue: whichever this
+        // task noticed first, a peer of a stopping master hears why.
+        let close_reason = close_reason.or_else(|| {
+            stopping.borrow().then(|| {
+                ringmaster_proto::Error::new(ErrorCode::ShuttingDown, "master is shutting down")
+            })
+        });
         if let Some(error) = close_reason {
             tracing::warn!(%peer, conn, message = %error.message, "closing connection");
             metrics.message_sent("Error");
