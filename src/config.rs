@@ -397,7 +397,18 @@ pub struct LimitsConfig {
     pub burst: u64,
     /// Messages the master may hold queued to one connection that it has not read yet.
     pub outbound_queue: usize,
+    /// Connections open at once (all roles, handshakes included); more are closed at accept.
+    pub max_connections: usize,
+    /// Largest frame accepted before a connection's RegisterAgent or Subscribe (Hello, and
+    /// Authenticate where `auth.required`); `master.max_frame_bytes` applies from the role
+    /// message on.
+    pub max_handshake_frame_bytes: usize,
 }
+
+/// Allowed range of `limits.max_connections`.
+pub const MAX_CONNECTIONS_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000;
+/// Allowed range of `limits.max_handshake_frame_bytes`: 1 KiB to 4 MiB.
+pub const MAX_HANDSHAKE_FRAME_RANGE: std::ops::RangeInclusive<u64> = 1024..=4 * 1024 * 1024;
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -407,6 +418,8 @@ impl Default for LimitsConfig {
             messages_per_sec: 50_000,
             burst: 100_000,
             outbound_queue: 65_536,
+            max_connections: 10_000,
+            max_handshake_frame_bytes: 64 * 1024,
         }
     }
 }
@@ -418,9 +431,12 @@ struct RawLimits {
     messages_per_sec: Option<serde_yaml::Value>,
     burst: Option<serde_yaml::Value>,
     outbound_queue: Option<serde_yaml::Value>,
+    max_connections: Option<serde_yaml::Value>,
+    max_handshake_frame_bytes: Option<serde_yaml::Value>,
 }
 
-/// Reads a `limits:` section: every value a whole number of at least 1.
+/// Reads a `limits:` section: every value a whole number of at least 1, the connection cap and
+/// the handshake frame limit within their ranges.
 fn apply_limits(
     source: &YamlSource,
     raw: &RawLimits,
@@ -448,6 +464,31 @@ fn apply_limits(
                 format!("{n} is too large"),
             )
         })?;
+    }
+    let in_range = |name: &str,
+                    value: &serde_yaml::Value,
+                    range: &std::ops::RangeInclusive<u64>|
+     -> Result<usize, ConfigError> {
+        let path = ["limits".into(), name.into()];
+        let n = whole_number(value).map_err(|e| source.error(&path, e))?;
+        if !range.contains(&n) {
+            return Err(source.error(
+                &path,
+                format!(
+                    "{n} is out of range: allowed {} to {}",
+                    range.start(),
+                    range.end()
+                ),
+            ));
+        }
+        usize::try_from(n).map_err(|_| source.error(&path, format!("{n} is too large")))
+    };
+    if let Some(v) = &raw.max_connections {
+        out.max_connections = in_range("max_connections", v, &MAX_CONNECTIONS_RANGE)?;
+    }
+    if let Some(v) = &raw.max_handshake_frame_bytes {
+        out.max_handshake_frame_bytes =
+            in_range("max_handshake_frame_bytes", v, &MAX_HANDSHAKE_FRAME_RANGE)?;
     }
     Ok(())
 }
@@ -1183,7 +1224,8 @@ matching: { a: 0.7, d: -1 }
             LimitsConfig {
                 messages_per_sec: 100,
                 burst: 20,
-                outbound_queue: 64
+                outbound_queue: 64,
+                ..LimitsConfig::default()
             }
         );
         let partial = Config::from_yaml("limits: { burst: 7 }\n", "c.yaml").unwrap();
@@ -1207,6 +1249,28 @@ matching: { a: 0.7, d: -1 }
             ),
         ];
         for (text, want) in cases {
+            let err = Config::from_yaml(text, "c.yaml").unwrap_err();
+            assert_eq!(err.to_string(), want);
+        }
+        let config = Config::from_yaml(
+            "limits:\n  max_connections: 3\n  max_handshake_frame_bytes: 4096\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert_eq!(config.limits.max_connections, 3);
+        assert_eq!(config.limits.max_handshake_frame_bytes, 4096);
+        assert_eq!(LimitsConfig::default().max_connections, 10_000);
+        assert_eq!(LimitsConfig::default().max_handshake_frame_bytes, 65_536);
+        for (text, want) in [
+            (
+                "limits:\n  burst: 5\n  max_connections: 0\n",
+                "c.yaml:3: limits.max_connections: 0 is out of range: allowed 1 to 1000000",
+            ),
+            (
+                "limits:\n  max_handshake_frame_bytes: 100\n",
+                "c.yaml:2: limits.max_handshake_frame_bytes: 100 is out of range: allowed 1024 to 4194304",
+            ),
+        ] {
             let err = Config::from_yaml(text, "c.yaml").unwrap_err();
             assert_eq!(err.to_string(), want);
         }

@@ -188,3 +188,119 @@ async fn a_client_that_stops_reading_is_disconnected_and_memory_stays_bounded() 
         })
         .await;
 }
+
+/// Reads from a raw socket until the master closes it: `true` for a close (end of stream or
+/// reset) with nothing sent first.
+async fn closed_without_a_word(mut stream: tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(WAIT, stream.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(_)) => false,
+        Err(_) => panic!("the connection was not closed within {WAIT:?}"),
+    }
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_refused_and_counted() {
+    let master = start("max_connections: 2").await;
+    let http = master.http_addr().unwrap();
+    // One registered framework and one connection still in its handshake hold both slots.
+    let mut fw = Client::framework(master.addr(), "holder").await;
+    let _handshaking = Client::connect(master.addr()).await;
+    assert_eq!(metric(http, "connections_open").await, 2.0);
+    assert_eq!(metric(http, "connections_refused_total").await, 0.0);
+
+    let third = tokio::net::TcpStream::connect(master.addr()).await.unwrap();
+    assert!(closed_without_a_word(third).await);
+    assert_eq!(metric(http, "connections_refused_total").await, 1.0);
+    assert_eq!(metric(http, "connections_open").await, 2.0);
+
+    let fourth = tokio::net::TcpStream::connect(master.addr()).await.unwrap();
+    assert!(closed_without_a_word(fourth).await);
+    assert_eq!(metric(http, "connections_refused_total").await, 2.0);
+    // The connections inside the cap are untouched.
+    fw.send(Message::Ping(Ping { nonce: 7 })).await;
+    fw.expect("Pong", |m| match m {
+        Message::Pong(p) if p.nonce == 7 => Some(()),
+        _ => None,
+    })
+    .await;
+    master.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_large_frame_before_hello_is_refused_and_allowed_from_registration_on() {
+    use tokio::io::AsyncWriteExt as _;
+    let master = start("max_handshake_frame_bytes: 65536").await;
+    let http = master.http_addr().unwrap();
+    // A 1 MiB length prefix before Hello: refused at the prefix, nothing buffered.
+    let mut raw = tokio::net::TcpStream::connect(master.addr()).await.unwrap();
+    raw.write_all(&(1024u32 * 1024).to_be_bytes())
+        .await
+        .unwrap();
+    let mut conn = ringmaster_proto::Connection::new(raw);
+    let error = match tokio::time::timeout(WAIT, conn.recv()).await {
+        Ok(Ok(Some(Message::Error(e)))) => e,
+        other => panic!("expected an Error, got {other:?}"),
+    };
+    assert_eq!(error.code, ErrorCode::BadFrame as i32, "{}", error.message);
+    assert!(error.message.contains("65536"), "{}", error.message);
+    assert_eq!(
+        metric(http, "frames_rejected_total{reason=\"bad_frame\"}").await,
+        1.0
+    );
+
+    // The role message itself may be full-size: an agent re-registering with many tasks.
+    let tasks: Vec<ringmaster_proto::TaskStatus> = (0..2_000)
+        .map(|i| ringmaster_proto::TaskStatus {
+            task_id: format!("old-task-{i}"),
+            framework_id: "gone-framework".into(),
+            agent_id: "big".into(),
+            state: ringmaster_proto::TaskState::TaskRunning as i32,
+            ..Default::default()
+        })
+        .collect();
+    assert!(
+        prost::Message::encoded_len(&ringmaster_proto::RegisterAgent {
+            tasks: tasks.clone(),
+            ..Default::default()
+        }) > 65536
+    );
+    let _big = Client::agent_with_tasks(master.addr(), "big", "cpus:1;mem:1024", tasks).await;
+
+    // After Subscribe the full master.max_frame_bytes applies: a ~150 KB Reconcile is fine.
+    let _agent = Client::agent(master.addr(), "steady", "cpus:4;mem:4096").await;
+    let mut fw = Client::framework(master.addr(), "big-frames").await;
+    let big = Message::Reconcile(Reconcile {
+        task_ids: (0..10_000).map(|i| format!("big-task-{i}")).collect(),
+    });
+    assert!(prost::Message::encoded_len(&ringmaster_proto::Envelope::new(big.clone())) > 65536);
+    fw.send(big).await;
+    one_offer_round(&mut fw).await;
+    assert_eq!(
+        metric(http, "frames_rejected_total{reason=\"bad_frame\"}").await,
+        1.0
+    );
+    master.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_drains_every_connection_including_handshakes() {
+    let master = start("max_connections: 10").await;
+    let mut fw = Client::framework(master.addr(), "registered").await;
+    // Mid-handshake (Hello answered, no Subscribe yet): its 10 s handshake timeout must not
+    // hold the shutdown, which waits for every connection task.
+    let mut handshaking = Client::connect(master.addr()).await;
+    tokio::time::timeout(WAIT / 2, master.shutdown())
+        .await
+        .expect("shutdown drains the connections well before the handshake timeout");
+    let error = fw.expect_closed().await.expect("an Error before the close");
+    assert_eq!(
+        error.code,
+        ErrorCode::ShuttingDown as i32,
+        "{}",
+        error.message
+    );
+    assert!(handshaking.expect_closed().await.is_none());
+}

@@ -698,3 +698,68 @@ async fn sdk_with_a_wrong_secret_stops_with_a_clear_error() {
     }
     master.shutdown().await;
 }
+
+/// A RegisterAgent of over 64 KiB (many task statuses): larger than the handshake frame limit.
+fn big_registration(id: &str) -> Message {
+    let tasks = (0..2_000)
+        .map(|i| ringmaster_proto::TaskStatus {
+            task_id: format!("old-task-{i}"),
+            framework_id: "gone-framework".into(),
+            agent_id: id.into(),
+            state: TaskState::TaskRunning as i32,
+            ..Default::default()
+        })
+        .collect();
+    let message = Message::RegisterAgent(RegisterAgent {
+        agent_id: id.into(),
+        hostname: format!("host-{id}"),
+        total: Some(Resources::parse("cpus:4;mem:4096").unwrap().to_wire()),
+        tasks,
+        ..Default::default()
+    });
+    let len = prost::Message::encoded_len(&ringmaster_proto::Envelope::new(message.clone()));
+    assert!(len > 65536, "{len}");
+    message
+}
+
+#[tokio::test]
+async fn only_an_authenticated_peer_may_send_frames_beyond_the_handshake_limit() {
+    let fixture = Fixture::new();
+    let master = start(fixture.config(false, true)).await;
+    // Not authenticated: the big frame is refused at its length prefix. Only the prefix is
+    // sent, so the master has nothing unread when it closes (a reset could lose the Error).
+    let big = prost::Message::encoded_len(&ringmaster_proto::Envelope::new(big_registration(
+        "stranger",
+    )));
+    let mut tcp = tokio::net::TcpStream::connect(master.addr()).await.unwrap();
+    {
+        let mut conn = Connection::new(&mut tcp);
+        conn.send(Message::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            client: "security-test".into(),
+        }))
+        .await
+        .unwrap();
+        let ack = tokio::time::timeout(WAIT, conn.recv()).await;
+        assert!(matches!(ack, Ok(Ok(Some(Message::HelloAck(_))))), "{ack:?}");
+    }
+    tokio::io::AsyncWriteExt::write_all(&mut tcp, &(big as u32).to_be_bytes())
+        .await
+        .unwrap();
+    let mut conn = Connection::new(&mut tcp);
+    let error = match tokio::time::timeout(WAIT, conn.recv()).await {
+        Ok(Ok(Some(Message::Error(e)))) => e,
+        other => panic!("expected an Error, got {other:?}"),
+    };
+    assert_eq!(error.code, ErrorCode::BadFrame as i32, "{}", error.message);
+    assert!(error.message.contains("65536"), "{}", error.message);
+    // Authenticated: the same size registers.
+    let mut rack = Peer::hello(master.addr(), None).await;
+    let answer = rack
+        .authenticate("rack", "rack-secret", AuthRole::Agent)
+        .await;
+    assert!(matches!(answer, Message::Authenticated(_)), "{answer:?}");
+    rack.send(big_registration("big")).await;
+    rack.registered().await;
+    master.shutdown().await;
+}

@@ -64,6 +64,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         }
     }
 
+    /// Changes the frame limit from the next frame on: e.g. a small limit while a peer is
+    /// unauthenticated, raised once it has registered.
+    pub fn set_max_frame(&mut self, max_frame_bytes: usize) {
+        self.framed
+            .codec_mut()
+            .set_max_frame_length(max_frame_bytes);
+        self.max_frame_bytes = max_frame_bytes;
+    }
+
     /// Sends one message as one frame.
     pub async fn send(&mut self, message: impl Into<Envelope>) -> Result<(), ConnectionError> {
         let envelope: Envelope = message.into();
@@ -253,6 +262,25 @@ mod tests {
             }
         };
         tokio::join!(write, read_and_drain);
+    }
+
+    #[tokio::test]
+    async fn raised_frame_limit_applies_to_the_next_frame() {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let mut a = Connection::new(a);
+        let mut b = Connection::with_max_frame(b, 64);
+        let big = Message::Hello(crate::Hello {
+            client: "x".repeat(1000),
+            ..Default::default()
+        });
+        a.send(Message::Ping(Ping { nonce: 1 })).await.unwrap();
+        assert_eq!(
+            b.recv().await.unwrap(),
+            Some(Message::Ping(Ping { nonce: 1 }))
+        );
+        b.set_max_frame(4096);
+        a.send(big.clone()).await.unwrap();
+        assert_eq!(b.recv().await.unwrap(), Some(big));
     }
 
     #[tokio::test]

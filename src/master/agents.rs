@@ -12,8 +12,8 @@ use ringmaster_proto::{
 };
 use tokio::time::Instant;
 
+use super::events::ConnId;
 use super::state::{AgentRecord, MasterState, Peer, TaskKey};
-use super::ConnId;
 
 impl MasterState {
     pub(crate) fn register_agent(

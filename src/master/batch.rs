@@ -15,8 +15,8 @@ use ringmaster_proto::{
 };
 use tokio::time::Instant;
 
+use super::events::ConnId;
 use super::state::MasterState;
-use super::ConnId;
 use ringmaster_core::placement::matching::{match_batch, AgentProfile, BatchTask, MatchAgent};
 
 /// The most tasks one batch may hold.

@@ -16,36 +16,7 @@ use super::ids::IdMint;
 use super::registry::{
     AgentEntry, FrameworkEntry, Recovered, Registry, RegistryBatch, RegistryError, TaskEntry,
 };
-use super::state::{AgentRecord, FrameworkRecord, MasterState, Peer, TaskKey, TaskRecord};
-use super::{ConnId, Outbound};
-
-/// The registry and what the current actor turn changed.
-pub(crate) struct Durable {
-    registry: Registry,
-    frameworks: HashSet<String>,
-    agents: HashSet<String>,
-    tasks: HashSet<TaskKey>,
-    removed: Vec<String>,
-    forgotten: Vec<String>,
-    id_epoch: Option<u64>,
-    /// Messages of this turn, sent once its changes are committed.
-    pub outbox: Vec<(ConnId, Outbound)>,
-}
-
-impl Durable {
-    pub fn new(registry: Registry) -> Self {
-        Durable {
-            registry,
-            frameworks: HashSet::new(),
-            agents: HashSet::new(),
-            tasks: HashSet::new(),
-            removed: Vec::new(),
-            forgotten: Vec::new(),
-            id_epoch: None,
-            outbox: Vec::new(),
-        }
-    }
-}
+use super::state::{AgentRecord, Durable, FrameworkRecord, MasterState, Peer, TaskKey, TaskRecord};
 
 impl MasterState {
     /// The attached registry, if any (tests read it back).

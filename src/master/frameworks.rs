@@ -10,8 +10,8 @@ use ringmaster_proto::{
 };
 use tokio::time::{Duration, Instant};
 
+use super::events::ConnId;
 use super::state::{FrameworkRecord, MasterState, Peer, TaskKey};
-use super::ConnId;
 use ringmaster_core::placement::DEFAULT_PARTITION;
 
 /// The longest failover timeout a framework may ask for: one week.

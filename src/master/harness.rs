@@ -33,11 +33,12 @@ use ringmaster_proto::{
 };
 use tokio::time::{Duration, Instant};
 
+use super::events::{ConnId, Event, Outbound};
 use super::ids::IdMint;
-use super::limits::{outbound_queue, OutboundReceiver};
 use super::metrics::Metrics;
-use super::state::{MasterState, Snapshot};
-use super::{ConnId, Event, Outbound};
+use super::server::limits::{outbound_queue, OutboundReceiver};
+use super::state::MasterState;
+use super::Snapshot;
 use crate::config::Config;
 
 /// What a fake connection received: a message, or the error it was closed with.

@@ -2,32 +2,71 @@
 //!
 //! Shape (functional core, imperative shell): one actor task ([`state::MasterState`]) owns all
 //! state and drives the pure placement library; each TCP connection is its own task
-//! ([`connection`]) that only translates frames into [`Event`]s and writes what the actor
-//! sends back. Nothing but the actor touches the state, so no locks are needed and every
-//! decision happens in one deterministic order.
+//! ([`server`]: the capped accept loop and `ConnectionTask`) that only translates frames into
+//! [`Event`]s and writes what the actor sends back. Nothing but the actor touches the state, so
+//! no locks are needed and every decision happens in one deterministic order.
 //!
-//! The operator surface ([`http`]: `/state`, `/metrics`, `/health`, the dashboard) is one more
-//! client of the actor: it asks through the same event channel and never touches the state.
+//! The operator surface ([`ops`]: `/state`, `/metrics`, `/health`, the dashboard, and the views
+//! they show) is one more client of the actor: it asks through the same event channel and
+//! never touches the state.
+//!
+//! # Layout
+//!
+//! ```text
+//! master/
+//!   mod.rs          Master: binds, starts the actor, the server and HTTP; re-exports
+//!   events.rs       Event, Outbound, ConnId: what clients and the actor say to each other
+//!   state.rs        MasterState (fields, actor loop, dispatch), records, Counters, Durable
+//!   agents.rs frameworks.rs tasks.rs offers.rs batch.rs pending.rs durability.rs
+//!                   `impl MasterState` by conversation (handlers of the actor)
+//!   owners.rs       which principal owns each id (and `Peer`)
+//!   ids.rs          id minting; registry.rs: the durable store (redb)
+//!   server/         listener.rs (accept loop, connection cap, task tracker),
+//!                   task.rs (ConnectionTask: TLS, handshake, serve), limits.rs
+//!   ops/            http.rs, metrics.rs, views.rs, dashboard.html
+//! ```
+//!
+//! # Dependency direction
+//!
+//! Imports point down this list, never up (`use` and paths alike):
+//!
+//! 1. leaves, which import no other master module: `ids`, `registry`, `owners`,
+//!    `ops::metrics` (fed plain numbers; knows no state type), `server::limits` (the bounded
+//!    outbound queue and its item, `Outbound`).
+//! 2. `state` (the fields and the actor loop) and `events` (its vocabulary): `state` imports
+//!    the leaves and `events`, and none of the handlers, `ops::{http, views}` or
+//!    `server::{listener, task}`.
+//! 3. handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `pending`, `durability`):
+//!    `impl MasterState` blocks importing `state` (and leaves); `state` calls their methods
+//!    without importing them. `offers` also imports `pending`.
+//! 4. readers and clients: `ops::views` (reads `&MasterState` into views and metrics),
+//!    `ops::http` and `server::{listener, task}` (speak only `events`; never touch the state).
+//! 5. `mod.rs` (`Master`), which wires them together.
+//!
+//! One loop remains: `events::Event`'s query variants name their answers' types, `Snapshot`
+//! (`ops::views`) and `Health` (`pending`), and those files also hold the code that reads the
+//! state, so `state → events → ops::views / pending → state`. It goes once those answer types
+//! live in a data-only module (for `Health`/`PendingView`, after the allocator work in
+//! `pending.rs` has merged).
 
 mod agents;
 mod batch;
-mod connection;
 mod durability;
+mod events;
 mod frameworks;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
 mod harness_tests;
 mod history;
-pub mod http;
 mod ids;
-mod limits;
 mod liveness;
-pub mod metrics;
 mod offers;
+pub mod ops;
 mod owners;
 mod pending;
 pub mod registry;
+mod server;
 mod state;
 mod tasks;
 
@@ -39,49 +78,19 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
-pub use metrics::Metrics;
-pub use pending::{Health, PendingView};
-pub use state::{
-    AgentView, Counters, FrameworkView, OfferView, RingBucketView, RingSetView, Snapshot, TaskView,
+pub use ops::metrics::Metrics;
+pub use ops::views::{
+    AgentView, FrameworkView, OfferView, RingBucketView, RingSetView, Snapshot, TaskView,
 };
+pub use ops::{http, metrics};
+pub use pending::{Health, PendingView};
+pub use state::Counters;
 
-/// Identifies one connection for the actor's lifetime.
-pub type ConnId = u64;
-
-/// What a connection task tells the actor.
-#[derive(Debug)]
-pub(crate) enum Event {
-    /// A connection finished its handshake and sent RegisterAgent or Subscribe.
-    Opened {
-        conn: ConnId,
-        peer: SocketAddr,
-        outbound: limits::OutboundSender,
-        first: ringmaster_proto::Message,
-        /// The principal the connection authenticated as (`None`: anonymous).
-        principal: Option<String>,
-    },
-    /// A later message on an opened connection.
-    Inbound {
-        conn: ConnId,
-        message: ringmaster_proto::Message,
-    },
-    /// The connection ended (peer closed, error, or the actor asked to close it).
-    Closed { conn: ConnId },
-    /// A snapshot of the state was asked for (tests, local mode, operators).
-    Snapshot(tokio::sync::oneshot::Sender<Snapshot>),
-    /// Copy the state-derived metrics into the shared registry, then answer.
-    PublishMetrics(tokio::sync::oneshot::Sender<()>),
-    /// Is the actor alive? (`GET /health`)
-    Health(tokio::sync::oneshot::Sender<Health>),
-}
-
-/// What the actor asks a connection task to do.
-#[derive(Debug)]
-pub(crate) enum Outbound {
-    Send(ringmaster_proto::Message),
-    /// Send this error, then close the connection.
-    Close(ringmaster_proto::Error),
-}
+pub use events::ConnId;
+// Re-exported so code written against the old paths (`super::Event`, `super::Outbound`) keeps
+// compiling.
+#[allow(unused_imports)]
+pub(crate) use events::{Event, Outbound};
 
 /// A running master: its address and a handle to ask for state or shut it down.
 pub struct Master {
@@ -182,14 +191,17 @@ impl Master {
             ))
         });
         let tls_on = tls.is_some();
-        let accept_task = tokio::spawn(connection::accept_loop(
-            listener,
-            tls,
-            events_tx.clone(),
-            config,
-            metrics,
-            shutdown_rx,
-        ));
+        let accept_task = tokio::spawn(
+            server::Listener::new(
+                listener,
+                tls,
+                events_tx.clone(),
+                config,
+                metrics,
+                shutdown_rx,
+            )
+            .run(),
+        );
         let join = tokio::spawn(async move {
             let _ = accept_task.await;
             if let Some(task) = http_task {

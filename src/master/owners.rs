@@ -11,7 +11,12 @@ use std::collections::HashMap;
 
 use ringmaster_proto::Message;
 
-use super::state::Peer;
+/// Who is on the other end of a connection.
+#[derive(Clone, Debug)]
+pub(crate) enum Peer {
+    Agent(String),
+    Framework(String),
+}
 
 /// Owners of ids, by kind.
 #[derive(Debug, Default)]

@@ -5,9 +5,12 @@
 //!   tasks), allocation latency and placement phases (in the actor). They are atomics, so a
 //!   connection task never waits on the actor to count.
 //! - read off the actor's state when scraped: agents, frameworks, offers, tasks, resources and
-//!   the actor's own monotonic [`Counters`](super::state::Counters). The actor remains the one
-//!   owner of that state; [`MasterState::publish_metrics`] copies it into the registry when
-//!   the HTTP handler asks through the event channel.
+//!   the actor's own monotonic counters. The actor remains the one owner of that state; when
+//!   the HTTP handler asks through the event channel, the actor (`super::views`) reads the
+//!   numbers off its state and hands them to the `set_*` methods here as plain values.
+//!
+//! This module knows nothing of the master's state types: it depends on the placement phase
+//! and proto's resources and task states only.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
@@ -22,7 +25,6 @@ use prometheus_client::registry::{Registry, Unit};
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::TaskState;
 
-use super::state::MasterState;
 use ringmaster_core::placement::Phase;
 
 /// One fixed label, e.g. `[("state", "connected")]`.
@@ -103,6 +105,8 @@ pub struct Metrics {
     messages_sent: Family<Label, Counter>,
     frames_rejected: Family<Label, Counter>,
     connections_limited: Family<Label, Counter>,
+    connections_refused: Counter,
+    connections_open: Gauge,
     allocation_seconds: Histogram,
     placements: Family<Label, Counter>,
     preemptions: Counter,
@@ -142,6 +146,8 @@ impl Metrics {
             messages_sent: Family::default(),
             frames_rejected: Family::default(),
             connections_limited: Family::default(),
+            connections_refused: Counter::default(),
+            connections_open: Gauge::default(),
             // 10 µs … ~5 s.
             allocation_seconds: Histogram::new(exponential_buckets(1e-5, 4.0, 10)),
             placements: Family::default(),
@@ -185,6 +191,16 @@ impl Metrics {
             "connections_limited",
             "Connections closed for exceeding a per-connection limit, by limit",
             m.connections_limited.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed at accept because limits.max_connections were open",
+            m.connections_refused.clone(),
+        );
+        r.register(
+            "connections_open",
+            "Protocol connections open (handshakes included; not HTTP)",
+            m.connections_open.clone(),
         );
         r.register_with_unit(
             "allocation_duration",
@@ -328,6 +344,16 @@ impl Metrics {
             .inc();
     }
 
+    /// A connection closed at accept: the connection cap was reached.
+    pub(crate) fn connection_refused(&self) {
+        self.connections_refused.inc();
+    }
+
+    /// A protocol connection was accepted (`+1`) or has ended (`-1`).
+    pub(crate) fn connections_open_add(&self, delta: i64) {
+        self.connections_open.inc_by(delta);
+    }
+
     /// A connection refused by authentication or authorization; `reason` is one of
     /// [`AUTH_FAILURE_REASONS`].
     pub(crate) fn auth_failed(&self, reason: &'static str) {
@@ -397,79 +423,98 @@ pub(crate) fn add_saturating(into: &mut Resources, add: &Resources) {
     }
 }
 
-impl MasterState {
-    /// Copies the state-derived numbers into the shared registry (see the module doc).
-    pub(crate) fn publish_metrics(&self, now: tokio::time::Instant) {
-        let m = &self.metrics;
-        let (mut connected, mut disconnected, mut lost) = (0, 0, 0);
-        for a in self.agents.values() {
-            match (a.lost, a.conn.is_some()) {
-                (true, _) => lost += 1,
-                (false, true) => connected += 1,
-                (false, false) => disconnected += 1,
-            }
-        }
-        gauge(&m.agents, "state", "connected", connected);
-        gauge(&m.agents, "state", "disconnected", disconnected);
-        gauge(&m.agents, "state", "lost", lost);
-        let fw_connected = self
-            .frameworks
-            .values()
-            .filter(|f| f.conn.is_some())
-            .count();
-        gauge(&m.frameworks, "state", "connected", fw_connected);
-        gauge(
-            &m.frameworks,
-            "state",
-            "disconnected",
-            self.frameworks.len() - fw_connected,
-        );
+/// One of the actor's monotonic counters, mirrored by a Prometheus counter.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Total {
+    OffersMade,
+    OffersAccepted,
+    OffersDeclined,
+    OffersRescinded,
+    TasksLaunched,
+    AllocationRuns,
+    AgentsLost,
+    FrameworksRemoved,
+    ErrorsSent,
+}
+
+/// Setters for the numbers read off the actor's state (see the module doc).
+impl Metrics {
+    pub(crate) fn set_agents(&self, connected: usize, disconnected: usize, lost: usize) {
+        gauge(&self.agents, "state", "connected", connected);
+        gauge(&self.agents, "state", "disconnected", disconnected);
+        gauge(&self.agents, "state", "lost", lost);
+    }
+
+    pub(crate) fn set_frameworks(&self, connected: usize, disconnected: usize) {
+        gauge(&self.frameworks, "state", "connected", connected);
+        gauge(&self.frameworks, "state", "disconnected", disconnected);
+    }
+
+    /// Tasks per state; `count` is asked for every state a series exists for.
+    pub(crate) fn set_tasks(&self, count: impl Fn(TaskState) -> usize) {
         for state in TASK_STATES {
-            let n = self.tasks.values().filter(|t| t.state == state).count();
-            gauge(&m.tasks, "state", task_state_label(state), n);
+            gauge(&self.tasks, "state", task_state_label(state), count(state));
         }
-        m.offers_outstanding
-            .set(i64::try_from(self.offers.len()).unwrap_or(i64::MAX));
-        m.pending_demands
-            .set(i64::try_from(self.pending_frameworks(now).len()).unwrap_or(i64::MAX));
-        let usage = self.cluster_usage();
-        let total = self.cluster.total();
-        let free = self.cluster.free();
+    }
+
+    pub(crate) fn set_offers_outstanding(&self, n: usize) {
+        self.offers_outstanding
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn set_pending_demands(&self, n: usize) {
+        self.pending_demands
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The cluster's resources per dimension; a dimension no agent has any more reads 0
+    /// rather than its last value.
+    pub(crate) fn set_resources(
+        &self,
+        total: &Resources,
+        used: &Resources,
+        offered: &Resources,
+        free: &Resources,
+    ) {
         for name in total.names() {
             for (kind, bundle) in [
                 ("total", total),
-                ("used", &usage.used),
-                ("offered", &usage.offered),
+                ("used", used),
+                ("offered", offered),
                 ("free", free),
             ] {
-                m.resources
+                self.resources
                     .get_or_create(&[("dimension", name.to_string()), ("kind", kind.to_string())])
                     .set(bundle.amount(name));
             }
         }
-        // A dimension no agent has any more reads 0 rather than its last value.
-        let mut seen = m
+        let mut seen = self
             .dimensions
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         for name in seen.iter().filter(|n| total.milli(n) == 0) {
             for kind in ["total", "used", "offered", "free"] {
-                m.resources
+                self.resources
                     .get_or_create(&[("dimension", name.clone()), ("kind", kind.to_string())])
                     .set(0.0);
             }
         }
         seen.extend(total.names().map(str::to_string));
-        drop(seen);
-        let c = &self.counters;
-        catch_up(&m.offers_made, c.offers_made);
-        catch_up(&m.offers_accepted, c.offers_accepted);
-        catch_up(&m.offers_declined, c.offers_declined);
-        catch_up(&m.offers_rescinded, c.offers_rescinded);
-        catch_up(&m.tasks_launched, c.tasks_launched);
-        catch_up(&m.allocation_runs, c.allocation_runs);
-        catch_up(&m.agents_lost, c.agents_lost);
-        catch_up(&m.frameworks_removed, c.frameworks_removed);
-        catch_up(&m.errors_sent, c.errors_sent);
+    }
+
+    /// Raises the Prometheus counter of `which` to the actor's `value`.
+    pub(crate) fn set_total(&self, which: Total, value: u64) {
+        let counter = match which {
+            Total::OffersMade => &self.offers_made,
+            Total::OffersAccepted => &self.offers_accepted,
+            Total::OffersDeclined => &self.offers_declined,
+            Total::OffersRescinded => &self.offers_rescinded,
+            Total::TasksLaunched => &self.tasks_launched,
+            Total::AllocationRuns => &self.allocation_runs,
+            Total::AgentsLost => &self.agents_lost,
+            Total::FrameworksRemoved => &self.frameworks_removed,
+            Total::ErrorsSent => &self.errors_sent,
+        };
+        catch_up(counter, value);
     }
 }

@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
-use super::Event;
+use crate::master::events::Event;
 
 /// How long a request waits for the actor's answer.
 pub const ACTOR_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,5 +1,9 @@
 //! Per-connection limits, so one misbehaving client cannot starve the others.
 //!
+//! (Two limits are not per connection and live elsewhere: the cap on connections open at once,
+//! `limits.max_connections`, in [`super::listener`]; the small frame limit before a connection
+//! registers, `limits.max_handshake_frame_bytes`, in [`super::task`].)
+//!
 //! - **Message rate**: a token bucket per connection ([`TokenBucket`], `limits.messages_per_sec`
 //!   and `limits.burst`). A client that sends faster gets `RATE_LIMITED` and is closed.
 //! - **Outstanding outbound messages**: the actor never blocks on a connection, so what it sends
@@ -17,8 +21,15 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use super::Outbound;
 use crate::config::LimitsConfig;
+
+/// What the actor asks a connection task to do.
+#[derive(Debug)]
+pub(crate) enum Outbound {
+    Send(ringmaster_proto::Message),
+    /// Send this error, then close the connection.
+    Close(ringmaster_proto::Error),
+}
 
 /// A token bucket: `rate` tokens per second, at most `burst` saved up; one token per message.
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
-//! One task per TCP connection: the handshake, the role check, and shuttling frames between
-//! the socket and the actor. A connection that breaks the protocol gets an `Error` and is
+//! One task per TCP connection ([`ConnectionTask`]): the handshake, the role check, and
+//! shuttling frames between the socket and the actor. A connection that breaks the protocol gets an `Error` and is
 //! closed; it can never disturb another connection or the actor's state.
 //!
 //! Per-connection limits (message rate, unread outbound messages; see [`super::limits`]) are
@@ -12,9 +12,15 @@
 //! authentication handshake (`Authenticate` answering the `HelloAck` challenge) and the
 //! role/user checks of `auth:` also happen here, before the actor hears of the connection.
 //! See docs/security.md.
+//!
+//! Before its RegisterAgent or Subscribe a connection may send frames of at most
+//! `limits.max_handshake_frame_bytes` (64 KiB by default): `Hello`, and on a master that
+//! requires authentication also `Authenticate`. So a peer that has not said (or, where
+//! required, proven) who it is cannot make the master buffer a `master.max_frame_bytes`
+//! (4 MiB) frame. The role message itself may be full-size (an agent re-registering with many
+//! tasks); see `handshake`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ringmaster_proto::security::{new_challenge, AuthRole};
@@ -24,14 +30,14 @@ use ringmaster_proto::{
     Envelope, ErrorCode, Message,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::limits::{outbound_queue, OutboundReceiver, TokenBucket};
-use super::metrics::{Limit, Metrics, Rejection};
-use super::{ConnId, Event, Outbound};
 use crate::config::{Config, LimitsConfig};
+use crate::master::events::{ConnId, Event, Outbound};
+use crate::master::metrics::{Limit, Metrics, Rejection};
 use crate::security::AuthConfig;
 
 /// How long a client has to send `Hello` and its first message.
@@ -40,44 +46,6 @@ const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 /// How long the closing `Error` may take to write: a peer that does not read does not get to
 /// hold its connection task.
 const FAREWELL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
-
-pub(crate) async fn accept_loop(
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
-    events: mpsc::Sender<Event>,
-    config: Arc<Config>,
-    metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-                    tokio::spawn(secure_and_handle(
-                        conn,
-                        stream,
-                        peer,
-                        tls.clone(),
-                        events.clone(),
-                        config.clone(),
-                        metrics.clone(),
-                        shutdown.clone(),
-                    ));
-                }
-                Err(e) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            },
-            _ = shutdown.changed() => break,
-        }
-    }
-}
 
 /// Which conversation a connection is in after its first message.
 type Role = AuthRole;
@@ -90,44 +58,77 @@ fn role_of(message: &Message) -> Option<Role> {
     }
 }
 
-/// Wraps the socket in TLS when the master serves TLS, then runs the connection. A client that
-/// sends plain protocol bytes to a TLS master gets a plain `Error` with `TLS_REQUIRED` (it could
-/// not read anything else) and is closed; a failed handshake is logged and counted.
-#[allow(clippy::too_many_arguments)]
-async fn secure_and_handle(
+/// One accepted connection and what it needs to talk to the actor: the handshake, then the
+/// serve loop, until the peer leaves, breaks the protocol or a limit, or the master stops.
+pub(crate) struct ConnectionTask {
     conn: ConnId,
-    stream: TcpStream,
     peer: SocketAddr,
-    tls: Option<TlsAcceptor>,
     events: mpsc::Sender<Event>,
     config: Arc<Config>,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
-) {
-    let stream: BoxedStream = match tls {
-        None => Box::new(stream),
-        Some(acceptor) => {
-            match tokio::time::timeout(
-                HANDSHAKE_TIMEOUT,
-                accept_tls(acceptor, stream, peer, &metrics),
-            )
-            .await
-            {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(Some(reason))) => {
-                    metrics.tls_failed(reason);
-                    return;
-                }
-                Ok(Err(None)) => return,
-                Err(_) => {
-                    tracing::warn!(%peer, "no TLS handshake within 10 s");
-                    metrics.tls_failed("timeout");
-                    return;
-                }
+}
+
+impl ConnectionTask {
+    pub(crate) fn new(
+        conn: ConnId,
+        peer: SocketAddr,
+        events: mpsc::Sender<Event>,
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        ConnectionTask {
+            conn,
+            peer,
+            events,
+            config,
+            metrics,
+            shutdown,
+        }
+    }
+
+    /// Runs the connection to its end. Before registration (TLS and protocol handshakes) the
+    /// master's shutdown ends it at once; after, the serve loop says goodbye with
+    /// `SHUTTING_DOWN`.
+    pub(crate) async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>) {
+        let mut stopping = self.shutdown.clone();
+        let secured = tokio::select! {
+            secured = self.secure(stream, tls) => secured,
+            _ = super::stopping(&mut stopping) => None,
+        };
+        if let Some(stream) = secured {
+            self.handle(stream).await;
+        }
+    }
+
+    /// Wraps the socket in TLS when the master serves TLS. A client that sends plain protocol
+    /// bytes to a TLS master gets a plain `Error` with `TLS_REQUIRED` (it could not read
+    /// anything else) and is closed; a failed handshake is logged and counted.
+    async fn secure(&self, stream: TcpStream, tls: Option<TlsAcceptor>) -> Option<BoxedStream> {
+        let (peer, metrics) = (self.peer, &self.metrics);
+        let Some(acceptor) = tls else {
+            return Some(Box::new(stream));
+        };
+        match tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            accept_tls(acceptor, stream, peer, metrics),
+        )
+        .await
+        {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(Some(reason))) => {
+                metrics.tls_failed(reason);
+                None
+            }
+            Ok(Err(None)) => None,
+            Err(_) => {
+                tracing::warn!(%peer, "no TLS handshake within 10 s");
+                metrics.tls_failed("timeout");
+                None
             }
         }
-    };
-    handle(conn, stream, peer, events, config, metrics, shutdown).await;
+    }
 }
 
 /// The TLS handshake. `Err(Some(reason))`: a failure to count; `Err(None)`: the peer left
@@ -225,74 +226,95 @@ fn protocol_error(e: &ConnectionError, metrics: &Metrics) -> ringmaster_proto::E
     ringmaster_proto::Error::new(code, e.to_string())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn handle(
-    conn: ConnId,
-    stream: BoxedStream,
-    peer: SocketAddr,
-    events: mpsc::Sender<Event>,
-    config: Arc<Config>,
-    metrics: Arc<Metrics>,
-    shutdown: watch::Receiver<bool>,
-) {
-    let mut connection = Connection::with_max_frame(stream, config.master.max_frame_bytes);
-    let handshake = handshake(&mut connection, &config.auth, &metrics, peer);
-    let (opened, principal) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-        Ok(Ok(Some(opened))) => opened,
-        Ok(Ok(None)) => return,
-        Ok(Err(error)) => {
-            tracing::warn!(%peer, message = %error.message, "handshake refused");
-            metrics.message_sent("Error");
-            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, connection.send(Message::Error(error)))
-                .await;
-            return;
-        }
-        Err(_) => {
-            let error = ringmaster_proto::Error::new(
-                ErrorCode::NotRegistered,
-                "no Hello and RegisterAgent/Subscribe within 10 s",
-            );
-            metrics.message_sent("Error");
-            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, connection.send(Message::Error(error)))
-                .await;
-            return;
-        }
-    };
-    let role = role_of(&opened).expect("handshake returns a role message");
-    let limits: &LimitsConfig = &config.limits;
-    let (outbound_tx, mut outbound_rx) = outbound_queue(limits.outbound_queue);
-    if events
-        .send(Event::Opened {
+impl ConnectionTask {
+    async fn handle(self, stream: BoxedStream) {
+        let ConnectionTask {
             conn,
             peer,
-            outbound: outbound_tx,
-            first: opened,
-            principal,
-        })
-        .await
-        .is_err()
-    {
-        return;
+            events,
+            config,
+            metrics,
+            shutdown,
+        } = self;
+        let mut stopping = shutdown.clone();
+        let max_frame = config.master.max_frame_bytes;
+        let handshake_max = config.limits.max_handshake_frame_bytes.min(max_frame);
+        let mut connection = Connection::with_max_frame(stream, handshake_max);
+        let handshake = handshake(&mut connection, &config.auth, max_frame, &metrics, peer);
+        let handshake = tokio::select! {
+            done = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => done,
+            _ = super::stopping(&mut stopping) => return,
+        };
+        let (opened, principal) = match handshake {
+            Ok(Ok(Some(opened))) => opened,
+            Ok(Ok(None)) => return,
+            Ok(Err(error)) => {
+                tracing::warn!(%peer, message = %error.message, "handshake refused");
+                metrics.message_sent("Error");
+                let _ =
+                    tokio::time::timeout(FAREWELL_TIMEOUT, connection.send(Message::Error(error)))
+                        .await;
+                return;
+            }
+            Err(_) => {
+                let error = ringmaster_proto::Error::new(
+                    ErrorCode::NotRegistered,
+                    "no Hello and RegisterAgent/Subscribe within 10 s",
+                );
+                metrics.message_sent("Error");
+                let _ =
+                    tokio::time::timeout(FAREWELL_TIMEOUT, connection.send(Message::Error(error)))
+                        .await;
+                return;
+            }
+        };
+        let role = role_of(&opened).expect("handshake returns a role message");
+        // Registered: full-size frames from now on (the handshake raised the limit before
+        // the role message already; this only makes it plain).
+        connection.set_max_frame(max_frame);
+        let limits: &LimitsConfig = &config.limits;
+        let (outbound_tx, mut outbound_rx) = outbound_queue(limits.outbound_queue);
+        if events
+            .send(Event::Opened {
+                conn,
+                peer,
+                outbound: outbound_tx,
+                first: opened,
+                principal,
+            })
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let (mut reader, mut writer) = connection.split();
+        let close_reason = serve(
+            &mut reader,
+            &mut writer,
+            conn,
+            role,
+            &events,
+            &mut outbound_rx,
+            limits,
+            &metrics,
+            shutdown,
+        )
+        .await;
+        // The actor also stops on shutdown, which closes the outbound queue: whichever this
+        // task noticed first, a peer of a stopping master hears why.
+        let close_reason = close_reason.or_else(|| {
+            stopping.borrow().then(|| {
+                ringmaster_proto::Error::new(ErrorCode::ShuttingDown, "master is shutting down")
+            })
+        });
+        if let Some(error) = close_reason {
+            tracing::warn!(%peer, conn, message = %error.message, "closing connection");
+            metrics.message_sent("Error");
+            let _ =
+                tokio::time::timeout(FAREWELL_TIMEOUT, writer.send(Message::Error(error))).await;
+        }
+        let _ = events.send(Event::Closed { conn }).await;
     }
-    let (mut reader, mut writer) = connection.split();
-    let close_reason = serve(
-        &mut reader,
-        &mut writer,
-        conn,
-        role,
-        &events,
-        &mut outbound_rx,
-        limits,
-        &metrics,
-        shutdown,
-    )
-    .await;
-    if let Some(error) = close_reason {
-        tracing::warn!(%peer, conn, message = %error.message, "closing connection");
-        metrics.message_sent("Error");
-        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, writer.send(Message::Error(error))).await;
-    }
-    let _ = events.send(Event::Closed { conn }).await;
 }
 
 /// How a burst of outbound messages ended.
@@ -351,9 +373,16 @@ fn auth_failure(
 /// Reads `Hello`, an optional `Authenticate`, and the role message. Returns the role message
 /// and the authenticated principal (`None`: anonymous, allowed only when auth is not
 /// required). `Ok(None)`: the peer left quietly.
+///
+/// Frame limits: the connection starts at the small handshake limit. It is raised to
+/// `max_frame` for the role message: right after `HelloAck` when authentication is optional
+/// (anyone may register and send full-size frames then anyway), after a successful
+/// `Authenticate` when it is required. So on a master requiring authentication nothing larger
+/// than the handshake limit is read from a peer that has not proven who it is.
 async fn handshake<S>(
     connection: &mut Connection<S>,
     auth: &AuthConfig,
+    max_frame: usize,
     metrics: &Metrics,
     peer: SocketAddr,
 ) -> Result<Option<(Message, Option<String>)>, ringmaster_proto::Error>
@@ -388,6 +417,9 @@ where
     metrics.message_sent("HelloAck");
     if connection.send(Message::HelloAck(ack)).await.is_err() {
         return Ok(None);
+    }
+    if !auth.required {
+        connection.set_max_frame(max_frame);
     }
     let mut next = connection.recv().await;
     let mut authenticated: Option<(String, Role)> = None;
@@ -456,6 +488,7 @@ where
         if connection.send(Message::Authenticated(done)).await.is_err() {
             return Ok(None);
         }
+        connection.set_max_frame(max_frame);
         tracing::debug!(%peer, principal, %role, "authenticated");
         authenticated = Some((principal.to_string(), role));
         next = connection.recv().await;

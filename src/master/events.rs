@@ -1,0 +1,46 @@
+//! The vocabulary between the actor and its clients: the connection tasks ([`super::server`])
+//! and the operator surface ([`super::ops`]) send [`Event`]s to the actor, which answers a
+//! connection with [`Outbound`]s on its bounded queue and a query on a oneshot channel.
+//!
+//! Plain types only. The query variants name the types of their answers ([`Snapshot`] and
+//! [`Health`]); those are the one place the vocabulary points back at modules that read the
+//! state (see the dependency note in [`super`]).
+
+use std::net::SocketAddr;
+
+use tokio::sync::oneshot;
+
+use super::ops::views::Snapshot;
+use super::pending::Health;
+pub(crate) use super::server::limits::Outbound;
+use super::server::limits::OutboundSender;
+
+/// Identifies one connection for the actor's lifetime.
+pub type ConnId = u64;
+
+/// What a connection task tells the actor.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A connection finished its handshake and sent RegisterAgent or Subscribe.
+    Opened {
+        conn: ConnId,
+        peer: SocketAddr,
+        outbound: OutboundSender,
+        first: ringmaster_proto::Message,
+        /// The principal the connection authenticated as (`None`: anonymous).
+        principal: Option<String>,
+    },
+    /// A later message on an opened connection.
+    Inbound {
+        conn: ConnId,
+        message: ringmaster_proto::Message,
+    },
+    /// The connection ended (peer closed, error, or the actor asked to close it).
+    Closed { conn: ConnId },
+    /// A snapshot of the state was asked for (tests, local mode, operators).
+    Snapshot(oneshot::Sender<Snapshot>),
+    /// Copy the state-derived metrics into the shared registry, then answer.
+    PublishMetrics(oneshot::Sender<()>),
+    /// Is the actor alive? (`GET /health`)
+    Health(oneshot::Sender<Health>),
+}

@@ -1,0 +1,12 @@
+//! The operator surface: what a person or a monitoring system sees of the master.
+//!
+//! - [`http`]: `GET /state` (JSON), `/metrics` (Prometheus text), `/health` and the dashboard
+//!   (`dashboard.html`, compiled in). A client of the actor: it asks through the event channel.
+//! - [`metrics`]: the shared Prometheus registry. Counted where things happen (connection
+//!   tasks, the actor) and fed plain numbers read off the state; it knows no state types.
+//! - [`views`]: the serializable views of the state (`Snapshot` and its parts) and the reading
+//!   of the state into metrics. The only module here that reads `MasterState`.
+
+pub mod http;
+pub mod metrics;
+pub(crate) mod views;

@@ -1,0 +1,256 @@
+//! The accept loop, with a global cap on connections open at once and a tracker of every
+//! connection task.
+//!
+//! - **Connection cap** (`limits.max_connections`, [`ConnectionCap`]): each connection holds a
+//!   semaphore permit from accept to the end of its task. When none is left, a new connection
+//!   is closed at once (before TLS or any frame), counted in
+//!   `ringmaster_connections_refused_total`, and logged at most once per second
+//!   ([`RefusalLog`]) so a connection storm cannot flood the log. `ringmaster_connections_open`
+//!   is the number of permits held.
+//! - **Drain on shutdown**: connection tasks are spawned on a [`TaskTracker`]; after the
+//!   shutdown signal the listener stops accepting and waits until every task has ended (each
+//!   watches the same signal and says `SHUTTING_DOWN` to its peer, bounded by a timeout).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::task::TaskTracker;
+
+use super::task::ConnectionTask;
+use crate::config::Config;
+use crate::master::events::{ConnId, Event};
+use crate::master::metrics::Metrics;
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+/// How often at most a refused connection is logged.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// At most `max` connections at once: a slot is a semaphore permit, released when dropped.
+pub(crate) struct ConnectionCap {
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+impl ConnectionCap {
+    pub(crate) fn new(max: usize) -> Self {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        ConnectionCap {
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// A slot for one more connection, or `None` when `max` are open.
+    pub(crate) fn try_admit(&self) -> Option<OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
+    }
+
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Connections holding a slot now.
+    pub(crate) fn open(&self) -> usize {
+        self.max - self.slots.available_permits()
+    }
+}
+
+/// Rate-limits the "connection refused" log line: the first refusal is logged, then at most
+/// one line per `every`, saying how many refusals it stands for.
+#[derive(Debug)]
+pub(crate) struct RefusalLog {
+    every: Duration,
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    pub(crate) fn new(every: Duration) -> Self {
+        RefusalLog {
+            every,
+            last: None,
+            unlogged: 0,
+        }
+    }
+
+    /// Records a refusal at `now`. `Some(n)`: log a line now, for `n` refusals (this one and
+    /// those not logged since the last line); `None`: stay quiet.
+    pub(crate) fn refused(&mut self, now: Instant) -> Option<u64> {
+        self.unlogged += 1;
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < self.every => None,
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.unlogged))
+            }
+        }
+    }
+}
+
+/// A connection's slot and its share of the open-connections gauge, given back on drop (also
+/// when its task panics).
+struct OpenConnection {
+    _slot: OwnedSemaphorePermit,
+    metrics: Arc<Metrics>,
+}
+
+impl OpenConnection {
+    fn new(slot: OwnedSemaphorePermit, metrics: Arc<Metrics>) -> Self {
+        metrics.connections_open_add(1);
+        OpenConnection {
+            _slot: slot,
+            metrics,
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.metrics.connections_open_add(-1);
+    }
+}
+
+/// The protocol listener: accepts until shutdown, then drains its connection tasks.
+pub(crate) struct Listener {
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    events: mpsc::Sender<Event>,
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+    cap: ConnectionCap,
+    refusals: RefusalLog,
+    tasks: TaskTracker,
+}
+
+impl Listener {
+    pub(crate) fn new(
+        listener: TcpListener,
+        tls: Option<TlsAcceptor>,
+        events: mpsc::Sender<Event>,
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let cap = ConnectionCap::new(config.limits.max_connections);
+        Listener {
+            listener,
+            tls,
+            events,
+            config,
+            metrics,
+            shutdown,
+            cap,
+            refusals: RefusalLog::new(REFUSAL_LOG_EVERY),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    /// Accepts until the shutdown signal, then waits for every connection task to end.
+    pub(crate) async fn run(mut self) {
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, peer)) => self.admit(stream, peer),
+                    Err(e) => {
+                        // EMFILE and friends: back off briefly instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                _ = super::stopping(&mut shutdown) => break,
+            }
+        }
+        let Listener {
+            listener, tasks, ..
+        } = self;
+        drop(listener);
+        tasks.close();
+        tracing::debug!(open = tasks.len(), "draining connection tasks");
+        tasks.wait().await;
+    }
+
+    /// Starts a task for a new connection, or closes it when the cap is reached.
+    fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
+        let Some(slot) = self.cap.try_admit() else {
+            self.metrics.connection_refused();
+            if let Some(refused) = self.refusals.refused(Instant::now()) {
+                tracing::warn!(
+                    %peer,
+                    max_connections = self.cap.max(),
+                    refused,
+                    "connection limit reached: closing new connections (limits.max_connections)"
+                );
+            }
+            drop(stream);
+            return;
+        };
+        let open = OpenConnection::new(slot, self.metrics.clone());
+        let _ = stream.set_nodelay(true);
+        let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(%peer, conn, open = self.cap.open(), "connection accepted");
+        let task = ConnectionTask::new(
+            conn,
+            peer,
+            self.events.clone(),
+            self.config.clone(),
+            self.metrics.clone(),
+            self.shutdown.clone(),
+        );
+        let tls = self.tls.clone();
+        self.tasks.spawn(async move {
+            task.run(stream, tls).await;
+            drop(open);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_admits_up_to_max_and_frees_a_slot_on_drop() {
+        let cap = ConnectionCap::new(2);
+        let a = cap.try_admit().expect("first");
+        let b = cap.try_admit().expect("second");
+        assert_eq!(cap.open(), 2);
+        assert!(cap.try_admit().is_none(), "a third is refused");
+        drop(a);
+        assert_eq!(cap.open(), 1);
+        let c = cap.try_admit().expect("a freed slot admits again");
+        assert!(cap.try_admit().is_none());
+        drop((b, c));
+        assert_eq!(cap.open(), 0);
+        assert_eq!(
+            ConnectionCap::new(0).max(),
+            1,
+            "a zero cap would refuse everything"
+        );
+    }
+
+    #[test]
+    fn refusals_are_logged_at_most_once_per_interval_with_a_count() {
+        let start = Instant::now();
+        let mut log = RefusalLog::new(Duration::from_secs(1));
+        assert_eq!(log.refused(start), Some(1), "the first is logged");
+        for ms in [1, 200, 999] {
+            assert_eq!(log.refused(start + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(
+            log.refused(start + Duration::from_millis(1000)),
+            Some(4),
+            "the next line counts the quiet ones"
+        );
+        assert_eq!(log.refused(start + Duration::from_millis(1500)), None);
+        assert_eq!(log.refused(start + Duration::from_secs(5)), Some(2));
+    }
+}
