@@ -108,6 +108,15 @@ impl MasterState {
                 })
                 .collect()
         };
+        // Preemption checks the devices per device: the victims' bindings released on a copy of
+        // the agent's device state, the demand's request fitted there (docs/priorities.md).
+        let device_check = |agent: AgentKey, demand: &Resources, victims: &[&TaskKey]| {
+            let bindings = victims
+                .iter()
+                .filter_map(|key| tasks.get(*key))
+                .map(|t| &t.devices);
+            devices.fits_after_release(agent, demand, bindings)
+        };
         let cluster = &self.cluster;
         let fragment_growth = target.as_ref().map(|target| {
             let cpu_free = devices
@@ -127,6 +136,7 @@ impl MasterState {
             feasible: &feasible,
             waiting: &waiting,
             running: &running,
+            devices: &device_check,
         };
         let outcome = run_cycle(
             &mut self.cluster,

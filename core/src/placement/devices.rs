@@ -102,6 +102,33 @@ impl DeviceBook {
         }
     }
 
+    /// [`fits`](DeviceBook::fits) as it would be once `released` (bindings of tasks on the
+    /// agent, e.g. preemption victims) were given back; the book itself is not changed.
+    pub fn fits_after_release<'b>(
+        &self,
+        agent: AgentKey,
+        demand: &Resources,
+        released: impl IntoIterator<Item = &'b DeviceBinding>,
+    ) -> bool {
+        let request = match DeviceRequest::from_scalars(demand, Vec::new()) {
+            Ok(None) => return true,
+            Ok(Some(request)) => request,
+            Err(_) => return false,
+        };
+        let Some(entry) = self.agents.get(&agent) else {
+            return matches!(request.demand, GpuDemand::Whole { .. });
+        };
+        let mut released = released.into_iter().filter(|b| !b.is_empty()).peekable();
+        if released.peek().is_none() {
+            return entry.fits(&request);
+        }
+        let mut state = entry.state.clone();
+        for binding in released {
+            state.release(binding);
+        }
+        state.fits(&request)
+    }
+
     /// Chooses devices for `request` by `policy` and takes them; `None` when nothing fits.
     pub fn bind(
         &mut self,
