@@ -129,6 +129,27 @@ impl DeviceBook {
         state.fits(&request)
     }
 
+    /// How many copies of `demand` the agent's devices hold now, at most `limit`: `limit` for a
+    /// demand without GPU scalars or whole GPUs on an agent without devices (the scalars
+    /// decide), 0 for an ambiguous demand or a slice on an agent without devices. An offer of
+    /// the agent covers no more copies of a GPU demand than this, whatever its summed scalars
+    /// say.
+    pub fn copies_of(&self, agent: AgentKey, demand: &Resources, limit: u64) -> u64 {
+        let request = match DeviceRequest::from_scalars(demand, Vec::new()) {
+            Ok(None) => return limit,
+            Ok(Some(request)) => request,
+            Err(_) => return 0,
+        };
+        match self.agents.get(&agent) {
+            Some(entry) => {
+                let limit32 = u32::try_from(limit).unwrap_or(u32::MAX);
+                u64::from(entry.state.copies_of(&request, limit32))
+            }
+            None if matches!(request.demand, GpuDemand::Whole { .. }) => limit,
+            None => 0,
+        }
+    }
+
     /// Chooses devices for `request` by `policy` and takes them; `None` when nothing fits.
     pub fn bind(
         &mut self,

@@ -629,6 +629,51 @@ mod tests {
         assert_eq!(plan.victims, vec!["c1"]);
     }
 
+    /// Whole GPUs on an agent whose two GPUs hold base-priority slices: the summed scalars say
+    /// the demand fits already (no victims), the devices say no GPU is free. Victims are taken
+    /// latest-started first until a device is free, then the ones not needed are spared.
+    #[test]
+    fn gpu_victims_free_a_device_and_no_more() {
+        use crate::devices::{parse_agent_resources, DeviceBinding};
+        use crate::placement::devices::DeviceBook;
+        let (total, devices) = parse_agent_resources("cpus:8;gpus:2x16384").unwrap();
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        let a = cluster.add_agent(total);
+        let mut book = DeviceBook::new();
+        book.set_agent(a, devices).unwrap();
+        // (id, started, binding): v1 and v3 share GPU 0, v2 has half of GPU 1.
+        let slices = [
+            ("v1", 3, "gpu:0:500:0"),
+            ("v2", 2, "gpu:1:500:0"),
+            ("v3", 1, "gpu:0:500:0"),
+        ];
+        let mut running = Vec::new();
+        let mut bindings = BTreeMap::new();
+        for (id, started, binding) in slices {
+            let binding = DeviceBinding::parse(binding).unwrap();
+            book.take(a, &binding).unwrap();
+            cluster.take(a, &r("cpus:1;gpu_milli:500")).unwrap();
+            running.push(task(id, a, 0, started, "cpus:1;gpu_milli:500"));
+            bindings.insert(id, binding);
+        }
+        let demand = r("cpus:1;gpus:1");
+        let all = |_: AgentKey| true;
+        let scalars_only = plan_preemption(&cluster, &demand, 5, &running, &all).unwrap();
+        assert!(scalars_only.victims.is_empty(), "the sums say it fits");
+        let check = |agent: AgentKey, demand: &Resources, victims: &[&&str]| {
+            book.fits_after_release(agent, demand, victims.iter().map(|id| &bindings[**id]))
+        };
+        // Taken: v1 (latest; GPU 0 still half used by v3), then v2 (GPU 1 free): fits. v1 is
+        // not needed once v2 goes, so it keeps running.
+        let plan = plan_preemption_with(&cluster, &demand, 5, &running, &all, &check).unwrap();
+        assert_eq!(plan.victims, vec!["v2"]);
+        // Two GPUs: every slice must go.
+        let plan = plan_preemption_with(&cluster, &r("gpus:2"), 5, &running, &all, &check).unwrap();
+        assert_eq!(plan.victims, vec!["v1", "v2", "v3"]);
+        // Slices at or above the demand's priority are no victims.
+        assert!(plan_preemption_with(&cluster, &demand, 0, &running, &all, &check).is_none());
+    }
+
     #[test]
     fn config_checks() {
         let grant = |p| {

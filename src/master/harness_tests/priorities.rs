@@ -305,3 +305,32 @@ fn an_unplaceable_gpu_demand_stays_pending_with_its_reason() {
         h.advance_and_tick(Duration::from_secs(1));
     }
 }
+
+/// An offer covers only as many copies of a GPU demand as the agent's devices hold: with one
+/// of two GPUs free, an offer of the agent covers one `gpus:1` copy even though its summed
+/// scalars say `gpus:2`, so the other copy stays in /state's pending list.
+#[test]
+fn an_offer_covers_only_the_gpu_copies_its_devices_hold() {
+    let mut h = Harness::from_yaml(
+        "priorities:\n  users:\n    alice: { default: { priority: 10, quota: \"gpus:2\" } }\nmaster:\n  agent_timeout: 1h\n",
+    );
+    let (total, devices) =
+        ringmaster_proto::devices::parse_agent_resources("cpus:8;mem:4096;gpus:2x16384").unwrap();
+    let agent = h.agent_with(ringmaster_proto::RegisterAgent {
+        devices: devices.iter().map(Into::into).collect(),
+        ..super::super::harness::register("g1", &total.to_string())
+    });
+    let bob = h.framework("bob");
+    running(&mut h, &bob, agent, "s1", "cpus:1;mem:128;gpu_milli:500");
+    let alice = h.framework("alice");
+    h.demand(&alice, "cpus:1;mem:128;gpus:1", 2);
+    h.settle();
+    let offers = h.expect_offers(&alice);
+    assert_eq!(offers.len(), 1);
+    let pending = h.snapshot().pending;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(
+        (pending[0].framework.as_str(), pending[0].count),
+        (alice.id.as_str(), 1)
+    );
+}
