@@ -47,9 +47,9 @@ use crate::config::{
 };
 use ringmaster_core::placement::feasible::{self, AgentFacts};
 use ringmaster_core::placement::{
-    run_cycle, task_priority, Allocation, BalanceSettings, Cluster, CycleInput, DrfSorter, Grant,
-    PlacementContext, PlacerKind, Priority, PriorityConfig, QuotaLedger, Request, Resources,
-    RingsConfig, RunningTask, TieredRequest, Unserved, WhyUnplaced, DEFAULT_PARTITION,
+    no_devices, run_cycle, task_priority, Allocation, BalanceSettings, Cluster, CycleInput,
+    DrfSorter, Grant, PlacementContext, PlacerKind, Priority, PriorityConfig, QuotaLedger, Request,
+    Resources, RingsConfig, RunningTask, TieredRequest, Unserved, WhyUnplaced, DEFAULT_PARTITION,
 };
 
 #[derive(Debug, Deserialize)]
@@ -574,6 +574,8 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
         feasible: &|_, _| Ok(()),
         waiting: &|_| false,
         running: &Vec::new,
+        // The dry-run tracks no GPU devices: its scalars decide.
+        devices: &no_devices,
     };
     let name = |fw: usize| scenario.frameworks[fw].0.clone();
     let mut placed = Vec::new();
@@ -733,6 +735,7 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
             feasible: &|fw, key| facts(&held, fw, key),
             waiting: &|fw| held.values().any(|h| *h == fw),
             running: &|| tasks.clone(),
+            devices: &no_devices,
         };
         let outcome = run_cycle(&mut cluster, &mut drf, &mut requests, &input, &mut context);
         let progress = !outcome.grants.is_empty() || !outcome.preemptions.is_empty();

@@ -13,7 +13,7 @@ use ringmaster_proto::{
 use tokio::time::{Duration, Instant};
 
 use super::pending::agent_feasible;
-use super::state::{MasterState, OfferRecord, TaskKey, TaskRecord};
+use super::state::{FrameworkRecord, MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
 use ringmaster_core::placement::fragmentation::{DeviceFragmentScore, TaskShape};
 use ringmaster_core::placement::FrameworkKey;
@@ -39,13 +39,7 @@ impl MasterState {
             .filter(|f| f.conn.is_some() && !f.suppressed && f.demand_count > 0)
             .filter_map(|f| {
                 // Outstanding offers already cover part of the demand.
-                let covered: u64 = f
-                    .offers
-                    .iter()
-                    .filter_map(|id| self.offers.get(id))
-                    .map(|o| o.resources.copies_of(&f.demand))
-                    .sum();
-                let count = u64::from(f.demand_count).saturating_sub(covered) as u32;
+                let count = self.uncovered(f);
                 (count > 0).then(|| TieredRequest {
                     priority: self.demand_priority(f.key, &f.demand),
                     request: Request {
@@ -108,6 +102,15 @@ impl MasterState {
                 })
                 .collect()
         };
+        // Preemption checks the devices per device: the victims' bindings released on a copy of
+        // the agent's device state, the demand's request fitted there (docs/priorities.md).
+        let device_check = |agent: AgentKey, demand: &Resources, victims: &[&TaskKey]| {
+            let bindings = victims
+                .iter()
+                .filter_map(|key| tasks.get(*key))
+                .map(|t| &t.devices);
+            devices.fits_after_release(agent, demand, bindings)
+        };
         let cluster = &self.cluster;
         let fragment_growth = target.as_ref().map(|target| {
             let cpu_free = devices
@@ -127,6 +130,7 @@ impl MasterState {
             feasible: &feasible,
             waiting: &waiting,
             running: &running,
+            devices: &device_check,
         };
         let outcome = run_cycle(
             &mut self.cluster,
@@ -252,6 +256,28 @@ impl MasterState {
             fw.offers.insert(offer_id);
         }
         offer
+    }
+
+    /// Copies of one offer's resources that hold `demand`: its scalars' count, but for a GPU
+    /// demand no more than the agent's devices hold (the summed scalars cannot tell two
+    /// half-used GPUs from a free one, docs/devices.md).
+    pub(crate) fn offer_copies(&self, offer: &OfferRecord, demand: &Resources) -> u64 {
+        let scalars = offer.resources.copies_of(demand);
+        match self.agents.get(&offer.agent).and_then(|a| a.key) {
+            Some(key) => self.devices.copies_of(key, demand, scalars),
+            None => scalars,
+        }
+    }
+
+    /// The framework's demand copies its outstanding offers do not cover.
+    pub(crate) fn uncovered(&self, f: &FrameworkRecord) -> u32 {
+        let covered: u64 = f
+            .offers
+            .iter()
+            .filter_map(|id| self.offers.get(id))
+            .map(|o| self.offer_copies(o, &f.demand))
+            .fold(0, u64::saturating_add);
+        u64::from(f.demand_count).saturating_sub(covered) as u32
     }
 
     /// The priority a framework's next task would get now (its user's, within quota).

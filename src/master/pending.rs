@@ -129,13 +129,7 @@ impl MasterState {
             if f.conn.is_none() || f.suppressed || f.demand_count == 0 || f.demand.is_empty() {
                 continue;
             }
-            let covered: u64 = f
-                .offers
-                .iter()
-                .filter_map(|id| self.offers.get(id))
-                .map(|o| o.resources.copies_of(&f.demand))
-                .sum();
-            let count = u64::from(f.demand_count).saturating_sub(covered) as u32;
+            let count = self.uncovered(f);
             if count == 0 {
                 continue;
             }

@@ -3,11 +3,13 @@
 //! Frameworks with outstanding requests sit in a `BTreeSet` keyed by their DRF position
 //! (share, allocations, registration), so each decision costs O(log frameworks) plus one
 //! placement, never a walk over all frameworks. Resources only leave agents during a step, so a
-//! request that fits nowhere cannot fit later in the same step and is dropped for the step.
+//! request that fits nowhere cannot fit later in the same step and is not tried again in it; it
+//! stays in the placement context's pending set, where it counts as blocked (SPEC seed 000).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::drf::SortKey;
+use super::placers::fitting_agents;
 use super::{AgentKey, Cluster, Decision, DrfSorter, FrameworkKey, PlacementContext, Resources};
 
 /// Outstanding demand: `count` more copies of `demand` for `framework`.
@@ -75,8 +77,9 @@ pub fn allocate(
 
 /// [`allocate`] with a [`PlacementContext`] (placer settings), whose pending set this step keeps
 /// up to date: at the start every request's remaining copies; a served copy leaves it, and so
-/// does a request the step gives up on (nothing fit, or the placer declined it), until the next
-/// step.
+/// does a request the placer declined although an eligible agent had room, until the next step.
+/// A request no eligible agent has room for stays in it: it is what the balance weights count as
+/// blocked (SPEC seed 000: `r_i`, pending demands no agent can satisfy because of dimension i).
 pub fn allocate_in(
     cluster: &mut Cluster,
     drf: &mut DrfSorter,
@@ -91,6 +94,19 @@ pub fn allocate_in(
             .filter(|r| r.count > 0)
             .map(|r| (&r.demand, u64::from(r.count))),
     );
+    allocate_pending(cluster, drf, requests, grant, eligible, context)
+}
+
+/// [`allocate_in`] on a context whose pending set the caller already filled (with these
+/// requests' remaining copies among others, e.g. every priority tier's of a cycle).
+pub(crate) fn allocate_pending(
+    cluster: &mut Cluster,
+    drf: &mut DrfSorter,
+    requests: &mut [Request],
+    grant: Grant,
+    eligible: &dyn Fn(FrameworkKey, AgentKey) -> bool,
+    context: &mut PlacementContext,
+) -> Vec<Allocation> {
     // The cluster total does not change during a step (only free amounts do).
     let total = cluster.total().clone();
     let mut by_framework: BTreeMap<FrameworkKey, Vec<usize>> = BTreeMap::new();
@@ -130,10 +146,13 @@ pub fn allocate_in(
                 *at += 1;
                 continue;
             }
-            let Some(decision) =
-                cluster.place_in(&req.demand, &|agent| eligible(fw, agent), context)
-            else {
-                context.remove_pending(&req.demand, u64::from(req.count));
+            let fits = |agent| eligible(fw, agent);
+            let Some(decision) = cluster.place_in(&req.demand, &fits, context) else {
+                // Declined although an agent had room: given up for this step. Room on no
+                // agent: still pending, and blocked (the balance weights count it).
+                if fitting_agents(cluster, &req.demand, &fits).next().is_some() {
+                    context.remove_pending(&req.demand, u64::from(req.count));
+                }
                 *at += 1;
                 continue;
             };
@@ -290,6 +309,66 @@ mod tests {
             [3, 0, 1, 1]
         );
         assert!(cluster.free().is_empty());
+    }
+
+    /// SPEC seed 000: a demand no agent has room for stays pending and blocks its dimension, so
+    /// the balance weights the next placement sees (and the context after the step) count it.
+    #[test]
+    fn a_demand_that_fits_nowhere_stays_pending_and_raises_its_weight() {
+        use crate::placement::BalanceSettings;
+        let round4 = |x: f64| (x * 10_000.0).round() / 10_000.0;
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Balance);
+        cluster.add_agent(r("cpus:4;mem:4000"));
+        let mut drf = DrfSorter::new();
+        drf.add(1, 1.0);
+        drf.add(2, 1.0);
+        // Framework 1 (served first: registration order) asks for more cpus than any agent has.
+        let mut requests = [
+            Request {
+                framework: 1,
+                demand: r("cpus:8;mem:100"),
+                count: 2,
+            },
+            Request {
+                framework: 2,
+                demand: r("cpus:1;mem:100"),
+                count: 1,
+            },
+        ];
+        let mut context = PlacementContext::new(BalanceSettings::default());
+        let out = allocate_in(
+            &mut cluster,
+            &mut drf,
+            &mut requests,
+            Grant::Demand,
+            &|_, _| true,
+            &mut context,
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].framework, 2);
+        // Weights (cpus, mem): w0 (1/2, 1/2); w1 the chart of r = (2, 0): (3/4, 1/4); w2 the
+        // chart of utilisation (0, 0): (1/2, 1/2) → (7/12, 5/12).
+        let seen: Vec<f64> = out[0]
+            .decision
+            .balance()
+            .unwrap()
+            .weights
+            .iter()
+            .map(|w| round4(*w))
+            .collect();
+        assert_eq!(seen, [0.5833, 0.4167]);
+        assert_eq!(
+            context.blocked_counts(&cluster),
+            [("cpus".to_string(), 2), ("mem".to_string(), 0)]
+        );
+        assert_eq!(requests[0].count, 2);
+        // After the step (utilisation cpus 1/4, mem 1/40): w2 (3/4, 1/4) → (2/3, 1/3).
+        let after: Vec<f64> = context
+            .weights(&cluster)
+            .iter()
+            .map(|(_, w)| round4(*w))
+            .collect();
+        assert_eq!(after, [0.6667, 0.3333]);
     }
 
     #[test]

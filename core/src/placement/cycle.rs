@@ -1,6 +1,6 @@
 //! One allocation cycle, as the master runs it and the dry-run replays it.
 //!
-//! Priority tiers, highest first → DRF order within each tier ([`allocate_in`]) → feasibility
+//! Priority tiers, highest first → DRF order within each tier ([`super::allocate_in`]) → feasibility
 //! (the caller's [`Filter`] verdict per agent) → place → preempt ([`plan_preemption`]) → an
 //! [`Outcome`]: the grants, the preemptions to carry out, and every demand left unserved with
 //! its reason.
@@ -19,9 +19,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
-use super::allocation::{allocate_in, Allocation, Grant, Request};
+use super::allocation::{allocate_pending, Allocation, Grant, Request};
 use super::feasible::Filter;
-use super::priority::{plan_preemption, PreemptionPlan, Priority, RunningTask};
+use super::priority::{plan_preemption_with, DeviceCheck, PreemptionPlan, Priority, RunningTask};
 use super::{AgentKey, Cluster, DrfSorter, FrameworkKey, PlacementContext, Resources};
 
 /// What a cycle needs besides the cluster, the DRF sorter and the requests.
@@ -39,6 +39,11 @@ pub struct CycleInput<'a, T> {
     /// The running tasks preemption may evict; called at most once per cycle, and only when an
     /// unserved demand above base may preempt.
     pub running: &'a dyn Fn() -> Vec<RunningTask<T>>,
+    /// Does a demand fit an agent's devices once these victims' device bindings are released?
+    /// Preemption plans are checked per device with it (summed GPU counters cannot tell two
+    /// half-used GPUs from a free one); a caller without devices passes
+    /// [`super::priority::no_devices`].
+    pub devices: DeviceCheck<'a, T>,
 }
 
 /// A request and the priority its next task would run at (its tier).
@@ -131,13 +136,21 @@ pub fn run_cycle<T: Clone>(
         }
     }
     let eligible = |fw: FrameworkKey, agent: AgentKey| (input.feasible)(fw, agent).is_ok();
+    // Every tier's demands are pending while any tier is served: a lower tier's demand that
+    // fits no agent blocks its dimension for the balance weights too (SPEC seed 000).
+    context.set_pending(
+        requests
+            .iter()
+            .filter(|r| r.request.count > 0)
+            .map(|r| (&r.request.demand, u64::from(r.request.count))),
+    );
     let mut grants = Vec::new();
     for indices in tiers.values() {
         let mut tier: Vec<Request> = indices
             .iter()
             .map(|&i| requests[i].request.clone())
             .collect();
-        let served = allocate_in(cluster, drf, &mut tier, input.grant, &eligible, context);
+        let served = allocate_pending(cluster, drf, &mut tier, input.grant, &eligible, context);
         for (&i, r) in indices.iter().zip(&tier) {
             requests[i].request.count = r.count;
         }
@@ -165,9 +178,19 @@ pub fn run_cycle<T: Clone>(
                 UnservedReason::Waiting
             } else {
                 let running = running.get_or_insert_with(|| (input.running)());
-                let plan = plan_preemption(cluster, &r.demand, *priority, running, &|agent| {
-                    !claimed.contains(&agent) && eligible(fw, agent)
-                });
+                // The device rule is the plan's own check, with the victims' devices released.
+                let may_preempt_on = |agent: AgentKey| {
+                    !claimed.contains(&agent)
+                        && matches!((input.feasible)(fw, agent), Ok(()) | Err(Filter::Devices))
+                };
+                let plan = plan_preemption_with(
+                    cluster,
+                    &r.demand,
+                    *priority,
+                    running,
+                    &may_preempt_on,
+                    input.devices,
+                );
                 match plan {
                     Some(plan) if !plan.victims.is_empty() => {
                         claimed.insert(plan.agent);
@@ -212,7 +235,7 @@ pub fn run_cycle<T: Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::{PlacerKind, RingsConfig};
+    use crate::placement::{no_devices, PlacerKind, RingsConfig};
 
     fn r(text: &str) -> Resources {
         Resources::parse(text).unwrap()
@@ -288,6 +311,7 @@ mod tests {
             feasible,
             waiting,
             running: &|| running.clone(),
+            devices: &no_devices,
         };
         let mut context = PlacementContext::default();
         run_cycle(&mut s.cluster, &mut s.drf, requests, &input, &mut context)
@@ -401,6 +425,31 @@ mod tests {
         );
     }
 
+    /// A higher tier's demand that fits no agent stays pending while the lower tiers are
+    /// served: the balance weights a lower tier's placement sees count it as blocked.
+    #[test]
+    fn blocked_demands_of_every_tier_weigh_on_balance() {
+        let mut s = setup(&[], 2);
+        s.cluster = Cluster::new(RingsConfig::default(), PlacerKind::Balance);
+        s.cluster.add_agent(r("cpus:4;mem:4000"));
+        let mut requests = [
+            req(1, "cpus:8;mem:100", 1, 5),
+            req(2, "cpus:1;mem:100", 1, 0),
+        ];
+        let out = run(&mut s, &mut requests, &[], &|_, _| Ok(()), &|_| false);
+        assert_eq!(out.grants.len(), 1);
+        // (cpus, mem): w0 (1/2, 1/2), w1 of r = (1, 0): (3/4, 1/4), w2 (1/2, 1/2).
+        let weights: Vec<f64> = out.grants[0]
+            .decision
+            .balance()
+            .unwrap()
+            .weights
+            .iter()
+            .map(|w| (w * 1e4).round() / 1e4)
+            .collect();
+        assert_eq!(weights, [0.5833, 0.4167]);
+    }
+
     /// Infeasible agents are neither placed on nor preempted on.
     #[test]
     fn feasibility_applies_to_placement_and_preemption() {
@@ -430,6 +479,7 @@ mod tests {
             feasible: &|_, _| Ok(()),
             waiting: &|_| false,
             running: &|| panic!("no preemption needed"),
+            devices: &no_devices,
         };
         let out = run_cycle(
             &mut s.cluster,

@@ -102,6 +102,54 @@ impl DeviceBook {
         }
     }
 
+    /// [`fits`](DeviceBook::fits) as it would be once `released` (bindings of tasks on the
+    /// agent, e.g. preemption victims) were given back; the book itself is not changed.
+    pub fn fits_after_release<'b>(
+        &self,
+        agent: AgentKey,
+        demand: &Resources,
+        released: impl IntoIterator<Item = &'b DeviceBinding>,
+    ) -> bool {
+        let request = match DeviceRequest::from_scalars(demand, Vec::new()) {
+            Ok(None) => return true,
+            Ok(Some(request)) => request,
+            Err(_) => return false,
+        };
+        let Some(entry) = self.agents.get(&agent) else {
+            return matches!(request.demand, GpuDemand::Whole { .. });
+        };
+        let mut released = released.into_iter().filter(|b| !b.is_empty()).peekable();
+        if released.peek().is_none() {
+            return entry.fits(&request);
+        }
+        let mut state = entry.state.clone();
+        for binding in released {
+            state.release(binding);
+        }
+        state.fits(&request)
+    }
+
+    /// How many copies of `demand` the agent's devices hold now, at most `limit`: `limit` for a
+    /// demand without GPU scalars or whole GPUs on an agent without devices (the scalars
+    /// decide), 0 for an ambiguous demand or a slice on an agent without devices. An offer of
+    /// the agent covers no more copies of a GPU demand than this, whatever its summed scalars
+    /// say.
+    pub fn copies_of(&self, agent: AgentKey, demand: &Resources, limit: u64) -> u64 {
+        let request = match DeviceRequest::from_scalars(demand, Vec::new()) {
+            Ok(None) => return limit,
+            Ok(Some(request)) => request,
+            Err(_) => return 0,
+        };
+        match self.agents.get(&agent) {
+            Some(entry) => {
+                let limit32 = u32::try_from(limit).unwrap_or(u32::MAX);
+                u64::from(entry.state.copies_of(&request, limit32))
+            }
+            None if matches!(request.demand, GpuDemand::Whole { .. }) => limit,
+            None => 0,
+        }
+    }
+
     /// Chooses devices for `request` by `policy` and takes them; `None` when nothing fits.
     pub fn bind(
         &mut self,

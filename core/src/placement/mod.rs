@@ -77,8 +77,8 @@ pub use placers::node_preference::{LeastRequested, MostBalanced};
 pub use placers::ring::{RingPlacer, RingSearch, RingSearchError};
 pub use placers::{BalanceNote, Decision, Phase, Placer, PlacerNote};
 pub use priority::{
-    plan_preemption, task_priority, PreemptionPlan, Priority, PriorityConfig, QuotaLedger,
-    RunningTask, TaskPriority, UserGrant, DEFAULT_PARTITION,
+    no_devices, plan_preemption, plan_preemption_with, task_priority, DeviceCheck, PreemptionPlan,
+    Priority, PriorityConfig, QuotaLedger, RunningTask, TaskPriority, UserGrant, DEFAULT_PARTITION,
 };
 pub use ring_set::RingSet;
 pub use rings::{RingLayout, RingLayoutError, RingSpec, RingsConfig};

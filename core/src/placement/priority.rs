@@ -272,6 +272,19 @@ struct Cost {
     agent: AgentKey,
 }
 
+/// The device side of a preemption plan: does `demand` fit `agent`'s devices once the device
+/// bindings of `victims` (ids of running tasks there) are given back? True for a demand without
+/// GPU scalars; on an agent without a device list, whole GPUs are a plain scalar the resource
+/// check decides (true) and a GPU slice never fits. The master answers from its device book
+/// (simulating the release on a copy of the agent's [`DeviceState`](crate::devices::DeviceState));
+/// a caller without devices passes [`no_devices`].
+pub type DeviceCheck<'a, T> = &'a dyn Fn(AgentKey, &Resources, &[&T]) -> bool;
+
+/// The [`DeviceCheck`] of a caller that tracks no devices: the scalars decide.
+pub fn no_devices<T>(_: AgentKey, _: &Resources, _: &[&T]) -> bool {
+    true
+}
+
 /// Picks the agent and victims that let `demand` at `priority` run, or `None`.
 ///
 /// On every agent `eligible` accepts whose total can hold the demand, the candidates are the
@@ -281,13 +294,30 @@ struct Cost {
 /// victims, the lowest highest victim priority, the lowest sum of victim priorities, the latest
 /// earliest victim start, then the lowest agent key wins. An agent where the demand already fits
 /// needs no preemption: callers place there instead, so `None` is not returned for it but a
-/// plan with no victims.
+/// plan with no victims. Scalars only: see [`plan_preemption_with`] for devices.
 pub fn plan_preemption<T: Clone>(
     cluster: &Cluster,
     demand: &Resources,
     priority: Priority,
     running: &[RunningTask<T>],
     eligible: &dyn Fn(AgentKey) -> bool,
+) -> Option<PreemptionPlan<T>> {
+    plan_preemption_with(cluster, demand, priority, running, eligible, &no_devices)
+}
+
+/// [`plan_preemption`] where the demand must also fit per device: candidates are taken in the
+/// same order until the freed scalars contain the demand *and* `devices` says the agent's
+/// devices, with the victims' bindings released, hold it (summed GPU counters cannot tell two
+/// half-used GPUs from a free one). Victims taken only for the devices' sake are then pruned:
+/// latest-taken first, a victim whose release the rest do not need is kept running, so the plan
+/// is minimal (no victim can be spared) while still preferring low priority and late start.
+pub fn plan_preemption_with<T: Clone>(
+    cluster: &Cluster,
+    demand: &Resources,
+    priority: Priority,
+    running: &[RunningTask<T>],
+    eligible: &dyn Fn(AgentKey) -> bool,
+    devices: DeviceCheck<'_, T>,
 ) -> Option<PreemptionPlan<T>> {
     let mut by_agent: BTreeMap<AgentKey, Vec<&RunningTask<T>>> = BTreeMap::new();
     for task in running {
@@ -300,21 +330,56 @@ pub fn plan_preemption<T: Clone>(
         if !eligible(key) || !entry.total.contains(demand) {
             continue;
         }
+        let room_with = |victims: &[&RunningTask<T>]| {
+            let mut room = entry.free.clone();
+            for task in victims {
+                for (name, m) in task.resources.iter() {
+                    let sum = room.milli(name).saturating_add(m);
+                    room.set_milli(name, sum);
+                }
+            }
+            room
+        };
+        let devices_fit = |victims: &[&RunningTask<T>]| {
+            let ids: Vec<&T> = victims.iter().map(|t| &t.id).collect();
+            devices(key, demand, &ids)
+        };
         let mut room = entry.free.clone();
         let mut victims: Vec<&RunningTask<T>> = Vec::new();
+        // Victims taken while the scalars already fit: taken for the devices only.
+        let mut scalars_fit_at: Option<usize> = None;
         let mut candidates = by_agent.remove(&key).unwrap_or_default();
         candidates.sort_by(|a, b| a.priority.cmp(&b.priority).then(b.started.cmp(&a.started)));
         let mut candidates = candidates.into_iter();
-        while !room.contains(demand) {
-            let Some(task) = candidates.next() else { break };
+        let fits = loop {
+            if room.contains(demand) {
+                scalars_fit_at.get_or_insert(victims.len());
+                if devices_fit(&victims) {
+                    break true;
+                }
+            }
+            let Some(task) = candidates.next() else {
+                break false;
+            };
             for (name, m) in task.resources.iter() {
                 let sum = room.milli(name).saturating_add(m);
                 room.set_milli(name, sum);
             }
             victims.push(task);
-        }
-        if !room.contains(demand) {
+        };
+        if !fits {
             continue;
+        }
+        if scalars_fit_at.is_some_and(|at| at < victims.len()) {
+            let mut i = victims.len();
+            while i > 0 {
+                i -= 1;
+                let mut fewer = victims.clone();
+                fewer.remove(i);
+                if room_with(&fewer).contains(demand) && devices_fit(&fewer) {
+                    victims = fewer;
+                }
+            }
         }
         let cost = Cost {
             victims: victims.len(),
@@ -562,6 +627,51 @@ mod tests {
         let running = [task("b1", b, 3, 3, "cpus:4"), task("c1", c, 2, 1, "cpus:4")];
         let plan = plan_preemption(&cluster, &r("cpus:4"), 5, &running, &all).unwrap();
         assert_eq!(plan.victims, vec!["c1"]);
+    }
+
+    /// Whole GPUs on an agent whose two GPUs hold base-priority slices: the summed scalars say
+    /// the demand fits already (no victims), the devices say no GPU is free. Victims are taken
+    /// latest-started first until a device is free, then the ones not needed are spared.
+    #[test]
+    fn gpu_victims_free_a_device_and_no_more() {
+        use crate::devices::{parse_agent_resources, DeviceBinding};
+        use crate::placement::devices::DeviceBook;
+        let (total, devices) = parse_agent_resources("cpus:8;gpus:2x16384").unwrap();
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        let a = cluster.add_agent(total);
+        let mut book = DeviceBook::new();
+        book.set_agent(a, devices).unwrap();
+        // (id, started, binding): v1 and v3 share GPU 0, v2 has half of GPU 1.
+        let slices = [
+            ("v1", 3, "gpu:0:500:0"),
+            ("v2", 2, "gpu:1:500:0"),
+            ("v3", 1, "gpu:0:500:0"),
+        ];
+        let mut running = Vec::new();
+        let mut bindings = BTreeMap::new();
+        for (id, started, binding) in slices {
+            let binding = DeviceBinding::parse(binding).unwrap();
+            book.take(a, &binding).unwrap();
+            cluster.take(a, &r("cpus:1;gpu_milli:500")).unwrap();
+            running.push(task(id, a, 0, started, "cpus:1;gpu_milli:500"));
+            bindings.insert(id, binding);
+        }
+        let demand = r("cpus:1;gpus:1");
+        let all = |_: AgentKey| true;
+        let scalars_only = plan_preemption(&cluster, &demand, 5, &running, &all).unwrap();
+        assert!(scalars_only.victims.is_empty(), "the sums say it fits");
+        let check = |agent: AgentKey, demand: &Resources, victims: &[&&str]| {
+            book.fits_after_release(agent, demand, victims.iter().map(|id| &bindings[**id]))
+        };
+        // Taken: v1 (latest; GPU 0 still half used by v3), then v2 (GPU 1 free): fits. v1 is
+        // not needed once v2 goes, so it keeps running.
+        let plan = plan_preemption_with(&cluster, &demand, 5, &running, &all, &check).unwrap();
+        assert_eq!(plan.victims, vec!["v2"]);
+        // Two GPUs: every slice must go.
+        let plan = plan_preemption_with(&cluster, &r("gpus:2"), 5, &running, &all, &check).unwrap();
+        assert_eq!(plan.victims, vec!["v1", "v2", "v3"]);
+        // Slices at or above the demand's priority are no victims.
+        assert!(plan_preemption_with(&cluster, &demand, 0, &running, &all, &check).is_none());
     }
 
     #[test]

@@ -201,3 +201,138 @@ fn the_freed_agent_is_held_for_the_preemptor_for_offer_timeout_only() {
     let offers = h.expect_offers(&carol);
     assert_eq!(offers[0].agent_id, "a1");
 }
+
+/// Priorities on GPUs: a whole-GPU demand above base on an agent whose two GPUs each hold a
+/// base-priority slice (`gpu_milli:500`). The summed counters still say "gpu_milli 1000 free"
+/// (and no task holds a `gpus` scalar), so only the device book can tell that no GPU is free and
+/// which victim frees one. The plan evicts exactly one slice (the one started last) and the
+/// demand stays in /state's pending list, with its reason, until it is placed.
+#[test]
+fn a_whole_gpu_demand_preempts_the_slices_that_free_a_device() {
+    let mut h = Harness::from_yaml(
+        "priorities:\n  users:\n    alice: { default: { priority: 10, quota: \"gpus:2\" } }\nmaster:\n  agent_timeout: 1h\n",
+    );
+    let (total, devices) =
+        ringmaster_proto::devices::parse_agent_resources("cpus:8;mem:4096;gpus:2x16384").unwrap();
+    let agent = h.agent_with(ringmaster_proto::RegisterAgent {
+        devices: devices.iter().map(Into::into).collect(),
+        ..super::super::harness::register("g1", &total.to_string())
+    });
+    let bob = h.framework("bob");
+    // least-used (the default selection) spreads the slices: one per GPU.
+    running(&mut h, &bob, agent, "s1", "cpus:1;mem:128;gpu_milli:500");
+    running(&mut h, &bob, agent, "s2", "cpus:1;mem:128;gpu_milli:500");
+    let bound: Vec<String> = ["s1", "s2"]
+        .iter()
+        .map(|t| {
+            h.state.tasks[&(bob.id.clone(), t.to_string())]
+                .devices
+                .to_string()
+        })
+        .collect();
+    assert_eq!(bound, ["gpu:0:500:0", "gpu:1:500:0"]);
+    let alice = h.framework("alice");
+    h.demand(&alice, "cpus:1;mem:128;gpus:1", 1);
+    h.settle();
+    assert_eq!(
+        h.messages(agent),
+        vec![Message::KillTask(KillTask {
+            task_id: "s2".into(),
+            framework_id: bob.id.clone(),
+            reason: "preempted".into(),
+        })]
+    );
+    h.expect_nothing(alice.conn);
+    let pending = h.snapshot().pending;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].framework, alice.id);
+    assert!(
+        pending[0]
+            .why
+            .ends_with("waiting for preempted tasks to end on agent g1"),
+        "{}",
+        pending[0].why
+    );
+    // Still pending on later runs while the victim ends.
+    h.advance_and_tick(Duration::from_secs(1));
+    h.settle();
+    h.expect_nothing(agent);
+    assert_eq!(h.snapshot().pending.len(), 1);
+    // The victim ends: its device comes back and the held agent is offered to alice.
+    h.status(agent, &bob, "s2", TaskState::TaskKilled);
+    h.sent(bob.conn);
+    h.settle();
+    let offers = h.expect_offers(&alice);
+    assert_eq!(offers[0].agent_id, "g1");
+    assert!(h.snapshot().pending.is_empty());
+    assert_eq!(
+        h.task_state(&bob, "s1"),
+        Some(TaskState::TaskRunning),
+        "one victim was enough"
+    );
+}
+
+/// Without lower-priority slices to evict, a whole-GPU demand above base that no device can
+/// hold stays pending with its reason across allocation runs.
+#[test]
+fn an_unplaceable_gpu_demand_stays_pending_with_its_reason() {
+    let mut h = Harness::from_yaml(
+        "priorities:\n  users:\n    alice: { default: { priority: 10, quota: \"gpus:2\" } }\n    carol: { default: { priority: 20, quota: \"gpus:2\" } }\nmaster:\n  agent_timeout: 1h\n",
+    );
+    let (total, devices) =
+        ringmaster_proto::devices::parse_agent_resources("cpus:8;mem:4096;gpus:2x16384").unwrap();
+    let agent = h.agent_with(ringmaster_proto::RegisterAgent {
+        devices: devices.iter().map(Into::into).collect(),
+        ..super::super::harness::register("g1", &total.to_string())
+    });
+    let carol = h.framework("carol");
+    running(&mut h, &carol, agent, "c1", "cpus:1;mem:128;gpu_milli:500");
+    running(&mut h, &carol, agent, "c2", "cpus:1;mem:128;gpu_milli:500");
+    let alice = h.framework("alice");
+    h.demand(&alice, "cpus:1;mem:128;gpus:1", 1);
+    for _ in 0..3 {
+        h.settle();
+        h.expect_nothing(agent);
+        h.expect_nothing(alice.conn);
+        let pending = h.snapshot().pending;
+        assert_eq!(pending.len(), 1, "{pending:?}");
+        assert_eq!(pending[0].framework, alice.id);
+        assert!(
+            pending[0]
+                .why
+                .ends_with("no lower-priority victims on any agent"),
+            "{}",
+            pending[0].why
+        );
+        h.advance_and_tick(Duration::from_secs(1));
+    }
+}
+
+/// An offer covers only as many copies of a GPU demand as the agent's devices hold: with one
+/// of two GPUs free, an offer of the agent covers one `gpus:1` copy even though its summed
+/// scalars say `gpus:2`, so the other copy stays in /state's pending list.
+#[test]
+fn an_offer_covers_only_the_gpu_copies_its_devices_hold() {
+    let mut h = Harness::from_yaml(
+        "priorities:\n  users:\n    alice: { default: { priority: 10, quota: \"gpus:2\" } }\nmaster:\n  agent_timeout: 1h\n",
+    );
+    let (total, devices) =
+        ringmaster_proto::devices::parse_agent_resources("cpus:8;mem:4096;gpus:2x16384").unwrap();
+    let agent = h.agent_with(ringmaster_proto::RegisterAgent {
+        devices: devices.iter().map(Into::into).collect(),
+        ..super::super::harness::register("g1", &total.to_string())
+    });
+    let bob = h.framework("bob");
+    running(&mut h, &bob, agent, "s1", "cpus:1;mem:128;gpu_milli:500");
+    let alice = h.framework("alice");
+    h.demand(&alice, "cpus:1;mem:128;gpus:1", 2);
+    h.settle();
+    let offers = h.expect_offers(&alice);
+    assert_eq!(offers.len(), 1);
+    let pending = h.snapshot().pending;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(
+        (pending[0].framework.as_str(), pending[0].count),
+        (alice.id.as_str(), 1)
+    );
+}
