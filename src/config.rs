@@ -403,7 +403,13 @@ pub struct LimitsConfig {
     /// Authenticate where `auth.required`); `master.max_frame_bytes` applies from the role
     /// message on.
     pub max_handshake_frame_bytes: usize,
+    /// Pending TCP connections the kernel queues on the protocol port before the master accepts
+    /// them (the `listen(2)` backlog; the kernel caps it at `net.core.somaxconn`).
+    pub listen_backlog: u32,
 }
+
+/// Allowed range of `limits.listen_backlog`.
+pub const LISTEN_BACKLOG_RANGE: std::ops::RangeInclusive<u64> = 16..=65_535;
 
 /// Allowed range of `limits.max_connections`.
 pub const MAX_CONNECTIONS_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000;
@@ -420,6 +426,8 @@ impl Default for LimitsConfig {
             outbound_queue: 65_536,
             max_connections: 10_000,
             max_handshake_frame_bytes: 64 * 1024,
+            // 128 (the old default) overflowed while 10,000 agents registered at once.
+            listen_backlog: 4096,
         }
     }
 }
@@ -433,6 +441,7 @@ struct RawLimits {
     outbound_queue: Option<serde_yaml::Value>,
     max_connections: Option<serde_yaml::Value>,
     max_handshake_frame_bytes: Option<serde_yaml::Value>,
+    listen_backlog: Option<serde_yaml::Value>,
 }
 
 /// Reads a `limits:` section: every value a whole number of at least 1, the connection cap and
@@ -489,6 +498,9 @@ fn apply_limits(
     if let Some(v) = &raw.max_handshake_frame_bytes {
         out.max_handshake_frame_bytes =
             in_range("max_handshake_frame_bytes", v, &MAX_HANDSHAKE_FRAME_RANGE)?;
+    }
+    if let Some(v) = &raw.listen_backlog {
+        out.listen_backlog = in_range("listen_backlog", v, &LISTEN_BACKLOG_RANGE)? as u32;
     }
     Ok(())
 }
@@ -1260,6 +1272,16 @@ matching: { a: 0.7, d: -1 }
         assert_eq!(config.limits.max_connections, 3);
         assert_eq!(config.limits.max_handshake_frame_bytes, 4096);
         assert_eq!(LimitsConfig::default().max_connections, 10_000);
+        assert!(LimitsConfig::default().listen_backlog >= 1024);
+        let backlog = Config::from_yaml("limits:\n  listen_backlog: 2048\n", "c.yaml").unwrap();
+        assert_eq!(backlog.limits.listen_backlog, 2048);
+        let err = Config::from_yaml("limits:\n  listen_backlog: 1\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "c.yaml:2: limits.listen_backlog: 1 is out of range: allowed 16 to 65535"
+        );
         assert_eq!(LimitsConfig::default().max_handshake_frame_bytes, 65_536);
         for (text, want) in [
             (

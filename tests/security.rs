@@ -463,8 +463,14 @@ async fn authentication_failures_close_the_connection_and_are_counted() {
     p.send(Message::Authenticate(replay)).await;
     p.expect_closed_with(ErrorCode::AuthenticationFailed).await;
 
+    // Something other than Authenticate or a registration, without a credential.
+    let mut p = Peer::hello(addr, None).await;
+    p.send(Message::Ping(ringmaster_proto::Ping { nonce: 7 }))
+        .await;
+    p.expect_closed_with(ErrorCode::NotRegistered).await;
+
     for (reason, count) in [
-        ("missing", 1),
+        ("missing", 2),
         ("bad_secret", 2),
         ("unknown_principal", 1),
         ("role_not_allowed", 2),

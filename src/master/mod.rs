@@ -148,7 +148,7 @@ impl Master {
             .as_ref()
             .map(|files| files.acceptor())
             .transpose()?;
-        let listener = TcpListener::bind(listen)
+        let listener = bind_with_backlog(listen, config.limits.listen_backlog)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
         let addr = listener.local_addr()?;
@@ -260,4 +260,25 @@ impl Master {
     pub async fn wait(self) {
         let _ = self.join.await;
     }
+}
+
+/// Binds `listen` (the first address it resolves to) with a `listen(2)` backlog of `backlog`
+/// (`limits.listen_backlog`): the default of `TcpListener::bind`, 128, overflows when thousands
+/// of agents connect at once after a master restart.
+async fn bind_with_backlog(listen: &str, backlog: u32) -> std::io::Result<TcpListener> {
+    let addr = tokio::net::lookup_host(listen)
+        .await?
+        .next()
+        .ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")
+        })?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As TcpListener::bind does: a restarted master may rebind while old connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }

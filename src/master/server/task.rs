@@ -502,6 +502,11 @@ where
         Ok(Some(other)) => {
             metrics.message_received(other.kind());
             metrics.frame_rejected(Rejection::UnexpectedMessage);
+            if authenticated.is_none() && auth.required {
+                // Refused without the credential this master requires: counted by reason like
+                // every other authentication refusal.
+                metrics.auth_failed("missing");
+            }
             let what = if authenticated.is_some() {
                 "after Authenticated"
             } else {
