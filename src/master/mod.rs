@@ -50,6 +50,7 @@
 //! `pending.rs` has merged).
 
 mod agents;
+mod allocator;
 mod batch;
 mod durability;
 mod events;
