@@ -337,3 +337,218 @@ impl Allocator {
         self.framework_by_key.get(&key).map(String::as_str)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmaster_core::placement::Request;
+    use ringmaster_proto::devices::{parse_agent_resources, DeviceRequest};
+
+    fn res(text: &str) -> Resources {
+        Resources::parse(text).unwrap()
+    }
+
+    fn allocator() -> Allocator {
+        Allocator::new(&Config::default())
+    }
+
+    /// An allocator with agent `a1` (two 16 GiB GPUs) and framework `f1`.
+    fn with_gpu_agent() -> (Allocator, AgentKey, FrameworkKey) {
+        let mut alloc = allocator();
+        let (total, devices) = parse_agent_resources("cpus:8;mem:4096;gpus:2x16384").unwrap();
+        let (agent, refused) = alloc.add_agent("a1", total, devices);
+        refused.unwrap();
+        let fw = alloc.add_framework("f1", 1.0);
+        (alloc, agent, fw)
+    }
+
+    fn allocation(alloc: &Allocator, fw: FrameworkKey) -> Resources {
+        alloc.drf().allocation(fw).cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn holding_then_releasing_a_task_restores_free_share_and_devices() {
+        let (mut alloc, agent, fw) = with_gpu_agent();
+        let free = alloc.cluster().agent(agent).unwrap().free.clone();
+        let cluster_free = alloc.cluster().free().clone();
+        let devices = alloc.devices().state(agent).unwrap().clone();
+        let resources = res("cpus:1;mem:128;gpu_milli:500");
+        let request = DeviceRequest::from_scalars(&resources, Vec::new())
+            .unwrap()
+            .unwrap();
+        let binding = devices
+            .select(&request, Config::default().devices.selection)
+            .unwrap();
+
+        let problems = alloc.hold(agent, Some(fw), &resources, Some(&binding));
+        assert!(problems.clamped.is_none() && problems.devices.is_none());
+        assert_eq!(
+            alloc.cluster().agent(agent).unwrap().free,
+            free.saturating_sub(&resources)
+        );
+        assert_eq!(allocation(&alloc, fw), resources);
+        assert!(alloc.drf().share(fw, alloc.cluster().total()) > 0.0);
+        assert_ne!(alloc.devices().state(agent).unwrap(), &devices);
+
+        alloc.release(Some(agent), Some(fw), &resources, &binding);
+        assert_eq!(alloc.cluster().agent(agent).unwrap().free, free);
+        assert_eq!(alloc.cluster().free(), &cluster_free);
+        assert!(allocation(&alloc, fw).is_empty());
+        assert_eq!(alloc.drf().share(fw, alloc.cluster().total()), 0.0);
+        assert_eq!(alloc.devices().state(agent).unwrap(), &devices);
+    }
+
+    #[test]
+    fn a_hold_beyond_the_agents_free_clamps_it_to_zero() {
+        let mut alloc = allocator();
+        let (agent, _) = alloc.add_agent("a1", res("cpus:2;mem:1024"), Vec::new());
+        let fw = alloc.add_framework("f1", 1.0);
+        let problems = alloc.hold(agent, Some(fw), &res("cpus:4;mem:512"), None);
+        assert!(problems.clamped.is_some());
+        assert!(alloc.cluster().agent(agent).unwrap().free.is_empty());
+        assert!(alloc.cluster().free().is_empty());
+    }
+
+    #[test]
+    fn a_hold_of_a_gone_framework_touches_only_the_agent() {
+        let mut alloc = allocator();
+        let (agent, _) = alloc.add_agent("a1", res("cpus:2;mem:1024"), Vec::new());
+        let resources = res("cpus:1;mem:256");
+        alloc.hold(agent, None, &resources, None);
+        assert_eq!(alloc.cluster().free(), &res("cpus:1;mem:768"));
+        alloc.release(Some(agent), None, &resources, &DeviceBinding::default());
+        assert_eq!(alloc.cluster().free(), &res("cpus:2;mem:1024"));
+    }
+
+    #[test]
+    fn removing_an_agent_drops_it_from_every_book() {
+        let (mut alloc, agent, _) = with_gpu_agent();
+        assert_eq!(alloc.agent_id(agent), Some("a1"));
+        assert!(alloc.devices().state(agent).is_some());
+        alloc.remove_agent(agent);
+        assert!(alloc.cluster().agent(agent).is_none());
+        assert!(alloc.devices().state(agent).is_none());
+        assert_eq!(alloc.devices().agents().count(), 0);
+        assert_eq!(alloc.agent_id(agent), None);
+        assert!(alloc.cluster().total().is_empty());
+        assert!(alloc.cluster().free().is_empty());
+    }
+
+    #[test]
+    fn an_agent_whose_devices_are_refused_is_still_admitted_without_devices() {
+        let mut alloc = allocator();
+        let bad = vec![
+            Device {
+                index: 0,
+                model: "V100M16".into(),
+                memory_mib: 16384,
+            };
+            2
+        ];
+        let (agent, refused) = alloc.add_agent("a1", res("cpus:2;mem:1024"), bad);
+        assert!(refused.is_err());
+        assert_eq!(alloc.agent_id(agent), Some("a1"));
+        assert!(alloc.cluster().agent(agent).is_some());
+        assert!(alloc.devices().state(agent).is_none());
+    }
+
+    #[test]
+    fn an_offer_taken_then_returned_restores_the_cluster_and_drf() {
+        let mut alloc = allocator();
+        let (agent, _) = alloc.add_agent("a1", res("cpus:4;mem:2048"), Vec::new());
+        let fw = alloc.add_framework("f1", 1.0);
+        let offered = res("cpus:3;mem:1024");
+        alloc.offer_taken(agent, fw, &offered).unwrap();
+        assert_eq!(alloc.cluster().free(), &res("cpus:1;mem:1024"));
+        assert_eq!(allocation(&alloc, fw), offered);
+        // Too much: neither book moves.
+        assert!(alloc.offer_taken(agent, fw, &res("cpus:2")).is_err());
+        assert_eq!(alloc.cluster().free(), &res("cpus:1;mem:1024"));
+        assert_eq!(allocation(&alloc, fw), offered);
+        alloc.offer_returned(Some(agent), Some(fw), &offered);
+        assert_eq!(alloc.cluster().free(), &res("cpus:4;mem:2048"));
+        assert!(allocation(&alloc, fw).is_empty());
+    }
+
+    #[test]
+    fn frameworks_get_fresh_keys_and_leave_drf_with_their_key() {
+        let mut alloc = allocator();
+        let a = alloc.add_framework("fa", 1.0);
+        let b = alloc.add_framework("fb", 2.0);
+        assert_ne!(a, b);
+        assert_eq!(alloc.framework_id(a), Some("fa"));
+        assert_eq!(alloc.drf().weight(b), Some(2.0));
+        alloc.set_weight(b, 3.0);
+        assert_eq!(alloc.drf().weight(b), Some(3.0));
+        alloc.suppress(a);
+        assert!(alloc.drf().is_suppressed(a));
+        alloc.revive(a);
+        assert!(!alloc.drf().is_suppressed(a));
+        alloc.remove_framework(a);
+        assert!(!alloc.drf().contains(a));
+        assert_eq!(alloc.framework_id(a), None);
+        // Keys are never reused.
+        let c = alloc.add_framework("fa", 1.0);
+        assert!(c != a && c != b);
+    }
+
+    #[test]
+    fn quota_starts_and_ends_in_the_ledger() {
+        let mut alloc = allocator();
+        let r = res("cpus:2;mem:512");
+        alloc.start_quota("alice", "default", &r);
+        assert_eq!(alloc.ledger().used("alice", "default"), r);
+        alloc.end_quota("alice", "default", &r);
+        assert!(alloc.ledger().used("alice", "default").is_empty());
+    }
+
+    fn request(fw: FrameworkKey, demand: &str) -> TieredRequest {
+        TieredRequest {
+            priority: Config::default().priorities.base(),
+            request: Request {
+                framework: fw,
+                demand: res(demand),
+                count: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn a_run_grants_a_feasible_agent_and_books_the_grant() {
+        let mut alloc = allocator();
+        let (a1, _) = alloc.add_agent("a1", res("cpus:4;mem:2048"), Vec::new());
+        let (a2, _) = alloc.add_agent("a2", res("cpus:4;mem:2048"), Vec::new());
+        let fw = alloc.add_framework("f1", 1.0);
+        let asked = std::cell::RefCell::new(Vec::new());
+        // Only a2 is allowed; the facts see the master's ids.
+        let feasible = |f: &str, agent: Option<&str>, _: &dyn Fn(&Resources) -> bool| {
+            asked
+                .borrow_mut()
+                .push((f.to_string(), agent.map(str::to_string)));
+            match agent {
+                Some("a2") => Ok(()),
+                _ => Err(Filter::Disconnected),
+            }
+        };
+        let facts = CycleFacts::<u32> {
+            feasible: &feasible,
+            waiting: &|_| false,
+            running: &Vec::new,
+            binding: &|_| None,
+        };
+        let mut requests = vec![request(fw, "cpus:1;mem:128")];
+        let outcome = alloc.run(&mut requests, &Config::default(), &facts);
+        assert_eq!(outcome.grants.len(), 1);
+        let grant = &outcome.grants[0];
+        assert_eq!((grant.framework, grant.agent), (fw, a2));
+        assert!(asked.borrow().iter().all(|(f, _)| f == "f1"));
+        // Whole-agent grants: a2's free is all taken and on f1's allocation.
+        assert!(alloc.cluster().agent(a2).unwrap().free.is_empty());
+        assert_eq!(
+            alloc.cluster().agent(a1).unwrap().free,
+            res("cpus:4;mem:2048")
+        );
+        assert_eq!(allocation(&alloc, fw), res("cpus:4;mem:2048"));
+        assert_eq!(grant.resources, res("cpus:4;mem:2048"));
+    }
+}
