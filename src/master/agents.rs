@@ -94,17 +94,14 @@ impl MasterState {
                 self.release_task_resources(&task_key);
             }
             if let Some(key) = self.agents.get_mut(&id).and_then(|a| a.key.take()) {
-                self.cluster.remove_agent(key);
-                self.devices.remove_agent(key);
-                self.agent_by_key.remove(&key);
+                self.alloc.remove_agent(key);
             }
         }
-        let key = self.cluster.add_agent(total.clone());
-        if let Err(e) = self.devices.set_agent(key, devices) {
+        let (key, devices) = self.alloc.add_agent(&id, total.clone(), devices);
+        if let Err(e) = devices {
             // Checked by devices_from_wire above; keep the agent without devices.
             tracing::error!(agent = %id, error = %e, "agent devices refused");
         }
-        self.agent_by_key.insert(key, id.clone());
         let record = self
             .agents
             .entry(id.clone())
@@ -215,7 +212,7 @@ impl MasterState {
                 task.terminal_unacked = false;
                 if task.at_user_priority {
                     let (user, partition) = (task.user.clone(), task.partition.clone());
-                    self.ledger.start(&user, &partition, &resources);
+                    self.alloc.start_quota(&user, &partition, &resources);
                 }
                 if let Some(fw) = self.frameworks.get_mut(&task_key.0) {
                     fw.tasks.insert(task_key.1.clone());
@@ -453,9 +450,7 @@ impl MasterState {
             agent.reregister_by = None;
             let conn = agent.conn.take();
             if let Some(key) = agent.key.take() {
-                self.cluster.remove_agent(key);
-                self.devices.remove_agent(key);
-                self.agent_by_key.remove(&key);
+                self.alloc.remove_agent(key);
             }
             // A half-open connection: make the agent reconnect and re-register.
             if let Some(conn) = conn {

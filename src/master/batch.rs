@@ -54,7 +54,7 @@ impl MasterState {
         usable.sort_unstable();
         let mut agents = Vec::with_capacity(usable.len());
         for (id, key) in &usable {
-            let Some(entry) = self.cluster.agent(*key) else {
+            let Some(entry) = self.alloc.cluster().agent(*key) else {
                 continue;
             };
             let (profile, problems) = AgentProfile::from_attributes(&self.agents[*id].attributes);
@@ -94,11 +94,10 @@ impl MasterState {
                 // Within the agent's free resources (the matcher never over-commits), so no overflow.
                 sum = sum.checked_add(&tasks[t].resources).unwrap_or(sum);
             }
-            if let Err(e) = self.cluster.take(keys[a], &sum) {
+            if let Err(e) = self.alloc.offer_taken(keys[a], fw_key, &sum) {
                 tracing::error!(agent = %agents[a].id, error = %e, "batch offer refused by the cluster books; tasks left unmatched");
                 continue;
             }
-            self.drf.allocated(fw_key, &sum);
             let agent_id = agents[a].id.clone();
             let suggested: Vec<TaskInfo> = task_indices
                 .iter()

@@ -154,15 +154,12 @@ impl MasterState {
         for f in recovered.frameworks {
             self.owners
                 .restore(&Peer::Framework(f.id.clone()), &f.principal);
-            let key = self.next_framework_key;
-            self.next_framework_key += 1;
             let weight = if f.weight.is_finite() && f.weight > 0.0 {
                 f.weight
             } else {
                 1.0
             };
-            self.drf.add(key, weight);
-            self.framework_by_key.insert(key, f.id.clone());
+            let key = self.alloc.add_framework(&f.id, weight);
             let failover_timeout =
                 Duration::try_from_secs_f64(f.failover_timeout_secs).unwrap_or(Duration::ZERO);
             self.frameworks.insert(
@@ -269,7 +266,7 @@ impl MasterState {
                 continue;
             }
             if t.at_user_priority {
-                self.ledger.start(&t.user, &t.partition, &resources);
+                self.alloc.start_quota(&t.user, &t.partition, &resources);
             }
             if let Some(fw) = self.frameworks.get_mut(&t.framework_id) {
                 fw.tasks.insert(t.task_id.clone());

@@ -95,15 +95,12 @@ impl MasterState {
                 if fw.weight != weight {
                     fw.weight = weight;
                     let key = fw.key;
-                    self.drf.set_weight(key, weight);
+                    self.alloc.set_weight(key, weight);
                 }
                 true
             }
             None => {
-                let key = self.next_framework_key;
-                self.next_framework_key += 1;
-                self.drf.add(key, weight);
-                self.framework_by_key.insert(key, id.clone());
+                let key = self.alloc.add_framework(&id, weight);
                 self.frameworks.insert(
                     id.clone(),
                     FrameworkRecord {
@@ -183,14 +180,14 @@ impl MasterState {
                 fw.suppressed = false;
                 fw.filters.clear();
                 let key = fw.key;
-                self.drf.revive(key);
+                self.alloc.revive(key);
                 self.request_allocation(now);
             }
             Message::Suppress(_) => {
                 let fw = self.frameworks.get_mut(framework_id).expect("subscribed");
                 fw.suppressed = true;
                 let key = fw.key;
-                self.drf.suppress(key);
+                self.alloc.suppress(key);
             }
             Message::Accept(accept) => self.accept(conn, framework_id, accept, now),
             Message::Decline(decline) => self.decline(conn, framework_id, decline, now),
@@ -365,8 +362,7 @@ impl MasterState {
             );
         }
         if let Some(fw) = self.frameworks.remove(framework_id) {
-            self.drf.remove(fw.key);
-            self.framework_by_key.remove(&fw.key);
+            self.alloc.remove_framework(fw.key);
             // Terminal updates nobody is left to acknowledge: those tasks are completed.
             for pending in fw.unacked.into_values() {
                 let key: TaskKey = (framework_id.to_string(), pending.status.task_id);

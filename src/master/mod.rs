@@ -1,9 +1,10 @@
 //! The master: accepts agent and framework connections and runs the offer cycle.
 //!
 //! Shape (functional core, imperative shell): one actor task ([`state::MasterState`]) owns all
-//! state and drives the pure placement library; each TCP connection is its own task
-//! ([`server`]: the capped accept loop and `ConnectionTask`) that only translates frames into
-//! [`Event`]s and writes what the actor sends back. Nothing but the actor touches the state, so
+//! state and drives the pure placement library through its [`allocator::Allocator`] (the
+//! library's books: cluster, DRF, quota ledger, devices, launched shapes, key maps); each TCP
+//! connection is its own task ([`server`]: the capped accept loop and `ConnectionTask`) that
+//! only translates frames into [`Event`]s and writes what the actor sends back. Nothing but the actor touches the state, so
 //! no locks are needed and every decision happens in one deterministic order.
 //!
 //! The operator surface ([`ops`]: `/state`, `/metrics`, `/health`, the dashboard, and the views
@@ -17,6 +18,8 @@
 //!   mod.rs          Master: binds, starts the actor, the server and HTTP; re-exports
 //!   events.rs       Event, Outbound, ConnId: what clients and the actor say to each other
 //!   state.rs        MasterState (fields, actor loop, dispatch), records, Counters, Durable
+//!   allocator.rs    Allocator: the placement books (cluster, DRF, quota ledger, device book,
+//!                   launched shapes, key↔id maps) and the one allocation cycle (`run`)
 //!   agents.rs frameworks.rs tasks.rs offers.rs batch.rs pending.rs durability.rs
 //!                   `impl MasterState` by conversation (handlers of the actor)
 //!   owners.rs       which principal owns each id (and `Peer`)
@@ -30,7 +33,8 @@
 //!
 //! Imports point down this list, never up (`use` and paths alike):
 //!
-//! 1. leaves, which import no other master module: `ids`, `registry`, `owners`,
+//! 1. leaves, which import no other master module: `ids`, `registry`, `owners`, `allocator`
+//!    (the placement books; knows ids and keys, not the records, which it is told about),
 //!    `ops::metrics` (fed plain numbers; knows no state type), `server::limits` (the bounded
 //!    outbound queue and its item, `Outbound`).
 //! 2. `state` (the fields and the actor loop) and `events` (its vocabulary): `state` imports
@@ -38,7 +42,8 @@
 //!    `server::{listener, task}`.
 //! 3. handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `pending`, `durability`):
 //!    `impl MasterState` blocks importing `state` (and leaves); `state` calls their methods
-//!    without importing them. `offers` also imports `pending`.
+//!    without importing them. `offers` also imports `pending`. They change the placement books
+//!    only through `state.alloc`'s methods, so the books move together (see `allocator`).
 //! 4. readers and clients: `ops::views` (reads `&MasterState` into views and metrics),
 //!    `ops::http` and `server::{listener, task}` (speak only `events`; never touch the state).
 //! 5. `mod.rs` (`Master`), which wires them together.
@@ -50,6 +55,7 @@
 //! `pending.rs` has merged).
 
 mod agents;
+mod allocator;
 mod batch;
 mod durability;
 mod events;

@@ -12,14 +12,15 @@ use ringmaster_proto::{
 };
 use tokio::time::{Duration, Instant};
 
+use super::allocator::CycleFacts;
 use super::pending::agent_feasible;
 use super::state::{FrameworkRecord, MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
-use ringmaster_core::placement::fragmentation::{DeviceFragmentScore, TaskShape};
+use ringmaster_core::placement::fragmentation::TaskShape;
 use ringmaster_core::placement::FrameworkKey;
 use ringmaster_core::placement::{
-    run_cycle, task_priority, AgentKey, Allocation, CycleInput, Filter, Grant, PlacementContext,
-    PreemptionPlan, Priority, Request, RunningTask, TieredRequest,
+    task_priority, Allocation, Filter, PreemptionPlan, Priority, Request, RunningTask,
+    TieredRequest,
 };
 
 /// The reason KillTask and the victim's final status carry.
@@ -55,32 +56,18 @@ impl MasterState {
             return;
         }
         requests.sort_by_key(|r| r.request.framework);
-        // The ring's tie-break: fragment growth against recent launches and these demands.
-        let target = self.launched_shapes.target(requests.iter().filter_map(|r| {
-            Some((
-                TaskShape::of_demand(&r.request.demand)?,
-                u64::from(r.request.count),
-            ))
-        }));
         let agents = &self.agents;
-        let agent_by_key = &self.agent_by_key;
         let frameworks = &self.frameworks;
-        let framework_by_key = &self.framework_by_key;
-        let devices = &self.devices;
         let tasks = &self.tasks;
-        let feasible = |fw: FrameworkKey, agent: AgentKey| -> Result<(), Filter> {
-            let Some(fw) = framework_by_key.get(&fw).and_then(|id| frameworks.get(id)) else {
+        let feasible = |fw: &str, agent: Option<&str>, devices_fit: &dyn Fn(&Resources) -> bool| {
+            let Some(fw) = frameworks.get(fw) else {
                 return Err(Filter::Disconnected);
             };
-            let record = agent_by_key.get(&agent).and_then(|id| agents.get(id));
-            // A GPU demand fits only an agent with a device that can hold it (docs/devices.md).
-            agent_feasible(record, fw, devices.fits(agent, &fw.demand), now)
+            let record = agent.and_then(|id| agents.get(id));
+            agent_feasible(record, fw, devices_fit(&fw.demand), now)
         };
         // Already waiting for victims to end somewhere.
-        let waiting = |fw: FrameworkKey| {
-            let Some(id) = framework_by_key.get(&fw) else {
-                return false;
-            };
+        let waiting = |id: &str| {
             agents.values().any(|a| {
                 a.held_for
                     .as_ref()
@@ -102,44 +89,14 @@ impl MasterState {
                 })
                 .collect()
         };
-        // Preemption checks the devices per device: the victims' bindings released on a copy of
-        // the agent's device state, the demand's request fitted there (docs/priorities.md).
-        let device_check = |agent: AgentKey, demand: &Resources, victims: &[&TaskKey]| {
-            let bindings = victims
-                .iter()
-                .filter_map(|key| tasks.get(*key))
-                .map(|t| &t.devices);
-            devices.fits_after_release(agent, demand, bindings)
-        };
-        let cluster = &self.cluster;
-        let fragment_growth = target.as_ref().map(|target| {
-            let cpu_free = devices
-                .agents()
-                .filter_map(|key| Some((key, cluster.agent(key)?.free.milli("cpus"))))
-                .collect();
-            DeviceFragmentScore::new(target, devices, cpu_free, self.config.devices.selection)
-        });
-        // The requests are the real pending demands; the balance placer weighs what blocks them.
-        let mut context = PlacementContext::new(self.config.balance.clone());
-        if let Some(score) = &fragment_growth {
-            context = context.with_score(score);
-        }
-        let input = CycleInput {
-            base: self.config.priorities.base(),
-            grant: Grant::WholeAgent,
+        let binding = |key: &TaskKey| tasks.get(key).map(|t| &t.devices);
+        let facts = CycleFacts {
             feasible: &feasible,
             waiting: &waiting,
             running: &running,
-            devices: &device_check,
+            binding: &binding,
         };
-        let outcome = run_cycle(
-            &mut self.cluster,
-            &mut self.drf,
-            &mut requests,
-            &input,
-            &mut context,
-        );
-        drop(context);
+        let outcome = self.alloc.run(&mut requests, &self.config, &facts);
         // Whatever is still asked for after the run could not be placed in it.
         self.unserved = outcome.unserved.iter().map(|u| u.framework).collect();
         for p in outcome.preemptions {
@@ -150,11 +107,19 @@ impl MasterState {
 
     /// Turns a cycle's grants into offers, one `Offers` message per framework connection.
     fn offer_grants(&mut self, grants: Vec<Allocation>, now: Instant) {
-        let placer = self.cluster.placer().to_string();
+        let placer = self.alloc.cluster().placer().to_string();
         let mut batches: Vec<(ConnId, Vec<Offer>)> = Vec::new();
         for allocation in grants {
-            let framework_id = self.framework_by_key[&allocation.framework].clone();
-            let agent_id = self.agent_by_key[&allocation.agent].clone();
+            let framework_id = self
+                .alloc
+                .framework_id(allocation.framework)
+                .expect("grants go to registered frameworks")
+                .to_string();
+            let agent_id = self
+                .alloc
+                .agent_id(allocation.agent)
+                .expect("grants are on admitted agents")
+                .to_string();
             if let Some(agent) = self.agents.get_mut(&agent_id) {
                 // The room kept after a preemption reaches its framework: the hold is done.
                 if agent
@@ -182,7 +147,7 @@ impl MasterState {
                 placement,
                 now,
             );
-            if let Some(state) = self.devices.state(allocation.agent) {
+            if let Some(state) = self.alloc.devices().state(allocation.agent) {
                 offer.devices = state.devices().iter().map(Into::into).collect();
                 offer.free_devices = state.free_to_wire();
             }
@@ -264,7 +229,7 @@ impl MasterState {
     pub(crate) fn offer_copies(&self, offer: &OfferRecord, demand: &Resources) -> u64 {
         let scalars = offer.resources.copies_of(demand);
         match self.agents.get(&offer.agent).and_then(|a| a.key) {
-            Some(key) => self.devices.copies_of(key, demand, scalars),
+            Some(key) => self.alloc.devices().copies_of(key, demand, scalars),
             None => scalars,
         }
     }
@@ -282,13 +247,13 @@ impl MasterState {
 
     /// The priority a framework's next task would get now (its user's, within quota).
     pub(crate) fn demand_priority(&self, framework: FrameworkKey, demand: &Resources) -> Priority {
-        self.framework_by_key
-            .get(&framework)
+        self.alloc
+            .framework_id(framework)
             .and_then(|id| self.frameworks.get(id))
             .map(|f| {
                 task_priority(
                     &self.config.priorities,
-                    &self.ledger,
+                    self.alloc.ledger(),
                     &f.user,
                     &f.partition,
                     demand,
@@ -307,10 +272,10 @@ impl MasterState {
         plan: PreemptionPlan<TaskKey>,
         now: Instant,
     ) {
-        let Some(framework_id) = self.framework_by_key.get(&framework).cloned() else {
+        let Some(framework_id) = self.alloc.framework_id(framework).map(str::to_string) else {
             return;
         };
-        let Some(agent_id) = self.agent_by_key.get(&plan.agent).cloned() else {
+        let Some(agent_id) = self.alloc.agent_id(plan.agent).map(str::to_string) else {
             return;
         };
         let Some(agent) = self.agents.get_mut(&agent_id) else {
@@ -346,14 +311,13 @@ impl MasterState {
     /// Takes an offer out of the books and returns its resources to the pool.
     fn recover_offer(&mut self, offer_id: &str) -> Option<OfferRecord> {
         let offer = self.offers.remove(offer_id)?;
-        if let Some(fw) = self.frameworks.get_mut(&offer.framework) {
+        let framework = self.frameworks.get_mut(&offer.framework).map(|fw| {
             fw.offers.remove(offer_id);
-            let key = fw.key;
-            self.drf.unallocated(key, &offer.resources);
-        }
-        if let Some(key) = self.agents.get(&offer.agent).and_then(|a| a.key) {
-            let _ = self.cluster.give_back(key, &offer.resources);
-        }
+            fw.key
+        });
+        let agent = self.agents.get(&offer.agent).and_then(|a| a.key);
+        self.alloc
+            .offer_returned(agent, framework, &offer.resources);
         Some(offer)
     }
 
@@ -531,7 +495,7 @@ impl MasterState {
             }
         };
         for shape in shapes {
-            self.launched_shapes.record(shape);
+            self.alloc.launched(shape);
         }
         let (user, partition) = self
             .frameworks
@@ -545,7 +509,7 @@ impl MasterState {
             } else {
                 let p = task_priority(
                     &self.config.priorities,
-                    &self.ledger,
+                    self.alloc.ledger(),
                     &user,
                     &partition,
                     &resources,
@@ -553,7 +517,7 @@ impl MasterState {
                 (p.priority, p.at_user_priority)
             };
             if at_user_priority {
-                self.ledger.start(&user, &partition, &resources);
+                self.alloc.start_quota(&user, &partition, &resources);
             }
             self.launches += 1;
             let task_key: TaskKey = (framework_id.to_string(), info.task_id.clone());
@@ -610,7 +574,7 @@ impl MasterState {
         tasks: Vec<(TaskInfo, Resources)>,
     ) -> Result<Vec<(TaskInfo, Resources, DeviceBinding)>, String> {
         let key = self.agents.get(agent_id).and_then(|a| a.key);
-        let mut state = key.and_then(|k| self.devices.state(k)).cloned();
+        let mut state = key.and_then(|k| self.alloc.devices().state(k)).cloned();
         let policy = self.config.devices.selection;
         let mut out = Vec::with_capacity(tasks.len());
         for (mut info, mut resources) in tasks {

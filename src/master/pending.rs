@@ -109,9 +109,10 @@ impl MasterState {
             add_saturating(offered_on.entry(o.agent.clone()).or_default(), &o.resources);
         }
         let used = self
-            .cluster
+            .alloc
+            .cluster()
             .total()
-            .saturating_sub(self.cluster.free())
+            .saturating_sub(self.alloc.cluster().free())
             .saturating_sub(&offered);
         Usage {
             offered,
@@ -134,13 +135,10 @@ impl MasterState {
                 continue;
             }
             let rules = |key: AgentKey| {
-                let agent = self
-                    .agent_by_key
-                    .get(&key)
-                    .and_then(|id| self.agents.get(id));
-                agent_feasible(agent, f, self.devices.fits(key, &f.demand), now)
+                let agent = self.alloc.agent_id(key).and_then(|id| self.agents.get(id));
+                agent_feasible(agent, f, self.alloc.devices().fits(key, &f.demand), now)
             };
-            let why = WhyUnplaced::explain_rules(&self.cluster, &f.demand, &rules);
+            let why = WhyUnplaced::explain_rules(self.alloc.cluster(), &f.demand, &rules);
             let unserved_last_run = self.unserved.contains(&f.key);
             if !unserved_last_run && why.fitting > 0 {
                 // Not tried yet (the next run is at most `allocation_interval` away).
@@ -194,7 +192,13 @@ impl MasterState {
         }
         let config = &self.config.priorities;
         config.grant(&f.user, &f.partition)?;
-        let p = task_priority(config, &self.ledger, &f.user, &f.partition, &f.demand);
+        let p = task_priority(
+            config,
+            self.alloc.ledger(),
+            &f.user,
+            &f.partition,
+            &f.demand,
+        );
         let tail = if p.priority > config.base() {
             "no lower-priority victims on any agent"
         } else {

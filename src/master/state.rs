@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
+use super::allocator::Allocator;
 use super::events::{ConnId, Event, Outbound};
 use super::ids::IdMint;
 use super::metrics::Metrics;
@@ -21,9 +22,7 @@ use super::owners::IdOwners;
 use super::registry::Registry;
 use super::server::limits::{OutboundSender, SendRefused};
 use crate::config::Config;
-use ringmaster_core::placement::{
-    AgentKey, Cluster, DrfSorter, FrameworkKey, Priority, QuotaLedger, DEFAULT_PARTITION,
-};
+use ringmaster_core::placement::{AgentKey, FrameworkKey, Priority, DEFAULT_PARTITION};
 
 /// A task is named by its framework and its framework-chosen id.
 pub(crate) type TaskKey = (String, String);
@@ -163,13 +162,11 @@ pub(crate) struct ConnRecord {
 pub struct MasterState {
     pub(crate) config: Arc<Config>,
     pub(crate) ids: IdMint,
-    pub(crate) cluster: Cluster,
-    pub(crate) drf: DrfSorter,
+    /// The placement core's books: cluster, DRF, quota ledger, devices, launched shapes and
+    /// the key maps (see [`super::allocator`]).
+    pub(crate) alloc: Allocator,
     pub(crate) agents: HashMap<String, AgentRecord>,
-    pub(crate) agent_by_key: HashMap<AgentKey, String>,
     pub(crate) frameworks: HashMap<String, FrameworkRecord>,
-    pub(crate) framework_by_key: HashMap<FrameworkKey, String>,
-    pub(crate) next_framework_key: FrameworkKey,
     /// Frameworks removed after their failover timeout or teardown; they may not come back.
     /// The newest `max_removed_frameworks` are remembered.
     pub(crate) removed_frameworks: super::history::History,
@@ -190,8 +187,6 @@ pub struct MasterState {
     /// Unix milliseconds at `started`: status timestamps are `started_unix_ms` plus the
     /// injected `now` since `started`, so the state machine reads no clock itself.
     pub(crate) started_unix_ms: u64,
-    /// Resources held at user priority per (user, partition): what counts against quotas.
-    pub(crate) ledger: QuotaLedger,
     /// Launch counter: the next task's start order.
     pub(crate) launches: u64,
     /// Which principal holds each framework and agent id (docs/security.md).
@@ -199,11 +194,6 @@ pub struct MasterState {
     /// The durable registry (`--work-dir`) and this turn's changes to it; `None` keeps
     /// everything in memory only.
     pub(crate) durable: Option<Durable>,
-    /// Every agent's GPUs, device by device (docs/devices.md).
-    pub(crate) devices: ringmaster_core::placement::devices::DeviceBook,
-    /// The shapes of recent launches: the target workload of the ring's fragmentation
-    /// tie-break (docs/placement.md).
-    pub(crate) launched_shapes: ringmaster_core::placement::fragmentation::ShapeWindow,
 }
 
 /// Monotonic counters, reported in snapshots.
@@ -225,17 +215,12 @@ pub struct Counters {
 impl MasterState {
     /// A state started at `now` (the caller's clock: the actor passes `Instant::now()`).
     pub fn new(config: Arc<Config>, metrics: Arc<Metrics>, now: Instant) -> Self {
-        let cluster = Cluster::new(config.rings.clone(), config.placer);
         MasterState {
+            alloc: Allocator::new(&config),
             config,
             ids: IdMint::new(),
-            cluster,
-            drf: DrfSorter::default(),
             agents: HashMap::new(),
-            agent_by_key: HashMap::new(),
             frameworks: HashMap::new(),
-            framework_by_key: HashMap::new(),
-            next_framework_key: 0,
             removed_frameworks: Default::default(),
             offers: HashMap::new(),
             tasks: HashMap::new(),
@@ -251,12 +236,9 @@ impl MasterState {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
-            ledger: QuotaLedger::default(),
             launches: 0,
             owners: IdOwners::default(),
             durable: None,
-            devices: Default::default(),
-            launched_shapes: Default::default(),
         }
     }
 

@@ -20,25 +20,19 @@ impl MasterState {
         let Some(key) = self.agents.get(agent_id).and_then(|a| a.key) else {
             return;
         };
-        if let Err(e) = self.cluster.take(key, resources) {
+        let framework = self.frameworks.get(&task_key.0).map(|f| f.key);
+        let binding = self.tasks.get(task_key).map(|t| &t.devices);
+        let problems = self.alloc.hold(key, framework, resources, binding);
+        if let Some(e) = problems.clamped {
             tracing::error!(agent = %agent_id, task = %task_key.1, error = %e,
                 "task resources exceed the agent's free resources; accounting clamps");
-            let free = self
-                .cluster
-                .agent(key)
-                .map(|a| a.free.clone())
-                .unwrap_or_default();
-            let _ = self.cluster.take(key, &free);
-        }
-        if let Some(fw) = self.frameworks.get(&task_key.0) {
-            self.drf.allocated(fw.key, resources);
         }
         if let Some(task) = self.tasks.get_mut(task_key) {
             task.holds_resources = true;
-            if let Err(e) = self.devices.take(key, &task.devices) {
-                tracing::error!(agent = %agent_id, task = %task_key.1, error = %e,
-                    "the task's devices are not free on its agent; device accounting skips them");
-            }
+        }
+        if let Some(e) = problems.devices {
+            tracing::error!(agent = %agent_id, task = %task_key.1, error = %e,
+                "the task's devices are not free on its agent; device accounting skips them");
         }
     }
 
@@ -54,13 +48,9 @@ impl MasterState {
         let resources = task.resources.clone();
         let agent_id = task.agent.clone();
         let devices = task.devices.clone();
-        if let Some(key) = self.agents.get(&agent_id).and_then(|a| a.key) {
-            let _ = self.cluster.give_back(key, &resources);
-            self.devices.release(key, &devices);
-        }
-        if let Some(fw) = self.frameworks.get(&task_key.0) {
-            self.drf.unallocated(fw.key, &resources);
-        }
+        let agent = self.agents.get(&agent_id).and_then(|a| a.key);
+        let framework = self.frameworks.get(&task_key.0).map(|f| f.key);
+        self.alloc.release(agent, framework, &resources, &devices);
     }
 
     /// A non-terminal state change; the framework is told.
@@ -115,7 +105,7 @@ impl MasterState {
                 task.partition.clone(),
                 task.resources.clone(),
             );
-            self.ledger.end(&user, &partition, &resources);
+            self.alloc.end_quota(&user, &partition, &resources);
         }
         self.release_task_resources(task_key);
         if let Some(agent) = self.agents.get_mut(&agent_id) {

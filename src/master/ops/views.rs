@@ -128,14 +128,14 @@ pub struct OfferView {
 
 impl MasterState {
     pub(crate) fn snapshot(&self, now: Instant) -> Snapshot {
-        let total = self.cluster.total().clone();
+        let total = self.alloc.cluster().total().clone();
         let usage = self.cluster_usage();
         let empty = Resources::new();
         let mut agents: Vec<AgentView> = self
             .agents
             .values()
             .map(|a| {
-                let entry = a.key.and_then(|k| self.cluster.agent(k));
+                let entry = a.key.and_then(|k| self.alloc.cluster().agent(k));
                 let free = entry.map(|e| &e.free).unwrap_or(&empty);
                 let offered = usage.offered_on.get(a.id.as_str()).unwrap_or(&empty);
                 let used = match entry {
@@ -148,7 +148,10 @@ impl MasterState {
                         a.total
                             .names()
                             .filter_map(|d| {
-                                self.cluster.bucket_of(k, d).map(|b| (d.to_string(), b))
+                                self.alloc
+                                    .cluster()
+                                    .bucket_of(k, d)
+                                    .map(|b| (d.to_string(), b))
                             })
                             .collect()
                     })
@@ -190,9 +193,10 @@ impl MasterState {
                 user: f.user.clone(),
                 weight: f.weight,
                 connected: f.conn.is_some(),
-                share: self.drf.share(f.key, &total),
+                share: self.alloc.drf().share(f.key, &total),
                 allocated: self
-                    .drf
+                    .alloc
+                    .drf()
                     .allocation(f.key)
                     .map(|r| r.to_string())
                     .unwrap_or_default(),
@@ -254,7 +258,8 @@ impl MasterState {
             .collect();
         offers.sort_by(|a, b| a.id.cmp(&b.id));
         let rings = self
-            .cluster
+            .alloc
+            .cluster()
             .rings()
             .into_iter()
             .map(|ring| RingSetView {
@@ -275,7 +280,7 @@ impl MasterState {
             .collect();
         Snapshot {
             master: concat!("ringmaster ", env!("CARGO_PKG_VERSION")).to_string(),
-            placer: self.cluster.placer().to_string(),
+            placer: self.alloc.cluster().placer().to_string(),
             uptime_secs: now.duration_since(self.started).as_secs_f64(),
             agents,
             frameworks,
@@ -288,7 +293,7 @@ impl MasterState {
             total: total.to_string(),
             used: usage.used.to_string(),
             offered: usage.offered.to_string(),
-            free: self.cluster.free().to_string(),
+            free: self.alloc.cluster().free().to_string(),
         }
     }
 }
@@ -318,10 +323,10 @@ impl MasterState {
         m.set_pending_demands(self.pending_frameworks(now).len());
         let usage = self.cluster_usage();
         m.set_resources(
-            self.cluster.total(),
+            self.alloc.cluster().total(),
             &usage.used,
             &usage.offered,
-            self.cluster.free(),
+            self.alloc.cluster().free(),
         );
         let c = &self.counters;
         for (which, value) in [

@@ -1,0 +1,554 @@
+//! The allocator: the placement core's books, kept together so they move together.
+//!
+//! [`Allocator`] owns what the master used to keep as loose fields: the [`Cluster`] (every
+//! agent's total and free resources in the rings), the [`DrfSorter`] (each framework's
+//! allocation, weight and suppression), the [`QuotaLedger`] (what runs at user priority per
+//! (user, partition)), the [`DeviceBook`] (every agent's GPUs, device by device), the window of
+//! launched task shapes (the fragmentation tie-break's target) and the maps from the core's
+//! keys back to agent and framework ids.
+//!
+//! Its invariants live here and nowhere else:
+//! - an admitted agent is in the cluster, the device book (when it has devices) and the key map
+//!   together, and leaves all three together ([`Allocator::add_agent`],
+//!   [`Allocator::remove_agent`]);
+//! - resources taken from an agent's free (an offer, a held task) are recorded on the
+//!   framework's DRF allocation, and given back to both together ([`Allocator::offer_taken`],
+//!   [`Allocator::offer_returned`], [`Allocator::hold`], [`Allocator::release`]); a held task's
+//!   device binding is taken from and released to the device book with them;
+//! - a framework is in the DRF sorter and the key map together ([`Allocator::add_framework`],
+//!   [`Allocator::remove_framework`]).
+//!
+//! The handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `durability`) keep the
+//! conversation (messages, records, timers, logs) and call these methods for the books.
+
+use std::collections::HashMap;
+
+use ringmaster_core::placement::devices::DeviceBook;
+use ringmaster_core::placement::fragmentation::{DeviceFragmentScore, ShapeWindow, TaskShape};
+use ringmaster_core::placement::{
+    run_cycle, AgentKey, Cluster, CycleInput, DrfSorter, Filter, FrameworkKey, Grant, Outcome,
+    PlacementContext, PlacementError, QuotaLedger, RunningTask, TieredRequest,
+};
+use ringmaster_proto::devices::{Device, DeviceBinding, DeviceError};
+use ringmaster_proto::resources::Resources;
+
+use crate::config::Config;
+
+/// What the master knows at cycle time and the allocator does not: the feasibility rules over
+/// agent and framework records, holds after preemption, running tasks and their device bindings.
+/// Ids are the master's (the allocator maps its keys back to them).
+pub(crate) struct CycleFacts<'a, T> {
+    /// May the framework (by id) be given the agent (by id, `None` when the key maps to no
+    /// agent)? The third argument tells whether a demand fits the agent's devices.
+    #[allow(clippy::type_complexity)]
+    pub feasible: &'a dyn Fn(&str, Option<&str>, &dyn Fn(&Resources) -> bool) -> Result<(), Filter>,
+    /// The framework (by id) waits for preempted tasks to end somewhere.
+    pub waiting: &'a dyn Fn(&str) -> bool,
+    /// The running tasks preemption may evict.
+    pub running: &'a dyn Fn() -> Vec<RunningTask<T>>,
+    /// A running task's device binding (for the per-device preemption check).
+    pub binding: &'a dyn Fn(&T) -> Option<&'a DeviceBinding>,
+}
+
+/// What went wrong while holding a task's resources; the books stay consistent either way
+/// (an over-large hold clamps the agent's free to zero; a binding that is not free is skipped).
+#[derive(Debug, Default)]
+pub(crate) struct HoldProblems {
+    pub clamped: Option<PlacementError>,
+    pub devices: Option<DeviceError>,
+}
+
+pub(crate) struct Allocator {
+    cluster: Cluster,
+    drf: DrfSorter,
+    /// Resources held at user priority per (user, partition): what counts against quotas.
+    ledger: QuotaLedger,
+    /// Every agent's GPUs, device by device (docs/devices.md).
+    devices: DeviceBook,
+    /// The shapes of recent launches: the target workload of the ring's fragmentation
+    /// tie-break (docs/placement.md).
+    launched_shapes: ShapeWindow,
+    agent_by_key: HashMap<AgentKey, String>,
+    framework_by_key: HashMap<FrameworkKey, String>,
+    next_framework_key: FrameworkKey,
+}
+
+impl Allocator {
+    pub fn new(config: &Config) -> Self {
+        Allocator {
+            cluster: Cluster::new(config.rings.clone(), config.placer),
+            drf: DrfSorter::default(),
+            ledger: QuotaLedger::default(),
+            devices: DeviceBook::default(),
+            launched_shapes: ShapeWindow::default(),
+            agent_by_key: HashMap::new(),
+            framework_by_key: HashMap::new(),
+            next_framework_key: 0,
+        }
+    }
+
+    // --- agents ---
+
+    /// Admits agent `id` with all of `total` free and its devices all free. The agent keeps its
+    /// key even if the devices are refused (then it has none); the error is returned.
+    pub fn add_agent(
+        &mut self,
+        id: &str,
+        total: Resources,
+        devices: Vec<Device>,
+    ) -> (AgentKey, Result<(), DeviceError>) {
+        let key = self.cluster.add_agent(total);
+        let devices = self.devices.set_agent(key, devices);
+        self.agent_by_key.insert(key, id.to_string());
+        (key, devices)
+    }
+
+    /// Drops an agent from the cluster, the device book and the key map.
+    pub fn remove_agent(&mut self, key: AgentKey) {
+        self.cluster.remove_agent(key);
+        self.devices.remove_agent(key);
+        self.agent_by_key.remove(&key);
+    }
+
+    // --- frameworks ---
+
+    /// Registers framework `id` with DRF under a fresh key, which it returns.
+    pub fn add_framework(&mut self, id: &str, weight: f64) -> FrameworkKey {
+        let key = self.next_framework_key;
+        self.next_framework_key += 1;
+        self.drf.add(key, weight);
+        self.framework_by_key.insert(key, id.to_string());
+        key
+    }
+
+    pub fn set_weight(&mut self, key: FrameworkKey, weight: f64) {
+        self.drf.set_weight(key, weight);
+    }
+
+    pub fn suppress(&mut self, key: FrameworkKey) {
+        self.drf.suppress(key);
+    }
+
+    pub fn revive(&mut self, key: FrameworkKey) {
+        self.drf.revive(key);
+    }
+
+    /// Drops a framework from DRF and the key map.
+    pub fn remove_framework(&mut self, key: FrameworkKey) {
+        self.drf.remove(key);
+        self.framework_by_key.remove(&key);
+    }
+
+    // --- offers ---
+
+    /// An offer of `resources` on `agent` to `framework` outside the cycle (a batch match):
+    /// taken from the agent's free and recorded on the framework's allocation, or neither.
+    pub fn offer_taken(
+        &mut self,
+        agent: AgentKey,
+        framework: FrameworkKey,
+        resources: &Resources,
+    ) -> Result<(), PlacementError> {
+        self.cluster.take(agent, resources)?;
+        self.drf.allocated(framework, resources);
+        Ok(())
+    }
+
+    /// An offer's resources come back (declined, rescinded, expired, or accepted: the tasks
+    /// then hold their share again): off the framework's allocation, back to the agent's free.
+    /// Either side may be gone already.
+    pub fn offer_returned(
+        &mut self,
+        agent: Option<AgentKey>,
+        framework: Option<FrameworkKey>,
+        resources: &Resources,
+    ) {
+        if let Some(framework) = framework {
+            self.drf.unallocated(framework, resources);
+        }
+        if let Some(agent) = agent {
+            let _ = self.cluster.give_back(agent, resources);
+        }
+    }
+
+    // --- tasks ---
+
+    /// A task's resources count as used on `agent` and allocated to `framework` (when it is
+    /// still known), and its device binding (when given) as taken. Resources beyond the agent's
+    /// free clamp its free to zero.
+    pub fn hold(
+        &mut self,
+        agent: AgentKey,
+        framework: Option<FrameworkKey>,
+        resources: &Resources,
+        binding: Option<&DeviceBinding>,
+    ) -> HoldProblems {
+        let mut problems = HoldProblems::default();
+        if let Err(e) = self.cluster.take(agent, resources) {
+            problems.clamped = Some(e);
+            let free = self
+                .cluster
+                .agent(agent)
+                .map(|a| a.free.clone())
+                .unwrap_or_default();
+            let _ = self.cluster.take(agent, &free);
+        }
+        if let Some(framework) = framework {
+            self.drf.allocated(framework, resources);
+        }
+        if let Some(binding) = binding {
+            if let Err(e) = self.devices.take(agent, binding) {
+                problems.devices = Some(e);
+            }
+        }
+        problems
+    }
+
+    /// The reverse of [`hold`](Self::hold): back to the agent (when still admitted) with the
+    /// binding, off the framework's allocation (when still known).
+    pub fn release(
+        &mut self,
+        agent: Option<AgentKey>,
+        framework: Option<FrameworkKey>,
+        resources: &Resources,
+        binding: &DeviceBinding,
+    ) {
+        if let Some(agent) = agent {
+            let _ = self.cluster.give_back(agent, resources);
+            self.devices.release(agent, binding);
+        }
+        if let Some(framework) = framework {
+            self.drf.unallocated(framework, resources);
+        }
+    }
+
+    /// A task starts running at its user's priority: it counts against the quota.
+    pub fn start_quota(&mut self, user: &str, partition: &str, resources: &Resources) {
+        self.ledger.start(user, partition, resources);
+    }
+
+    /// A task at user priority ended.
+    pub fn end_quota(&mut self, user: &str, partition: &str, resources: &Resources) {
+        self.ledger.end(user, partition, resources);
+    }
+
+    /// A task of this shape was launched (the fragmentation tie-break's recent workload).
+    pub fn launched(&mut self, shape: TaskShape) {
+        self.launched_shapes.record(shape);
+    }
+
+    // --- the cycle ---
+
+    /// One allocation cycle over `requests` (sorted by the caller): the core's
+    /// [`run_cycle`] with the fragmentation tie-break against recent launches and these
+    /// demands, the devices checked per device. Grants come back already taken from the
+    /// cluster and recorded in DRF.
+    pub fn run<T: Clone>(
+        &mut self,
+        requests: &mut [TieredRequest],
+        config: &Config,
+        facts: &CycleFacts<'_, T>,
+    ) -> Outcome<T> {
+        let Allocator {
+            cluster,
+            drf,
+            devices,
+            launched_shapes,
+            agent_by_key,
+            framework_by_key,
+            ..
+        } = self;
+        let target = launched_shapes.target(requests.iter().filter_map(|r| {
+            Some((
+                TaskShape::of_demand(&r.request.demand)?,
+                u64::from(r.request.count),
+            ))
+        }));
+        let devices: &DeviceBook = devices;
+        let agent_by_key: &HashMap<AgentKey, String> = agent_by_key;
+        let framework_by_key: &HashMap<FrameworkKey, String> = framework_by_key;
+        let feasible = |fw: FrameworkKey, agent: AgentKey| -> Result<(), Filter> {
+            let Some(fw) = framework_by_key.get(&fw) else {
+                return Err(Filter::Disconnected);
+            };
+            let agent_id = agent_by_key.get(&agent).map(String::as_str);
+            // A GPU demand fits only an agent with a device that can hold it (docs/devices.md).
+            (facts.feasible)(fw, agent_id, &|demand| devices.fits(agent, demand))
+        };
+        let waiting = |fw: FrameworkKey| {
+            framework_by_key
+                .get(&fw)
+                .is_some_and(|id| (facts.waiting)(id))
+        };
+        // Preemption checks the devices per device: the victims' bindings released on a copy of
+        // the agent's device state, the demand's request fitted there (docs/priorities.md).
+        let device_check = |agent: AgentKey, demand: &Resources, victims: &[&T]| {
+            let bindings = victims.iter().filter_map(|t| (facts.binding)(t));
+            devices.fits_after_release(agent, demand, bindings)
+        };
+        let fragment_growth = target.as_ref().map(|target| {
+            let cpu_free = devices
+                .agents()
+                .filter_map(|key| Some((key, cluster.agent(key)?.free.milli("cpus"))))
+                .collect();
+            DeviceFragmentScore::new(target, devices, cpu_free, config.devices.selection)
+        });
+        // The requests are the real pending demands; the balance placer weighs what blocks them.
+        let mut context = PlacementContext::new(config.balance.clone());
+        if let Some(score) = &fragment_growth {
+            context = context.with_score(score);
+        }
+        let input = CycleInput {
+            base: config.priorities.base(),
+            grant: Grant::WholeAgent,
+            feasible: &feasible,
+            waiting: &waiting,
+            running: facts.running,
+            devices: &device_check,
+        };
+        run_cycle(cluster, drf, requests, &input, &mut context)
+    }
+
+    // --- reads ---
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    pub fn drf(&self) -> &DrfSorter {
+        &self.drf
+    }
+
+    pub fn ledger(&self) -> &QuotaLedger {
+        &self.ledger
+    }
+
+    pub fn devices(&self) -> &DeviceBook {
+        &self.devices
+    }
+
+    /// The id of the agent admitted under `key`.
+    pub fn agent_id(&self, key: AgentKey) -> Option<&str> {
+        self.agent_by_key.get(&key).map(String::as_str)
+    }
+
+    /// The id of the framework registered under `key`.
+    pub fn framework_id(&self, key: FrameworkKey) -> Option<&str> {
+        self.framework_by_key.get(&key).map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmaster_core::placement::Request;
+    use ringmaster_proto::devices::{parse_agent_resources, DeviceRequest};
+
+    fn res(text: &str) -> Resources {
+        Resources::parse(text).unwrap()
+    }
+
+    fn allocator() -> Allocator {
+        Allocator::new(&Config::default())
+    }
+
+    /// An allocator with agent `a1` (two 16 GiB GPUs) and framework `f1`.
+    fn with_gpu_agent() -> (Allocator, AgentKey, FrameworkKey) {
+        let mut alloc = allocator();
+        let (total, devices) = parse_agent_resources("cpus:8;mem:4096;gpus:2x16384").unwrap();
+        let (agent, refused) = alloc.add_agent("a1", total, devices);
+        refused.unwrap();
+        let fw = alloc.add_framework("f1", 1.0);
+        (alloc, agent, fw)
+    }
+
+    fn allocation(alloc: &Allocator, fw: FrameworkKey) -> Resources {
+        alloc.drf().allocation(fw).cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn holding_then_releasing_a_task_restores_free_share_and_devices() {
+        let (mut alloc, agent, fw) = with_gpu_agent();
+        let free = alloc.cluster().agent(agent).unwrap().free.clone();
+        let cluster_free = alloc.cluster().free().clone();
+        let devices = alloc.devices().state(agent).unwrap().clone();
+        let resources = res("cpus:1;mem:128;gpu_milli:500");
+        let request = DeviceRequest::from_scalars(&resources, Vec::new())
+            .unwrap()
+            .unwrap();
+        let binding = devices
+            .select(&request, Config::default().devices.selection)
+            .unwrap();
+
+        let problems = alloc.hold(agent, Some(fw), &resources, Some(&binding));
+        assert!(problems.clamped.is_none() && problems.devices.is_none());
+        assert_eq!(
+            alloc.cluster().agent(agent).unwrap().free,
+            free.saturating_sub(&resources)
+        );
+        assert_eq!(allocation(&alloc, fw), resources);
+        assert!(alloc.drf().share(fw, alloc.cluster().total()) > 0.0);
+        assert_ne!(alloc.devices().state(agent).unwrap(), &devices);
+
+        alloc.release(Some(agent), Some(fw), &resources, &binding);
+        assert_eq!(alloc.cluster().agent(agent).unwrap().free, free);
+        assert_eq!(alloc.cluster().free(), &cluster_free);
+        assert!(allocation(&alloc, fw).is_empty());
+        assert_eq!(alloc.drf().share(fw, alloc.cluster().total()), 0.0);
+        assert_eq!(alloc.devices().state(agent).unwrap(), &devices);
+    }
+
+    #[test]
+    fn a_hold_beyond_the_agents_free_clamps_it_to_zero() {
+        let mut alloc = allocator();
+        let (agent, _) = alloc.add_agent("a1", res("cpus:2;mem:1024"), Vec::new());
+        let fw = alloc.add_framework("f1", 1.0);
+        let problems = alloc.hold(agent, Some(fw), &res("cpus:4;mem:512"), None);
+        assert!(problems.clamped.is_some());
+        assert!(alloc.cluster().agent(agent).unwrap().free.is_empty());
+        assert!(alloc.cluster().free().is_empty());
+    }
+
+    #[test]
+    fn a_hold_of_a_gone_framework_touches_only_the_agent() {
+        let mut alloc = allocator();
+        let (agent, _) = alloc.add_agent("a1", res("cpus:2;mem:1024"), Vec::new());
+        let resources = res("cpus:1;mem:256");
+        alloc.hold(agent, None, &resources, None);
+        assert_eq!(alloc.cluster().free(), &res("cpus:1;mem:768"));
+        alloc.release(Some(agent), None, &resources, &DeviceBinding::default());
+        assert_eq!(alloc.cluster().free(), &res("cpus:2;mem:1024"));
+    }
+
+    #[test]
+    fn removing_an_agent_drops_it_from_every_book() {
+        let (mut alloc, agent, _) = with_gpu_agent();
+        assert_eq!(alloc.agent_id(agent), Some("a1"));
+        assert!(alloc.devices().state(agent).is_some());
+        alloc.remove_agent(agent);
+        assert!(alloc.cluster().agent(agent).is_none());
+        assert!(alloc.devices().state(agent).is_none());
+        assert_eq!(alloc.devices().agents().count(), 0);
+        assert_eq!(alloc.agent_id(agent), None);
+        assert!(alloc.cluster().total().is_empty());
+        assert!(alloc.cluster().free().is_empty());
+    }
+
+    #[test]
+    fn an_agent_whose_devices_are_refused_is_still_admitted_without_devices() {
+        let mut alloc = allocator();
+        let bad = vec![
+            Device {
+                index: 0,
+                model: "V100M16".into(),
+                memory_mib: 16384,
+            };
+            2
+        ];
+        let (agent, refused) = alloc.add_agent("a1", res("cpus:2;mem:1024"), bad);
+        assert!(refused.is_err());
+        assert_eq!(alloc.agent_id(agent), Some("a1"));
+        assert!(alloc.cluster().agent(agent).is_some());
+        assert!(alloc.devices().state(agent).is_none());
+    }
+
+    #[test]
+    fn an_offer_taken_then_returned_restores_the_cluster_and_drf() {
+        let mut alloc = allocator();
+        let (agent, _) = alloc.add_agent("a1", res("cpus:4;mem:2048"), Vec::new());
+        let fw = alloc.add_framework("f1", 1.0);
+        let offered = res("cpus:3;mem:1024");
+        alloc.offer_taken(agent, fw, &offered).unwrap();
+        assert_eq!(alloc.cluster().free(), &res("cpus:1;mem:1024"));
+        assert_eq!(allocation(&alloc, fw), offered);
+        // Too much: neither book moves.
+        assert!(alloc.offer_taken(agent, fw, &res("cpus:2")).is_err());
+        assert_eq!(alloc.cluster().free(), &res("cpus:1;mem:1024"));
+        assert_eq!(allocation(&alloc, fw), offered);
+        alloc.offer_returned(Some(agent), Some(fw), &offered);
+        assert_eq!(alloc.cluster().free(), &res("cpus:4;mem:2048"));
+        assert!(allocation(&alloc, fw).is_empty());
+    }
+
+    #[test]
+    fn frameworks_get_fresh_keys_and_leave_drf_with_their_key() {
+        let mut alloc = allocator();
+        let a = alloc.add_framework("fa", 1.0);
+        let b = alloc.add_framework("fb", 2.0);
+        assert_ne!(a, b);
+        assert_eq!(alloc.framework_id(a), Some("fa"));
+        assert_eq!(alloc.drf().weight(b), Some(2.0));
+        alloc.set_weight(b, 3.0);
+        assert_eq!(alloc.drf().weight(b), Some(3.0));
+        alloc.suppress(a);
+        assert!(alloc.drf().is_suppressed(a));
+        alloc.revive(a);
+        assert!(!alloc.drf().is_suppressed(a));
+        alloc.remove_framework(a);
+        assert!(!alloc.drf().contains(a));
+        assert_eq!(alloc.framework_id(a), None);
+        // Keys are never reused.
+        let c = alloc.add_framework("fa", 1.0);
+        assert!(c != a && c != b);
+    }
+
+    #[test]
+    fn quota_starts_and_ends_in_the_ledger() {
+        let mut alloc = allocator();
+        let r = res("cpus:2;mem:512");
+        alloc.start_quota("alice", "default", &r);
+        assert_eq!(alloc.ledger().used("alice", "default"), r);
+        alloc.end_quota("alice", "default", &r);
+        assert!(alloc.ledger().used("alice", "default").is_empty());
+    }
+
+    fn request(fw: FrameworkKey, demand: &str) -> TieredRequest {
+        TieredRequest {
+            priority: Config::default().priorities.base(),
+            request: Request {
+                framework: fw,
+                demand: res(demand),
+                count: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn a_run_grants_a_feasible_agent_and_books_the_grant() {
+        let mut alloc = allocator();
+        let (a1, _) = alloc.add_agent("a1", res("cpus:4;mem:2048"), Vec::new());
+        let (a2, _) = alloc.add_agent("a2", res("cpus:4;mem:2048"), Vec::new());
+        let fw = alloc.add_framework("f1", 1.0);
+        let asked = std::cell::RefCell::new(Vec::new());
+        // Only a2 is allowed; the facts see the master's ids.
+        let feasible = |f: &str, agent: Option<&str>, _: &dyn Fn(&Resources) -> bool| {
+            asked
+                .borrow_mut()
+                .push((f.to_string(), agent.map(str::to_string)));
+            match agent {
+                Some("a2") => Ok(()),
+                _ => Err(Filter::Disconnected),
+            }
+        };
+        let facts = CycleFacts::<u32> {
+            feasible: &feasible,
+            waiting: &|_| false,
+            running: &Vec::new,
+            binding: &|_| None,
+        };
+        let mut requests = vec![request(fw, "cpus:1;mem:128")];
+        let outcome = alloc.run(&mut requests, &Config::default(), &facts);
+        assert_eq!(outcome.grants.len(), 1);
+        let grant = &outcome.grants[0];
+        assert_eq!((grant.framework, grant.agent), (fw, a2));
+        assert!(asked.borrow().iter().all(|(f, _)| f == "f1"));
+        // Whole-agent grants: a2's free is all taken and on f1's allocation.
+        assert!(alloc.cluster().agent(a2).unwrap().free.is_empty());
+        assert_eq!(
+            alloc.cluster().agent(a1).unwrap().free,
+            res("cpus:4;mem:2048")
+        );
+        assert_eq!(allocation(&alloc, fw), res("cpus:4;mem:2048"));
+        assert_eq!(grant.resources, res("cpus:4;mem:2048"));
+    }
+}
