@@ -3,15 +3,13 @@
 //! connection with [`Outbound`]s on its bounded queue and a query on a oneshot channel.
 //!
 //! Plain types only. The query variants name the types of their answers ([`Snapshot`] and
-//! [`Health`]); those are the one place the vocabulary points back at modules that read the
-//! state (see the dependency note in [`super`]).
+//! [`Health`]), which are data in [`super::ops::model`].
 
 use std::net::SocketAddr;
 
 use tokio::sync::oneshot;
 
-use super::ops::views::Snapshot;
-use super::pending::Health;
+use super::ops::model::{Health, Snapshot};
 pub(crate) use super::server::limits::Outbound;
 use super::server::limits::OutboundSender;
 

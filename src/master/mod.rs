@@ -26,7 +26,7 @@
 //!   ids.rs          id minting; registry.rs: the durable store (redb)
 //!   server/         listener.rs (accept loop, connection cap, task tracker),
 //!                   task.rs (ConnectionTask: TLS, handshake, serve), limits.rs
-//!   ops/            http.rs, metrics.rs, views.rs, dashboard.html
+//!   ops/            http.rs, metrics.rs, model.rs (answers as data), views.rs, dashboard.html
 //! ```
 //!
 //! # Dependency direction
@@ -35,7 +35,8 @@
 //!
 //! 1. leaves, which import no other master module: `ids`, `registry`, `owners`, `allocator`
 //!    (the placement books; knows ids and keys, not the records, which it is told about),
-//!    `ops::metrics` (fed plain numbers; knows no state type), `server::limits` (the bounded
+//!    `ops::metrics` (fed plain numbers; knows no state type), `ops::model` (the answers to
+//!    query events as plain data), `server::limits` (the bounded
 //!    outbound queue and its item, `Outbound`).
 //! 2. `state` (the fields and the actor loop) and `events` (its vocabulary): `state` imports
 //!    the leaves and `events`, and none of the handlers, `ops::{http, views}` or
@@ -48,11 +49,9 @@
 //!    `ops::http` and `server::{listener, task}` (speak only `events`; never touch the state).
 //! 5. `mod.rs` (`Master`), which wires them together.
 //!
-//! One loop remains: `events::Event`'s query variants name their answers' types, `Snapshot`
-//! (`ops::views`) and `Health` (`pending`), and those files also hold the code that reads the
-//! state, so `state → events → ops::views / pending → state`. It goes once those answer types
-//! live in a data-only module (for `Health`/`PendingView`, after the allocator work in
-//! `pending.rs` has merged).
+//! No loop is left: the answers to the query events (`Snapshot` and its views, `Health`,
+//! `PendingView`, and `Counters`) are plain data in `ops::model`, a leaf, so `events` names them
+//! without pointing back at `ops::views` or `pending`, the code that reads the state.
 
 mod agents;
 mod allocator;
@@ -85,12 +84,11 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
 pub use ops::metrics::Metrics;
-pub use ops::views::{
-    AgentView, FrameworkView, OfferView, RingBucketView, RingSetView, Snapshot, TaskView,
+pub use ops::model::{
+    AgentView, Counters, Excluded, FrameworkView, Health, OfferView, PendingView, RingBucketView,
+    RingSetView, Snapshot, TaskView,
 };
 pub use ops::{http, metrics};
-pub use pending::{Health, PendingView};
-pub use state::Counters;
 
 pub use events::ConnId;
 // Re-exported so code written against the old paths (`super::Event`, `super::Outbound`) keeps

@@ -7,41 +7,13 @@
 use std::collections::HashMap;
 
 use ringmaster_proto::resources::Resources;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::metrics::add_saturating;
+pub use super::ops::model::{Excluded, Health, PendingView};
 use super::state::{AgentRecord, FrameworkRecord, MasterState};
 use ringmaster_core::placement::feasible::{self, AgentFacts, Filter};
 use ringmaster_core::placement::{task_priority, AgentKey, WhyUnplaced};
-
-/// A framework's demand the master cannot serve now, and why.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct PendingView {
-    pub framework: String,
-    pub name: String,
-    /// One copy of the demand (Mesos text syntax).
-    pub demand: String,
-    /// Copies wanted beyond what outstanding offers already cover.
-    pub count: u32,
-    /// The last allocation run tried this demand and served none or only part of it.
-    pub unserved_last_run: bool,
-    /// The explanation, e.g. `no agent fits cpus:8: 3 agents short of cpus`.
-    pub why: String,
-    /// Agents placement knows (connected or disconnected, not lost).
-    pub agents: usize,
-    /// Per dimension of the demand: how many agents have less of it free.
-    pub short: Vec<(String, usize)>,
-    /// Agents with room that this framework may not be offered now (agent disconnected, or
-    /// declined by the framework and still filtered).
-    pub not_eligible: usize,
-    /// Eligible agents with room (non-zero only when the demand waits for the next run).
-    pub fitting: usize,
-    /// Per feasibility rule, in the order rules apply, how many agents it excluded (each agent
-    /// counted against the first rule it fails; rules excluding none are left out).
-    #[serde(default)]
-    pub excluded: Vec<Excluded>,
-}
 
 /// Where the cluster's resources are, beyond the free amounts placement keeps.
 pub(crate) struct Usage {
@@ -51,23 +23,6 @@ pub(crate) struct Usage {
     pub used: Resources,
     /// Outstanding offers per agent id.
     pub offered_on: HashMap<String, Resources>,
-}
-
-/// `GET /health`: the actor answered, with a few counts.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Health {
-    pub status: String,
-    pub agents_connected: usize,
-    pub frameworks_connected: usize,
-    pub uptime_secs: f64,
-}
-
-/// One rule that excluded agents from a pending demand, and how many (`/state`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Excluded {
-    /// `disconnected`, `partition`, `held`, `declined`, `resources` or `devices`.
-    pub filter: String,
-    pub agents: usize,
 }
 
 /// The allocator's feasibility rules for one agent and one framework, as named filters

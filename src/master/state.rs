@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Error as ProtoError, ErrorCode, Message, TaskState, TaskStatus};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Duration, Instant};
 
@@ -196,21 +195,7 @@ pub struct MasterState {
     pub(crate) durable: Option<Durable>,
 }
 
-/// Monotonic counters, reported in snapshots.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Counters {
-    pub offers_made: u64,
-    pub offers_accepted: u64,
-    pub offers_declined: u64,
-    pub offers_rescinded: u64,
-    pub tasks_launched: u64,
-    pub allocation_runs: u64,
-    pub agents_lost: u64,
-    pub frameworks_removed: u64,
-    pub errors_sent: u64,
-    /// Tasks killed to make room for a higher-priority demand.
-    pub preemptions: u64,
-}
+pub use super::ops::model::Counters;
 
 impl MasterState {
     /// A state started at `now` (the caller's clock: the actor passes `Instant::now()`).

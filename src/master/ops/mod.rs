@@ -4,9 +4,11 @@
 //!   (`dashboard.html`, compiled in). A client of the actor: it asks through the event channel.
 //! - [`metrics`]: the shared Prometheus registry. Counted where things happen (connection
 //!   tasks, the actor) and fed plain numbers read off the state; it knows no state types.
-//! - [`views`]: the serializable views of the state (`Snapshot` and its parts) and the reading
-//!   of the state into metrics. The only module here that reads `MasterState`.
+//! - [`model`]: the answers as plain data (`Snapshot` and its views, `Health`, `PendingView`).
+//! - [`views`]: the reading of the state into those views and into metrics. The only module
+//!   here that reads `MasterState`.
 
 pub mod http;
 pub mod metrics;
+pub mod model;
 pub(crate) mod views;

@@ -8,123 +8,14 @@
 
 use std::collections::BTreeMap;
 
-use ringmaster_core::placement::Priority;
 use ringmaster_proto::resources::Resources;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::metrics::Total;
-use crate::master::pending::PendingView;
-use crate::master::state::{Counters, MasterState};
-
-/// A consistent, serializable copy of the master's state: the body of `GET /state`.
-///
-/// Resource bundles are strings in the Mesos text syntax (`cpus:4;mem:8192`); every field is
-/// documented in `docs/operations.md`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Snapshot {
-    /// `ringmaster <version>`.
-    pub master: String,
-    pub placer: String,
-    pub uptime_secs: f64,
-    pub agents: Vec<AgentView>,
-    pub frameworks: Vec<FrameworkView>,
-    pub tasks: Vec<TaskView>,
-    pub offers: Vec<OfferView>,
-    /// One ring set per dimension any agent has had, sorted by dimension.
-    pub rings: Vec<RingSetView>,
-    /// Demands the master cannot serve right now, each with why.
-    pub pending: Vec<PendingView>,
-    pub counters: Counters,
-    /// Tasks held by the master per state (`RUNNING`, …), ended ones included.
-    pub tasks_by_state: BTreeMap<String, usize>,
-    pub total: String,
-    /// Held by tasks.
-    pub used: String,
-    /// In outstanding offers.
-    pub offered: String,
-    pub free: String,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct AgentView {
-    pub id: String,
-    pub hostname: String,
-    pub attributes: Vec<(String, String)>,
-    pub total: String,
-    pub free: String,
-    pub used: String,
-    pub offered: String,
-    pub reported_free: String,
-    /// `connected`, `disconnected` (may come back within `agent_timeout`) or `lost`.
-    pub state: String,
-    pub connected: bool,
-    pub lost: bool,
-    pub tasks: usize,
-    /// The ring bucket the agent is filed in, per dimension of its total.
-    pub buckets: BTreeMap<String, usize>,
-    /// Seconds since its last heartbeat or status update.
-    pub last_heartbeat_secs: f64,
-}
-
-/// One dimension's ring: its buckets with bounds (in the dimension's units) and agent counts.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct RingSetView {
-    pub dimension: String,
-    pub search_up: usize,
-    pub buckets: Vec<RingBucketView>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct RingBucketView {
-    pub index: usize,
-    pub lower: f64,
-    /// `null` for the open-ended top bucket.
-    pub upper: Option<f64>,
-    pub agents: usize,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct FrameworkView {
-    pub id: String,
-    pub name: String,
-    pub user: String,
-    pub weight: f64,
-    pub connected: bool,
-    pub share: f64,
-    pub allocated: String,
-    pub demand: String,
-    pub demand_count: u32,
-    pub suppressed: bool,
-    pub offers: usize,
-    /// Tasks not yet ended.
-    pub tasks: usize,
-    /// Tasks held by the master per state, ended ones included.
-    pub tasks_by_state: BTreeMap<String, usize>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct TaskView {
-    pub id: String,
-    pub framework: String,
-    pub agent: String,
-    pub name: String,
-    pub resources: String,
-    pub state: String,
-    pub reason: String,
-    /// The priority the master gave the task at launch (docs/priorities.md).
-    pub priority: Option<Priority>,
-    /// The task's GPU devices, `gpu:INDEX:SHARE:MEMORY` each (docs/devices.md).
-    pub devices: Vec<String>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct OfferView {
-    pub id: String,
-    pub framework: String,
-    pub agent: String,
-    pub resources: String,
-}
+pub use super::model::{
+    AgentView, FrameworkView, OfferView, RingBucketView, RingSetView, Snapshot, TaskView,
+};
+use crate::master::state::MasterState;
 
 impl MasterState {
     pub(crate) fn snapshot(&self, now: Instant) -> Snapshot {

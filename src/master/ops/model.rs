@@ -1,0 +1,181 @@
+//! The answers the operator surface asks the actor for, as plain data: the body of
+//! `GET /state` ([`Snapshot`] and its views), `GET /health` ([`Health`]) and the pending report
+//! ([`PendingView`]). Data only: this module imports no other master module but the metrics
+//! leaf, so the actor's vocabulary (`events`) can name these types without pointing back at the
+//! code that reads the state (`views`, `pending`). Every field is documented in
+//! `docs/operations.md`.
+
+use std::collections::BTreeMap;
+
+use ringmaster_core::placement::Priority;
+use serde::{Deserialize, Serialize};
+
+/// A consistent, serializable copy of the master's state: the body of `GET /state`.
+///
+/// Resource bundles are strings in the Mesos text syntax (`cpus:4;mem:8192`); every field is
+/// documented in `docs/operations.md`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// `ringmaster <version>`.
+    pub master: String,
+    pub placer: String,
+    pub uptime_secs: f64,
+    pub agents: Vec<AgentView>,
+    pub frameworks: Vec<FrameworkView>,
+    pub tasks: Vec<TaskView>,
+    pub offers: Vec<OfferView>,
+    /// One ring set per dimension any agent has had, sorted by dimension.
+    pub rings: Vec<RingSetView>,
+    /// Demands the master cannot serve right now, each with why.
+    pub pending: Vec<PendingView>,
+    pub counters: Counters,
+    /// Tasks held by the master per state (`RUNNING`, …), ended ones included.
+    pub tasks_by_state: BTreeMap<String, usize>,
+    pub total: String,
+    /// Held by tasks.
+    pub used: String,
+    /// In outstanding offers.
+    pub offered: String,
+    pub free: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AgentView {
+    pub id: String,
+    pub hostname: String,
+    pub attributes: Vec<(String, String)>,
+    pub total: String,
+    pub free: String,
+    pub used: String,
+    pub offered: String,
+    pub reported_free: String,
+    /// `connected`, `disconnected` (may come back within `agent_timeout`) or `lost`.
+    pub state: String,
+    pub connected: bool,
+    pub lost: bool,
+    pub tasks: usize,
+    /// The ring bucket the agent is filed in, per dimension of its total.
+    pub buckets: BTreeMap<String, usize>,
+    /// Seconds since its last heartbeat or status update.
+    pub last_heartbeat_secs: f64,
+}
+
+/// One dimension's ring: its buckets with bounds (in the dimension's units) and agent counts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RingSetView {
+    pub dimension: String,
+    pub search_up: usize,
+    pub buckets: Vec<RingBucketView>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RingBucketView {
+    pub index: usize,
+    pub lower: f64,
+    /// `null` for the open-ended top bucket.
+    pub upper: Option<f64>,
+    pub agents: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FrameworkView {
+    pub id: String,
+    pub name: String,
+    pub user: String,
+    pub weight: f64,
+    pub connected: bool,
+    pub share: f64,
+    pub allocated: String,
+    pub demand: String,
+    pub demand_count: u32,
+    pub suppressed: bool,
+    pub offers: usize,
+    /// Tasks not yet ended.
+    pub tasks: usize,
+    /// Tasks held by the master per state, ended ones included.
+    pub tasks_by_state: BTreeMap<String, usize>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TaskView {
+    pub id: String,
+    pub framework: String,
+    pub agent: String,
+    pub name: String,
+    pub resources: String,
+    pub state: String,
+    pub reason: String,
+    /// The priority the master gave the task at launch (docs/priorities.md).
+    pub priority: Option<Priority>,
+    /// The task's GPU devices, `gpu:INDEX:SHARE:MEMORY` each (docs/devices.md).
+    pub devices: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OfferView {
+    pub id: String,
+    pub framework: String,
+    pub agent: String,
+    pub resources: String,
+}
+
+/// Monotonic counters, reported in snapshots.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Counters {
+    pub offers_made: u64,
+    pub offers_accepted: u64,
+    pub offers_declined: u64,
+    pub offers_rescinded: u64,
+    pub tasks_launched: u64,
+    pub allocation_runs: u64,
+    pub agents_lost: u64,
+    pub frameworks_removed: u64,
+    pub errors_sent: u64,
+    /// Tasks killed to make room for a higher-priority demand.
+    pub preemptions: u64,
+}
+
+/// A framework's demand the master cannot serve now, and why.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PendingView {
+    pub framework: String,
+    pub name: String,
+    /// One copy of the demand (Mesos text syntax).
+    pub demand: String,
+    /// Copies wanted beyond what outstanding offers already cover.
+    pub count: u32,
+    /// The last allocation run tried this demand and served none or only part of it.
+    pub unserved_last_run: bool,
+    /// The explanation, e.g. `no agent fits cpus:8: 3 agents short of cpus`.
+    pub why: String,
+    /// Agents placement knows (connected or disconnected, not lost).
+    pub agents: usize,
+    /// Per dimension of the demand: how many agents have less of it free.
+    pub short: Vec<(String, usize)>,
+    /// Agents with room that this framework may not be offered now (agent disconnected, or
+    /// declined by the framework and still filtered).
+    pub not_eligible: usize,
+    /// Eligible agents with room (non-zero only when the demand waits for the next run).
+    pub fitting: usize,
+    /// Per feasibility rule, in the order rules apply, how many agents it excluded (each agent
+    /// counted against the first rule it fails; rules excluding none are left out).
+    #[serde(default)]
+    pub excluded: Vec<Excluded>,
+}
+
+/// `GET /health`: the actor answered, with a few counts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub agents_connected: usize,
+    pub frameworks_connected: usize,
+    pub uptime_secs: f64,
+}
+
+/// One rule that excluded agents from a pending demand, and how many (`/state`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Excluded {
+    /// `disconnected`, `partition`, `held`, `declined`, `resources` or `devices`.
+    pub filter: String,
+    pub agents: usize,
+}
