@@ -116,7 +116,7 @@ struct SimArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Policies, comma-separated, or `all`: Ringmaster's placers (ring, first-fit, …) and
-    /// random, dot-product, gpu-clustering, gpu-packing, best-fit, fgd.
+    /// random, dot-product, gpu-clustering, gpu-packing, best-fit, fgd, fgd-exact.
     #[arg(long, value_name = "P[,P2,…]", default_value = "all")]
     placer: String,
     /// replay: the trace's arrivals and departures; fill: the ATC'23 paper's protocol.
@@ -132,7 +132,8 @@ struct SimArgs {
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// How the paper's policies break exact score ties: first (lowest node index, like
-    /// Ringmaster's placers) or random (seeded, like the Kubernetes scheduler).
+    /// Ringmaster's placers and the paper's simulator, which takes the smallest node name) or
+    /// random (seeded, like the stock Kubernetes scheduler).
     #[arg(long, value_enum, default_value_t = SimTies::First)]
     ties: SimTies,
     /// No progress bar.

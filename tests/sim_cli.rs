@@ -34,7 +34,14 @@ fn fill_and_replay_write_tables_files_and_plots() {
         String::from_utf8_lossy(&fill.stderr)
     );
     let table = String::from_utf8(fill.stdout).unwrap();
-    for policy in ["ring", "ring-seed001", "fgd", "best-fit", "random"] {
+    for policy in [
+        "ring",
+        "ring-seed001",
+        "fgd",
+        "fgd-exact",
+        "best-fit",
+        "random",
+    ] {
         assert!(
             table.lines().any(|l| l.starts_with(&format!("{policy} "))),
             "{table}"

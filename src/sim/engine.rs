@@ -38,10 +38,13 @@ const MAX_CACHE_ENTRIES: usize = 32 << 20;
 /// uniformly among all fitting nodes, whatever this says.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Ties {
-    /// The lowest node index (trace order), the tie rule of Ringmaster's own placers.
+    /// The lowest node index (trace order), the tie rule of Ringmaster's own placers and of
+    /// the paper's simulator (it takes the smallest node name; openb's names are zero-padded,
+    /// so that is the lowest trace index).
     #[default]
     First,
-    /// Uniformly at random (seeded), as the Kubernetes scheduler's host selection does.
+    /// Uniformly at random (seeded), as the stock Kubernetes scheduler's host selection does
+    /// (the paper's simulator does not).
     Random,
 }
 
@@ -405,7 +408,7 @@ impl<'w> SimCluster<'w> {
             SimPolicy::Allocator(_) | SimPolicy::SparingGpus(_) | SimPolicy::Seed001Ring => {
                 let (cluster, demands) = allocator.as_ref()?;
                 let eligible = |key: usize| nodes[key].fits(s);
-                // The ring's tie-break score: FGD's growth of the node's expected GPU fragment
+                // The ring's tie-break score: FGD's exact growth of the node's expected GPU fragment
                 // (and the GPUs that growth assumes), cached per (node, shape) like the paper's.
                 let shapes = workload.shapes.len();
                 let cache = RefCell::new(cache.as_mut());
@@ -416,7 +419,7 @@ impl<'w> SimCluster<'w> {
                             kinds: &kinds[node],
                             fragment: node_fragment[node],
                         };
-                        score(PaperPolicy::Fgd, &view, s, target)
+                        score(PaperPolicy::FgdExact, &view, s, target)
                     };
                     let mut cache = cache.borrow_mut();
                     match cache.as_mut() {
@@ -557,4 +560,78 @@ fn scalar(cpu_milli: u64, memory_mib: u64, gpu_milli: u64) -> Resources {
         ("gpus", gpu_milli),
     ])
     .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmaster_core::placement::fragmentation::TaskShape;
+
+    fn gpu_node(name: &str) -> Node {
+        Node {
+            name: name.into(),
+            cpu_milli: 8000,
+            memory_mib: 1024,
+            gpus: 1,
+            model: String::new(),
+        }
+    }
+
+    fn task(name: &str, gpu_milli: u32) -> Task {
+        Task {
+            name: name.into(),
+            cpu_milli: 1000,
+            memory_mib: 10,
+            num_gpu: 1,
+            gpu_milli,
+            gpu_spec: Vec::new(),
+            priority: 0,
+            creation: 0,
+            deletion: None,
+        }
+    }
+
+    /// Equal node scores go to the lowest node index (the smallest node name). Target: 0.1-GPU
+    /// tasks (weight 9), 0.5-GPU tasks (weight 1). Node 0 free [1000], node 1 free [300] after
+    /// a 0.7 task. A 0.2 task: node 0 grows by 0 (score 50), node 1 shrinks its fragment from
+    /// 300 to 100 weighted, ΔF = +20 milli-GPU (score 50): `fgd` ties and takes node 0,
+    /// `fgd-exact` takes node 1 (growth −200).
+    #[test]
+    fn fgd_ties_go_to_the_smallest_node_name() {
+        let w = Workload::new(
+            vec![gpu_node("node-0000"), gpu_node("node-0001")],
+            vec![task("big", 700), task("fifth", 200)],
+        )
+        .unwrap();
+        let (big, fifth) = (w.task_shape[0], w.task_shape[1]);
+        let shape = |gpu_milli| TaskShape {
+            cpu_milli: 1000,
+            num_gpu: 1,
+            gpu_milli,
+            models: 0,
+        };
+        let target = TargetWorkload::from_counts([(shape(100), 9), (shape(500), 1)]);
+        let rings = RingsConfig::default();
+        let decide = |policy: PaperPolicy, ties: Ties| {
+            let mut c = SimCluster::new(
+                &w,
+                &target,
+                &[0, 1],
+                SimPolicy::Paper(policy),
+                &rings,
+                ties,
+                7,
+            );
+            let fresh = c.decide(fifth).unwrap();
+            c.commit(big, Placement { node: 1, gpus: 1 }).unwrap();
+            (fresh, c.decide(fifth).unwrap())
+        };
+        let first = |node| Placement { node, gpus: 1 };
+        // Two idle nodes tie under both; node 0.
+        assert_eq!(decide(PaperPolicy::Fgd, Ties::First), (first(0), first(0)));
+        assert_eq!(
+            decide(PaperPolicy::FgdExact, Ties::First),
+            (first(0), first(1))
+        );
+    }
 }

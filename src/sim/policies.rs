@@ -8,17 +8,24 @@
 //!
 //! Every policy is a score per (node, task shape) — lower is better — plus the GPUs it would
 //! use on that node; the simulator takes the lowest score over fitting nodes and breaks exact
-//! ties uniformly at random with its seeded generator, as the Kubernetes scheduler the paper
-//! builds on does. Scores are exact integers so ties are real ties. A score depends only on the
-//! node's state and the task's shape, which lets the simulator cache it per node until the node
-//! changes.
+//! ties by the lowest node index (`--ties first`, the default), which for openb's zero-padded
+//! node names is the smallest node name, the rule of the paper's own simulator; `--ties random`
+//! picks uniformly with its seeded generator instead, as the stock Kubernetes scheduler does.
+//! Scores are exact integers so ties are real ties. A score depends only on the node's state
+//! and the task's shape, which lets the simulator cache it per node until the node changes.
+//!
+//! `fgd` is FGD as the paper's simulator scores it (kubernetes-scheduler-simulator at 8f3d641,
+//! from facts stated in issue 18, no code copied): the fragment change quantised to an integer
+//! 0–99 ([`fgd_quantised_score`]), so many nodes tie; `fgd-exact` ranks by the exact growth.
 
 use std::fmt;
 use std::str::FromStr;
 
 use super::gpu::{GpuPick, NodeState, Shape};
 use super::trace::GPU_MILLI;
-pub use ringmaster_core::placement::fragmentation::{TargetWorkload, TARGET_COVERAGE};
+pub use ringmaster_core::placement::fragmentation::{
+    fgd_quantised_score, TargetWorkload, TARGET_COVERAGE,
+};
 
 /// CPU normaliser of the paper's BestFit and DotProd (milli-CPU of its largest node).
 pub const CPU_NORM: i64 = 128_000;
@@ -38,18 +45,24 @@ pub enum PaperPolicy {
     GpuPacking,
     /// The least weighted leftover of cpu and GPU.
     BestFit,
-    /// Fragmentation gradient descent: the least growth of expected GPU fragmentation.
+    /// Fragmentation gradient descent as the paper's simulator scores it: the highest
+    /// `int64(100 · sigmoid((F_before − F_after) / 1000))` (F in milli-GPU), an integer 0–99;
+    /// a shared task's GPU is the lowest index with the highest score.
     Fgd,
+    /// FGD ranked by the exact growth of the expected GPU fragment (no quantisation); a shared
+    /// task's GPU is the lowest index of the least growth.
+    FgdExact,
 }
 
 impl PaperPolicy {
-    pub const ALL: [PaperPolicy; 6] = [
+    pub const ALL: [PaperPolicy; 7] = [
         PaperPolicy::Random,
         PaperPolicy::DotProd,
         PaperPolicy::GpuClustering,
         PaperPolicy::GpuPacking,
         PaperPolicy::BestFit,
         PaperPolicy::Fgd,
+        PaperPolicy::FgdExact,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +73,7 @@ impl PaperPolicy {
             PaperPolicy::GpuPacking => "gpu-packing",
             PaperPolicy::BestFit => "best-fit",
             PaperPolicy::Fgd => "fgd",
+            PaperPolicy::FgdExact => "fgd-exact",
         }
     }
 }
@@ -110,8 +124,10 @@ pub fn score(
     if !state.fits(shape) {
         return None;
     }
-    if policy == PaperPolicy::Fgd {
-        return Some(fgd(node, shape, target));
+    match policy {
+        PaperPolicy::Fgd => return Some(fgd(node, shape, target)),
+        PaperPolicy::FgdExact => return Some(fgd_exact(node, shape, target)),
+        _ => {}
     }
     let pick = state.best_fit_gpus_unchecked(shape);
     let cpu_free = state.cpu_free as i64;
@@ -160,15 +176,31 @@ pub fn score(
                 }
             }
         }
-        PaperPolicy::Fgd => unreachable!("handled above"),
+        PaperPolicy::Fgd | PaperPolicy::FgdExact => unreachable!("handled above"),
     };
     Some((score, pick))
 }
 
-/// FGD for one node: try every distinct way to place the task on its GPUs (for a shared GPU,
-/// each distinct free amount that holds it; whole GPUs are interchangeable) and keep the one
-/// whose fragment after placement grows least.
+/// FGD as the paper's simulator scores one node: the highest quantised score over the ways to
+/// place the task on its GPUs (a shared GPU: the lowest index with that score; whole GPUs: the
+/// lowest-index free ones), negated so lower is better like every score here.
 fn fgd(node: &NodeView, shape: &Shape, target: &TargetWorkload) -> (i64, GpuPick) {
+    let state = node.state;
+    target
+        .best_quantised(
+            state.cpu_free,
+            &state.gpu_free,
+            state.model,
+            &shape.into(),
+            node.fragment,
+        )
+        .map_or((0, 0), |(score, pick)| (-score, pick))
+}
+
+/// FGD by the exact growth for one node: try every distinct way to place the task on its GPUs
+/// (for a shared GPU, each distinct free amount that holds it; whole GPUs are interchangeable)
+/// and keep the one whose fragment after placement grows least.
+fn fgd_exact(node: &NodeView, shape: &Shape, target: &TargetWorkload) -> (i64, GpuPick) {
     let state = node.state;
     target
         .least_growth(
@@ -303,23 +335,26 @@ mod tests {
             kinds: &[0; 4],
             fragment: before,
         };
-        assert_eq!(score(PaperPolicy::Fgd, &view, &s, &target), Some((0, 0b01)));
+        assert_eq!(
+            score(PaperPolicy::FgdExact, &view, &s, &target),
+            Some((0, 0b01))
+        );
         // A 0.4 task: on 600 leaves 200 (< 500: stranded 200), on 1000 leaves 600 (fine): 0.
         let s4 = shape(1000, 1, 400);
         assert_eq!(
-            score(PaperPolicy::Fgd, &view, &s4, &target),
+            score(PaperPolicy::FgdExact, &view, &s4, &target),
             Some((0, 0b01))
         );
         // A 0.1 task: on 600 leaves 500 (fits a 0.5) → 0; on 1000 leaves 900 → 0: tie, first.
         let s1 = shape(1000, 1, 100);
         assert_eq!(
-            score(PaperPolicy::Fgd, &view, &s1, &target),
+            score(PaperPolicy::FgdExact, &view, &s1, &target),
             Some((0, 0b01))
         );
         // A 0.2 task: on 600 leaves 400 → stranded 400; on 1000 leaves 800 → 0.
         let s2 = shape(1000, 1, 200);
         assert_eq!(
-            score(PaperPolicy::Fgd, &view, &s2, &target),
+            score(PaperPolicy::FgdExact, &view, &s2, &target),
             Some((0, 0b01))
         );
         let n2 = node(8000, &[700, 600]);
@@ -330,13 +365,13 @@ mod tests {
         };
         // 0.2 on 700 leaves 500 (fits) → 0; on 600 leaves 400 → 400. Picks GPU 0.
         assert_eq!(
-            score(PaperPolicy::Fgd, &view2, &s2, &target),
+            score(PaperPolicy::FgdExact, &view2, &s2, &target),
             Some((0, 0b01))
         );
         // 0.3 on 700 leaves 400 → 400 stranded; on 600 leaves 300 → 300 stranded. Picks GPU 1.
         let s3 = shape(1000, 1, 300);
         assert_eq!(
-            score(PaperPolicy::Fgd, &view2, &s3, &target),
+            score(PaperPolicy::FgdExact, &view2, &s3, &target),
             Some((300, 0b10))
         );
     }

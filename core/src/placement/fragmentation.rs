@@ -246,6 +246,52 @@ impl TargetWorkload {
     }
 }
 
+/// The node score of the FGD paper's simulator for a fragment change of `delta_milli` =
+/// F_before − F_after (expected fragment in milli-GPU; positive when placing the task shrinks
+/// it): `int64(100 · sigmoid(delta_milli / 1000))` with sigmoid(x) = 1 / (1 + e^−x), an integer
+/// 0–99 truncated toward zero, higher is better. ΔF in [0, 40.005) scores 50, [−40.005, 0) 49;
+/// the buckets widen away from 0 (any ΔF over ≈ 4,595 scores 99, below ≈ −4,595 scores 0).
+pub fn fgd_quantised_score(delta_milli: f64) -> i64 {
+    let sigmoid = 1.0 / (1.0 + (-delta_milli / 1000.0).exp());
+    (100.0 * sigmoid) as i64
+}
+
+impl TargetWorkload {
+    /// [`fgd_quantised_score`] of a weighted growth from [`growth`](Self::growth) (the
+    /// fragment after minus before, weighted; divided here by the total weight for milli-GPU).
+    pub fn quantised_score(&self, growth: i64) -> i64 {
+        let weight = self.total_weight.max(1) as f64;
+        fgd_quantised_score(-(growth as f64) / weight)
+    }
+
+    /// FGD as the paper's simulator scores one node: the highest [`quantised_score`]
+    /// (Self::quantised_score) over the ways to place `shape` on its GPUs, with those GPUs
+    /// (bit i = GPU i). The ways are [`select_shares_by_cost`]'s in index order and equal scores
+    /// keep the earlier: a shared GPU is the lowest index with the maximum score, whole GPUs
+    /// the lowest-index free ones. `None` when the shape does not fit or the node has more than
+    /// 64 GPUs.
+    pub fn best_quantised(
+        &self,
+        cpu_free: u64,
+        gpu_free: &[u32],
+        model: Option<u32>,
+        shape: &TaskShape,
+        before: u64,
+    ) -> Option<(i64, u64)> {
+        if gpu_free.len() > MAX_PICK_GPUS {
+            return None;
+        }
+        let mut positions = Vec::with_capacity(shape.num_gpu as usize);
+        select_shares_by_cost(gpu_free, shape.num_gpu, shape.gpu_milli, |pick| {
+            positions.clear();
+            positions.extend((0..MAX_PICK_GPUS).filter(|&i| pick & (1 << i) != 0));
+            self.growth(cpu_free, gpu_free, model, shape, &positions, before)
+                .map(|growth| -self.quantised_score(growth))
+        })
+        .map(|(cost, pick)| (-cost, pick))
+    }
+}
+
 // ------------------------------------------------------------------ the master's view
 
 /// The shapes of the last [`LAUNCH_WINDOW`] (or `capacity`) launched tasks, with their counts:
@@ -392,6 +438,102 @@ mod tests {
 
     fn demand(text: &str) -> Resources {
         Resources::parse(text).unwrap()
+    }
+
+    /// Hand-computed: 100·sigmoid(ΔF/1000), truncated. σ(0.039) = 0.509749, σ(0.040) =
+    /// 0.5099987 (the 50/51 edge is ΔF = 1000·ln(51/49) = 40.0053), σ(0.041) = 0.510249,
+    /// σ(−0.001) = 0.49975, σ(−0.040) = 0.4900013, σ(−0.041) = 0.489751, σ(1) = 0.731059,
+    /// σ(−1) = 0.268941, σ(8) = 0.999665, σ(−8) = 0.000335.
+    #[test]
+    fn quantised_score_at_bucket_edges() {
+        let cases = [
+            (0.0, 50),
+            (39.0, 50),
+            (40.0, 50),
+            (40.01, 51),
+            (41.0, 51),
+            (-1.0, 49),
+            (-40.0, 49),
+            (-40.01, 48),
+            (-41.0, 48),
+            (1000.0, 73),
+            (-1000.0, 26),
+            (8000.0, 99),
+            (-8000.0, 0),
+            // Past ≈ 36,700 the float sigmoid is exactly 1 (no node of ≤ 36 GPUs gets there).
+            (1e6, 100),
+            (-1e6, 0),
+        ];
+        for (delta, want) in cases {
+            assert_eq!(fgd_quantised_score(delta), want, "ΔF = {delta}");
+        }
+        // Weighted growth → milli-GPU: total weight 10, growth −400 is ΔF = +40.
+        let target = TargetWorkload::from_counts([
+            (gpu_shape(1000, 1, 100), 9),
+            (gpu_shape(1000, 1, 500), 1),
+        ]);
+        assert_eq!(target.total_weight(), 10);
+        assert_eq!(target.quantised_score(-400), 50);
+        assert_eq!(target.quantised_score(-410), 51);
+        assert_eq!(target.quantised_score(0), 50);
+        assert_eq!(target.quantised_score(10), 49);
+        assert_eq!(target.quantised_score(400), 49);
+        assert_eq!(target.quantised_score(410), 48);
+    }
+
+    /// Target: 0.1-GPU tasks (weight 9) and 0.5-GPU tasks (weight 1). Node GPUs free 1000 and
+    /// 300; fragment before = 1 × 300 (the 300 strands a 0.5 task) = 300.
+    #[test]
+    fn quantised_ties_take_the_lowest_gpu() {
+        let tenth = gpu_shape(1000, 1, 100);
+        let half = gpu_shape(1000, 1, 500);
+        let target = TargetWorkload::from_counts([(tenth, 9), (half, 1)]);
+        let gpus = [1000, 300];
+        let before = target.fragment(8000, &gpus);
+        assert_eq!(before, 300);
+        // 0.2 on GPU 0 leaves [800, 300]: growth 0, ΔF 0 → 50. On GPU 1 leaves [1000, 100]:
+        // the 0.5 task strands 100, the 0.1 task nothing: growth −200, ΔF +20 → 50. A tie:
+        // the lowest index, where the exact growth takes GPU 1.
+        let fifth = gpu_shape(1000, 1, 200);
+        assert_eq!(
+            target.best_quantised(8000, &gpus, None, &fifth, before),
+            Some((50, 0b01))
+        );
+        assert_eq!(
+            target.least_growth(8000, &gpus, None, &fifth, before),
+            Some((-200, 0b10))
+        );
+        // 0.3 on GPU 1 leaves [1000, 0]: growth −300, ΔF +30 → still 50: GPU 0.
+        let three = gpu_shape(1000, 1, 300);
+        assert_eq!(
+            target.best_quantised(8000, &gpus, None, &three, before),
+            Some((50, 0b01))
+        );
+        // With total weight 5 the same growth is ΔF +60 → 51 against 50: GPU 1 wins.
+        let target5 = TargetWorkload::from_counts([(tenth, 4), (half, 1)]);
+        assert_eq!(
+            target5.best_quantised(8000, &gpus, None, &three, before),
+            Some((51, 0b10))
+        );
+        // Whole GPUs: the lowest-index free ones.
+        let free = [300, 1000, 1000, 1000];
+        let before = target.fragment(8000, &free);
+        let one = gpu_shape(1000, 1, 1000);
+        let two = gpu_shape(1000, 2, 1000);
+        assert_eq!(
+            target
+                .best_quantised(8000, &free, None, &one, before)
+                .map(|(_, p)| p),
+            Some(0b0010)
+        );
+        assert_eq!(
+            target
+                .best_quantised(8000, &free, None, &two, before)
+                .map(|(_, p)| p),
+            Some(0b0110)
+        );
+        // Does not fit: no score.
+        assert_eq!(target.best_quantised(500, &free, None, &one, before), None);
     }
 
     #[test]
