@@ -150,7 +150,10 @@ pub(crate) fn allocate_pending(
             let Some(decision) = cluster.place_in(&req.demand, &fits, context) else {
                 // Declined although an agent had room: given up for this step. Room on no
                 // agent: still pending, and blocked (the balance weights count it).
-                if fitting_agents(cluster, &req.demand, &fits).next().is_some() {
+                // Only a placer that may decline needs the (linear) scan to tell the two apart.
+                if cluster.placer().may_decline()
+                    && fitting_agents(cluster, &req.demand, &fits).next().is_some()
+                {
                     context.remove_pending(&req.demand, u64::from(req.count));
                 }
                 *at += 1;

@@ -34,6 +34,13 @@ impl PlacerKind {
         PlacerKind::MostBalanced,
     ];
 
+    /// Whether the placer may find no agent although an eligible one has room (balance: only
+    /// agents that improve the balance degree, with `require_improvement`). The others search
+    /// exhaustively, so their "none" means no eligible agent fits, with no scan to tell.
+    pub fn may_decline(self) -> bool {
+        matches!(self, PlacerKind::Balance)
+    }
+
     /// The implementation of this kind.
     pub fn placer(self) -> &'static dyn Placer {
         match self {
