@@ -227,6 +227,16 @@ impl RingSet {
         self.empty_members(bucket).chain(filed)
     }
 
+    /// The largest free amount of any agent in this ring (0 when none has any): a search for
+    /// more than that can stop before walking a bucket. O(buckets), never O(agents).
+    pub fn max_free(&self) -> u64 {
+        self.buckets
+            .iter()
+            .rev()
+            .find_map(|bucket| bucket.last().map(|&(free, _)| free))
+            .unwrap_or(0)
+    }
+
     /// Number of agents with more than 0 free.
     pub fn positive(&self) -> usize {
         self.positive

@@ -162,6 +162,11 @@ fn ring_search(
     let dimension = dominant_dimension(demand, cluster.total())?;
     let ring = cluster.ring(dimension)?;
     let need = demand.milli(dimension);
+    // No agent has that much free in the dominant dimension: nothing to search (the common
+    // case at the end of an allocation step, when most agents are taken).
+    if need > ring.max_free() {
+        return None;
+    }
     let resolved = cluster.resolve(demand);
     let fitting = |key: AgentKey| cluster.fits(key, &resolved) && eligible(key);
     let decided = |agent: AgentKey, phase: Phase, bucket: usize| Decision {
