@@ -424,7 +424,7 @@ impl Default for LimitsConfig {
             messages_per_sec: 50_000,
             burst: 100_000,
             outbound_queue: 65_536,
-            max_connections: 10_000,
+            max_connections: 20_000,
             max_handshake_frame_bytes: 64 * 1024,
             // 128 (the old default) overflowed while 10,000 agents registered at once.
             listen_backlog: 4096,
@@ -1271,7 +1271,7 @@ matching: { a: 0.7, d: -1 }
         .unwrap();
         assert_eq!(config.limits.max_connections, 3);
         assert_eq!(config.limits.max_handshake_frame_bytes, 4096);
-        assert_eq!(LimitsConfig::default().max_connections, 10_000);
+        assert_eq!(LimitsConfig::default().max_connections, 20_000);
         assert!(LimitsConfig::default().listen_backlog >= 1024);
         let backlog = Config::from_yaml("limits:\n  listen_backlog: 2048\n", "c.yaml").unwrap();
         assert_eq!(backlog.limits.listen_backlog, 2048);
