@@ -187,6 +187,15 @@ impl Resources {
         Ok(out)
     }
 
+    /// Adds `other` in place, clamping each dimension at `u64::MAX` instead of failing (sums
+    /// for reports, where a hostile agent's amounts must not stop the count).
+    pub fn saturating_add_assign(&mut self, other: &Resources) {
+        for (name, m) in other.iter() {
+            let sum = self.milli(name).saturating_add(m);
+            self.set_milli(name, sum);
+        }
+    }
+
     /// Difference, clamped at zero in every dimension.
     pub fn saturating_sub(&self, other: &Resources) -> Resources {
         let mut out = self.clone();
@@ -376,5 +385,15 @@ mod tests {
             .unwrap();
         assert_eq!(left.milli("cpus"), 0);
         assert_eq!(left, r("mem:5120"));
+    }
+
+    #[test]
+    fn saturating_add_clamps_each_dimension() {
+        let mut sum = r("cpus:1;mem:10");
+        sum.saturating_add_assign(&r("cpus:2;gpus:1"));
+        assert_eq!(sum, r("cpus:3;mem:10;gpus:1"));
+        sum.set_milli("mem", u64::MAX - 1);
+        sum.saturating_add_assign(&r("mem:1"));
+        assert_eq!(sum.milli("mem"), u64::MAX);
     }
 }

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use ringmaster_proto::resources::Resources;
 use tokio::time::Instant;
 
-use super::metrics::add_saturating;
 pub use super::ops::model::{Excluded, Health, PendingView};
 use super::state::{AgentRecord, FrameworkRecord, MasterState};
 use ringmaster_core::placement::feasible::{self, AgentFacts, Filter};
@@ -60,8 +59,11 @@ impl MasterState {
         let mut offered = Resources::new();
         let mut offered_on: HashMap<String, Resources> = HashMap::new();
         for o in self.offers.values() {
-            add_saturating(&mut offered, &o.resources);
-            add_saturating(offered_on.entry(o.agent.clone()).or_default(), &o.resources);
+            offered.saturating_add_assign(&o.resources);
+            offered_on
+                .entry(o.agent.clone())
+                .or_default()
+                .saturating_add_assign(&o.resources);
         }
         let used = self
             .alloc

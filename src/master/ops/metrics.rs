@@ -415,14 +415,6 @@ fn gauge(family: &Family<Label, Gauge>, key: &'static str, value: &'static str, 
         .set(i64::try_from(n).unwrap_or(i64::MAX));
 }
 
-/// Adds per dimension, saturating instead of failing (sums for reports only).
-pub(crate) fn add_saturating(into: &mut Resources, add: &Resources) {
-    for (name, m) in add.iter() {
-        let sum = into.milli(name).saturating_add(m);
-        into.set_milli(name, sum);
-    }
-}
-
 /// One of the actor's monotonic counters, mirrored by a Prometheus counter.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Total {
