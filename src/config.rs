@@ -397,6 +397,9 @@ pub struct LimitsConfig {
     pub burst: u64,
     /// Messages the master may hold queued to one connection that it has not read yet.
     pub outbound_queue: usize,
+    /// Bytes (encoded) the master may hold queued to one connection that it has not read yet;
+    /// a message is always let into an empty queue, whatever its size.
+    pub outbound_queue_bytes: usize,
     /// Connections open at once (all roles, handshakes included); more are closed at accept.
     pub max_connections: usize,
     /// Largest frame accepted before a connection's RegisterAgent or Subscribe (Hello, and
@@ -411,6 +414,9 @@ pub struct LimitsConfig {
 /// Allowed range of `limits.listen_backlog`.
 pub const LISTEN_BACKLOG_RANGE: std::ops::RangeInclusive<u64> = 16..=65_535;
 
+/// Allowed range of `limits.outbound_queue_bytes`: 64 KiB to 1 GiB.
+pub const OUTBOUND_QUEUE_BYTES_RANGE: std::ops::RangeInclusive<u64> = 64 * 1024..=1 << 30;
+
 /// Allowed range of `limits.max_connections`.
 pub const MAX_CONNECTIONS_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 /// Allowed range of `limits.max_handshake_frame_bytes`: 1 KiB to 4 MiB.
@@ -424,6 +430,9 @@ impl Default for LimitsConfig {
             messages_per_sec: 50_000,
             burst: 100_000,
             outbound_queue: 65_536,
+            // Four of the largest frames (master.max_frame_bytes, 4 MiB); the busiest framework
+            // of the load generator stays well below it.
+            outbound_queue_bytes: 16 * 1024 * 1024,
             max_connections: 20_000,
             max_handshake_frame_bytes: 64 * 1024,
             // 128 (the old default) overflowed while 10,000 agents registered at once.
@@ -439,6 +448,7 @@ struct RawLimits {
     messages_per_sec: Option<serde_yaml::Value>,
     burst: Option<serde_yaml::Value>,
     outbound_queue: Option<serde_yaml::Value>,
+    outbound_queue_bytes: Option<serde_yaml::Value>,
     max_connections: Option<serde_yaml::Value>,
     max_handshake_frame_bytes: Option<serde_yaml::Value>,
     listen_backlog: Option<serde_yaml::Value>,
@@ -492,6 +502,10 @@ fn apply_limits(
         }
         usize::try_from(n).map_err(|_| source.error(&path, format!("{n} is too large")))
     };
+    if let Some(v) = &raw.outbound_queue_bytes {
+        out.outbound_queue_bytes =
+            in_range("outbound_queue_bytes", v, &OUTBOUND_QUEUE_BYTES_RANGE)?;
+    }
     if let Some(v) = &raw.max_connections {
         out.max_connections = in_range("max_connections", v, &MAX_CONNECTIONS_RANGE)?;
     }
@@ -1283,6 +1297,9 @@ matching: { a: 0.7, d: -1 }
             "c.yaml:2: limits.listen_backlog: 1 is out of range: allowed 16 to 65535"
         );
         assert_eq!(LimitsConfig::default().max_handshake_frame_bytes, 65_536);
+        assert_eq!(LimitsConfig::default().outbound_queue_bytes, 16 << 20);
+        let bytes = Config::from_yaml("limits:\n  outbound_queue_bytes: 1048576\n", "c.yaml");
+        assert_eq!(bytes.unwrap().limits.outbound_queue_bytes, 1 << 20);
         for (text, want) in [
             (
                 "limits:\n  burst: 5\n  max_connections: 0\n",
@@ -1291,6 +1308,10 @@ matching: { a: 0.7, d: -1 }
             (
                 "limits:\n  max_handshake_frame_bytes: 100\n",
                 "c.yaml:2: limits.max_handshake_frame_bytes: 100 is out of range: allowed 1024 to 4194304",
+            ),
+            (
+                "limits:\n  outbound_queue_bytes: 1000\n",
+                "c.yaml:2: limits.outbound_queue_bytes: 1000 is out of range: allowed 65536 to 1073741824",
             ),
         ] {
             let err = Config::from_yaml(text, "c.yaml").unwrap_err();

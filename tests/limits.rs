@@ -188,6 +188,42 @@ async fn a_client_that_stops_reading_is_disconnected_and_memory_stays_bounded() 
         .await;
 }
 
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off_by_the_byte_bound_of_its_queue() {
+    // A count bound far above what the deaf client asks for: only the byte bound can stop it.
+    let master = start("outbound_queue: 1000000, outbound_queue_bytes: 65536").await;
+    let _agent = Client::agent(master.addr(), "steady", "cpus:4;mem:4096").await;
+    let mut good = Client::framework(master.addr(), "good").await;
+    // 100 × 1,000 updates (about 10 MB encoded, more than the kernel's socket buffers hold),
+    // never read.
+    let mut deaf = Client::framework(master.addr(), "deaf").await;
+    let flood = tokio::spawn(async move {
+        for round in 0..100 {
+            if deaf.conn.send(reconcile(round)).await.is_err() {
+                break;
+            }
+        }
+        deaf
+    });
+    wait_for_state(&master, "the deaf framework disconnected", |s| {
+        s.frameworks
+            .iter()
+            .any(|f| f.name == "deaf" && !f.connected)
+    })
+    .await;
+    let mut deaf = tokio::time::timeout(WAIT, flood)
+        .await
+        .expect("the deaf client's writes end once it is closed")
+        .unwrap();
+    let _ = deaf.expect_closed().await;
+    let http = master.http_addr().unwrap();
+    assert_eq!(
+        metric(http, "connections_limited_total{limit=\"outbound_queue\"}").await,
+        1.0
+    );
+    one_offer_round(&mut good).await;
+}
+
 /// Reads from a raw socket until the master closes it: `true` for a close (end of stream or
 /// reset) with nothing sent first.
 async fn closed_without_a_word(mut stream: tokio::net::TcpStream) -> bool {

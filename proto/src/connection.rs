@@ -2,16 +2,37 @@
 //!
 //! `Connection` only reads and writes frames; what a message means is the caller's business.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use prost::Message as _;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
+use tokio_util::codec::{Framed, FramedParts, LengthDelimitedCodec};
 
 use crate::{Envelope, Message};
 
 /// Frames larger than this are refused unless configured otherwise: 4 MiB.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+
+/// A fresh read buffer: enough for the small messages most connections carry (heartbeats,
+/// updates); the codec reserves room for a larger frame once its length prefix is read.
+const READ_BUFFER_BYTES: usize = 1024;
+/// An idle buffer larger than this is given back (a master holds thousands of mostly idle
+/// connections; tokio-util's buffers start at 8 KiB each and never shrink by themselves).
+const KEEP_IDLE_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Gives back an empty read buffer that grew past [`KEEP_IDLE_BUFFER_BYTES`].
+fn trim_read(buffer: &mut BytesMut) {
+    if buffer.is_empty() && buffer.capacity() > KEEP_IDLE_BUFFER_BYTES {
+        *buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
+    }
+}
+
+/// Gives back an empty write buffer's memory; the next message allocates what it needs.
+fn trim_write(buffer: &mut BytesMut) {
+    if buffer.is_empty() && buffer.capacity() > 0 {
+        *buffer = BytesMut::new();
+    }
+}
 
 /// Why a frame could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -58,8 +79,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             .big_endian()
             .max_frame_length(max_frame_bytes)
             .new_codec();
+        let mut framed = Framed::with_capacity(stream, codec, READ_BUFFER_BYTES);
+        trim_write(framed.write_buffer_mut());
         Connection {
-            framed: Framed::new(stream, codec),
+            framed,
             max_frame_bytes,
         }
     }
@@ -91,12 +114,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     pub async fn flush(&mut self) -> Result<(), ConnectionError> {
         SinkExt::<Bytes>::flush(&mut self.framed)
             .await
-            .map_err(|e| self.classify(e))
+            .map_err(|e| self.classify(e))?;
+        trim_write(self.framed.write_buffer_mut());
+        Ok(())
     }
 
     /// Receives the next message; `Ok(None)` when the peer closed cleanly between frames.
     pub async fn recv(&mut self) -> Result<Option<Message>, ConnectionError> {
-        match self.framed.next().await {
+        let next = self.framed.next().await;
+        trim_read(self.framed.read_buffer_mut());
+        match next {
             None => Ok(None),
             Some(Err(e)) => Err(self.classify(e)),
             Some(Ok(frame)) => decode_frame(frame),
@@ -111,7 +138,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// Splits into a receiving and a sending half, so one side can read while the other is
     /// blocked writing to a peer that does not read (bytes already buffered are kept).
     pub fn split(self) -> (ConnectionReader<S>, ConnectionWriter<S>) {
-        let (sink, stream) = self.framed.split();
+        let parts = self.framed.into_parts();
+        let (read_half, write_half) = tokio::io::split(parts.io);
+        // One `Framed` per half, each used one way only: `from_parts` keeps the bytes already
+        // read (and marks them readable); the unused buffer of each half is given back.
+        let mut read = FramedParts::new::<Bytes>(read_half, parts.codec.clone());
+        read.read_buf = parts.read_buf;
+        let mut stream = Framed::from_parts(read);
+        *stream.write_buffer_mut() = BytesMut::new();
+        let mut write = FramedParts::new::<Bytes>(write_half, parts.codec);
+        write.write_buf = parts.write_buf;
+        let mut sink = Framed::from_parts(write);
+        *sink.read_buffer_mut() = BytesMut::new();
+        trim_write(sink.write_buffer_mut());
         (
             ConnectionReader {
                 stream,
@@ -154,14 +193,16 @@ fn decode_frame(frame: bytes::BytesMut) -> Result<Option<Message>, ConnectionErr
 
 /// The receiving half of a [`Connection::split`].
 pub struct ConnectionReader<S> {
-    stream: futures::stream::SplitStream<Framed<S, LengthDelimitedCodec>>,
+    stream: Framed<ReadHalf<S>, LengthDelimitedCodec>,
     max_frame_bytes: usize,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ConnectionReader<S> {
     /// As [`Connection::recv`].
     pub async fn recv(&mut self) -> Result<Option<Message>, ConnectionError> {
-        match self.stream.next().await {
+        let next = self.stream.next().await;
+        trim_read(self.stream.read_buffer_mut());
+        match next {
             None => Ok(None),
             Some(Err(e)) => Err(classify(e, self.max_frame_bytes)),
             Some(Ok(frame)) => decode_frame(frame),
@@ -171,7 +212,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ConnectionReader<S> {
 
 /// The sending half of a [`Connection::split`].
 pub struct ConnectionWriter<S> {
-    sink: futures::stream::SplitSink<Framed<S, LengthDelimitedCodec>, Bytes>,
+    sink: Framed<WriteHalf<S>, LengthDelimitedCodec>,
     max_frame_bytes: usize,
 }
 
@@ -193,7 +234,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ConnectionWriter<S> {
     /// As [`Connection::flush`].
     pub async fn flush(&mut self) -> Result<(), ConnectionError> {
         let limit = self.max_frame_bytes;
-        self.sink.flush().await.map_err(|e| classify(e, limit))
+        SinkExt::<Bytes>::flush(&mut self.sink)
+            .await
+            .map_err(|e| classify(e, limit))?;
+        trim_write(self.sink.write_buffer_mut());
+        Ok(())
     }
 }
 

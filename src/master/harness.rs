@@ -244,7 +244,10 @@ impl Harness {
     pub fn connect_as(&mut self, first: Message, principal: Option<&str>) -> ConnId {
         let conn = self.next_conn;
         self.next_conn += 1;
-        let (outbound, rx) = outbound_queue(self.state.config.limits.outbound_queue);
+        let (outbound, rx) = outbound_queue(
+            self.state.config.limits.outbound_queue,
+            self.state.config.limits.outbound_queue_bytes,
+        );
         self.conns.insert(
             conn,
             FakeConn {

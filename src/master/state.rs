@@ -82,7 +82,17 @@ pub(crate) struct FrameworkRecord {
 pub(crate) struct PendingUpdate {
     pub status: TaskStatus,
     pub last_sent: Instant,
+    /// Time from `last_sent` to the next resend: `status_retry_interval`, doubled after each
+    /// resend up to [`MAX_RETRY_BACKOFF`] times it, back to the start when the framework
+    /// re-subscribes.
+    pub backoff: Duration,
 }
+
+/// An unacknowledged update is resent after `status_retry_interval`, then after twice that,
+/// and so on up to this many times the interval (64 s by default), as Mesos backs off its
+/// status-update retries: a framework that is slow to read is not buried under copies of the
+/// updates it has not yet reached.
+pub(crate) const MAX_RETRY_BACKOFF: u32 = 32;
 
 pub(crate) struct OfferRecord {
     pub id: String,

@@ -7,7 +7,7 @@ use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
 use tokio::time::Instant;
 
 use super::ids::IdMint;
-use super::state::{MasterState, PendingUpdate, TaskKey};
+use super::state::{MasterState, PendingUpdate, TaskKey, MAX_RETRY_BACKOFF};
 
 impl MasterState {
     /// Counts a task's resources as used on its agent and allocated to its framework.
@@ -228,6 +228,7 @@ impl MasterState {
             PendingUpdate {
                 status: status.clone(),
                 last_sent: now,
+                backoff: self.config.master.status_retry_interval,
             },
         );
         if let Some(conn) = fw.conn {
@@ -271,15 +272,17 @@ impl MasterState {
         }
     }
 
-    /// Resends every update not acknowledged within `status_retry_interval`.
+    /// Resends every update whose backoff has passed since it was last sent (the first time
+    /// after `status_retry_interval`, then doubling; see [`MAX_RETRY_BACKOFF`]).
     pub(crate) fn retry_updates(&mut self, now: Instant) {
-        let retry = self.config.master.status_retry_interval;
+        let cap = self.config.master.status_retry_interval * MAX_RETRY_BACKOFF;
         let mut resend = Vec::new();
         for fw in self.frameworks.values_mut() {
             let Some(conn) = fw.conn else { continue };
             for pending in fw.unacked.values_mut() {
-                if now.duration_since(pending.last_sent) >= retry {
+                if now.duration_since(pending.last_sent) >= pending.backoff {
                     pending.last_sent = now;
+                    pending.backoff = (pending.backoff * 2).min(cap);
                     resend.push((conn, pending.status.clone()));
                 }
             }
@@ -296,6 +299,7 @@ impl MasterState {
 
     /// Resends every unacknowledged update of a framework, in order (after a re-subscribe).
     pub(crate) fn resend_all_updates(&mut self, framework_id: &str, now: Instant) {
+        let retry = self.config.master.status_retry_interval;
         let Some(fw) = self.frameworks.get_mut(framework_id) else {
             return;
         };
@@ -305,6 +309,7 @@ impl MasterState {
             .values_mut()
             .map(|p| {
                 p.last_sent = now;
+                p.backoff = retry;
                 p.status.clone()
             })
             .collect();

@@ -40,8 +40,9 @@ fn a_status_update_is_acked_to_the_agent_and_forwarded_to_the_framework() {
 }
 
 #[test]
-fn an_unacknowledged_update_is_resent_every_status_retry_interval() {
-    let mut h = Harness::new();
+fn an_unacknowledged_update_is_resent_with_a_doubling_backoff() {
+    // The agent stays registered without heartbeats over these minutes.
+    let mut h = Harness::configured(|c| c.master.agent_timeout = Duration::from_secs(3600));
     let agent = h.agent("a1", "cpus:4;mem:1024");
     let fw = h.framework("web");
     h.launch(&fw, "t1", "cpus:1;mem:128");
@@ -51,10 +52,55 @@ fn an_unacknowledged_update_is_resent_every_status_retry_interval() {
     h.advance_and_tick(Duration::from_secs(2) - Duration::from_millis(1));
     h.expect_nothing(fw.conn);
     h.advance_and_tick(Duration::from_millis(1));
-    // The very same update, id and timestamp included.
+    // The very same update, id and timestamp included, after status_retry_interval (2 s)...
     assert_eq!(h.sent(fw.conn), first);
+    // ...then after 4 s, 8 s, ... (a framework slow to read is not buried under copies).
+    h.advance_and_tick(Duration::from_secs(2));
+    h.expect_nothing(fw.conn);
     h.advance_and_tick(Duration::from_secs(2));
     assert_eq!(h.sent(fw.conn), first);
+    h.advance_and_tick(Duration::from_secs(8) - Duration::from_millis(1));
+    h.expect_nothing(fw.conn);
+    h.advance_and_tick(Duration::from_millis(1));
+    assert_eq!(h.sent(fw.conn), first);
+    // The backoff stops growing at 32 × the interval (64 s).
+    for _ in 0..6 {
+        h.advance_and_tick(Duration::from_secs(64));
+        assert_eq!(h.sent(fw.conn), first);
+    }
+    h.advance_and_tick(Duration::from_secs(64) - Duration::from_millis(1));
+    h.expect_nothing(fw.conn);
+    h.advance_and_tick(Duration::from_millis(1));
+    assert_eq!(h.sent(fw.conn), first);
+}
+
+#[test]
+fn a_resubscribed_framework_gets_its_updates_at_once_and_the_backoff_starts_over() {
+    // The agent stays registered without heartbeats over these minutes.
+    let mut h = Harness::configured(|c| c.master.agent_timeout = Duration::from_secs(3600));
+    let agent = h.agent("a1", "cpus:4;mem:1024");
+    let fw = h.framework("web");
+    h.launch(&fw, "t1", "cpus:1;mem:128");
+    h.status(agent, &fw, "t1", TaskState::TaskRunning);
+    let first = h.sent(fw.conn);
+    for wait in [2, 4, 8] {
+        h.advance_and_tick(Duration::from_secs(wait));
+        assert_eq!(h.sent(fw.conn), first);
+    }
+    h.disconnect(fw.conn);
+    let conn = h.connect(Message::Subscribe(ringmaster_proto::Subscribe {
+        framework_id: fw.id.clone(),
+        ..super::super::harness::subscribe("web")
+    }));
+    let again = h.sent(conn);
+    assert_eq!(
+        again.len(),
+        2,
+        "Subscribed and the update expected: {again:?}"
+    );
+    assert_eq!(again[1..], first[..]);
+    h.advance_and_tick(Duration::from_secs(2));
+    assert_eq!(h.sent(conn), first);
 }
 
 #[test]

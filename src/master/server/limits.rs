@@ -7,7 +7,9 @@
 //! - **Message rate**: a token bucket per connection ([`TokenBucket`], `limits.messages_per_sec`
 //!   and `limits.burst`). A client that sends faster gets `RATE_LIMITED` and is closed.
 //! - **Outstanding outbound messages**: the actor never blocks on a connection, so what it sends
-//!   is queued; [`outbound_queue`] bounds that queue (`limits.outbound_queue`). A client that
+//!   is queued; [`outbound_queue`] bounds that queue in messages (`limits.outbound_queue`) and
+//!   in encoded bytes (`limits.outbound_queue_bytes`), so one connection's backlog cannot grow
+//!   the master's memory past that, whatever it subscribed to. A client that
 //!   stops reading fills its socket, then its queue, and is disconnected with `SLOW_CONSUMER`
 //!   instead of growing the master's memory. The connection task is woken even while it is
 //!   stuck writing, so the close does not wait on the peer.
@@ -66,11 +68,18 @@ impl TokenBucket {
     }
 }
 
+/// A queued message and its encoded size. Boxed: the channel allocates its slots in blocks of
+/// 32 per connection, and a `Message` inline would make each idle connection's block about
+/// 7 KB (10,000 agents: 67 MB) instead of 256 bytes.
+type Queued = Box<(Outbound, usize)>;
+
 /// Shared between the actor's sender and the connection task's receiver.
 #[derive(Debug)]
 struct QueueShared {
     /// Messages sent by the actor and not yet taken by the connection task.
     queued: AtomicUsize,
+    /// Their encoded size.
+    queued_bytes: AtomicUsize,
     /// Set once when the queue overflowed: the connection is being closed.
     overflowed: AtomicBool,
     wake: Notify,
@@ -79,17 +88,19 @@ struct QueueShared {
 /// The actor's end of one connection's outbound queue.
 #[derive(Debug, Clone)]
 pub(crate) struct OutboundSender {
-    tx: mpsc::UnboundedSender<Outbound>,
+    tx: mpsc::UnboundedSender<Queued>,
     shared: Arc<QueueShared>,
     capacity: usize,
+    capacity_bytes: usize,
 }
 
 /// The connection task's end.
 #[derive(Debug)]
 pub(crate) struct OutboundReceiver {
-    rx: mpsc::UnboundedReceiver<Outbound>,
+    rx: mpsc::UnboundedReceiver<Queued>,
     shared: Arc<QueueShared>,
     capacity: usize,
+    capacity_bytes: usize,
 }
 
 /// Resolves when a queue overflows; see [`OutboundReceiver::overflow_signal`].
@@ -119,11 +130,16 @@ pub(crate) enum SendRefused {
     Closing,
 }
 
-/// A queue of at most `capacity` unread messages (a `Close` is always let through).
-pub(crate) fn outbound_queue(capacity: usize) -> (OutboundSender, OutboundReceiver) {
+/// A queue of at most `capacity` unread messages of at most `capacity_bytes` encoded bytes in
+/// all (a message is always let into an empty queue, and a `Close` is always let through).
+pub(crate) fn outbound_queue(
+    capacity: usize,
+    capacity_bytes: usize,
+) -> (OutboundSender, OutboundReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(QueueShared {
         queued: AtomicUsize::new(0),
+        queued_bytes: AtomicUsize::new(0),
         overflowed: AtomicBool::new(false),
         wake: Notify::new(),
     });
@@ -133,11 +149,13 @@ pub(crate) fn outbound_queue(capacity: usize) -> (OutboundSender, OutboundReceiv
             tx,
             shared: shared.clone(),
             capacity,
+            capacity_bytes,
         },
         OutboundReceiver {
             rx,
             shared,
             capacity,
+            capacity_bytes,
         },
     )
 }
@@ -148,16 +166,26 @@ impl OutboundSender {
         if self.shared.overflowed.load(Ordering::Relaxed) {
             return Err(SendRefused::Closing);
         }
-        let counted = matches!(out, Outbound::Send(_));
-        if counted {
-            if self.shared.queued.load(Ordering::Relaxed) >= self.capacity {
+        let bytes = match &out {
+            Outbound::Send(message) => message.encoded_len(),
+            Outbound::Close(_) => 0,
+        };
+        if let Outbound::Send(_) = out {
+            let queued = self.shared.queued.load(Ordering::Relaxed);
+            let queued_bytes = self.shared.queued_bytes.load(Ordering::Relaxed);
+            if queued >= self.capacity
+                || (queued > 0 && queued_bytes.saturating_add(bytes) > self.capacity_bytes)
+            {
                 self.shared.overflowed.store(true, Ordering::Relaxed);
                 self.shared.wake.notify_one();
                 return Err(SendRefused::Overflowed);
             }
             self.shared.queued.fetch_add(1, Ordering::Relaxed);
+            self.shared.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        self.tx.send(out).map_err(|_| SendRefused::Closing)
+        self.tx
+            .send(Box::new((out, bytes)))
+            .map_err(|_| SendRefused::Closing)
     }
 }
 
@@ -165,21 +193,22 @@ impl OutboundReceiver {
     /// The next queued message; `None` when the actor dropped the sender.
     pub async fn recv(&mut self) -> Option<Outbound> {
         let out = self.rx.recv().await;
-        self.taken(&out);
-        out
+        self.taken(out)
     }
 
     /// A queued message, without waiting.
     pub fn try_recv(&mut self) -> Option<Outbound> {
         let out = self.rx.try_recv().ok();
-        self.taken(&out);
-        out
+        self.taken(out)
     }
 
-    fn taken(&self, out: &Option<Outbound>) {
-        if let Some(Outbound::Send(_)) = out {
+    fn taken(&self, out: Option<Queued>) -> Option<Outbound> {
+        let (out, bytes) = *out?;
+        if let Outbound::Send(_) = out {
             self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            self.shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
+        Some(out)
     }
 
     /// A handle to wait for the overflow while the receiver itself is borrowed (writing).
@@ -191,6 +220,10 @@ impl OutboundReceiver {
 
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity_bytes
     }
 }
 
@@ -229,7 +262,7 @@ mod tests {
 
     #[tokio::test]
     async fn queue_overflows_once_and_wakes_the_reader() {
-        let (tx, mut rx) = outbound_queue(2);
+        let (tx, mut rx) = outbound_queue(2, 1 << 20);
         tx.send(ping()).unwrap();
         tx.send(ping()).unwrap();
         assert_eq!(tx.send(ping()), Err(SendRefused::Overflowed));
@@ -243,9 +276,43 @@ mod tests {
         assert!(rx.try_recv().is_none());
     }
 
+    fn offer_text(bytes: usize) -> Outbound {
+        Outbound::Send(Message::Error(ringmaster_proto::Error::new(
+            ringmaster_proto::ErrorCode::InvalidOffer,
+            "x".repeat(bytes),
+        )))
+    }
+
+    #[tokio::test]
+    async fn queue_is_bounded_in_bytes_too() {
+        let (tx, mut rx) = outbound_queue(1000, 10_000);
+        // An empty queue takes a message of any size.
+        tx.send(offer_text(50_000)).unwrap();
+        assert!(rx.try_recv().is_some());
+        for _ in 0..4 {
+            tx.send(offer_text(2_000)).unwrap();
+        }
+        // About 8 KB queued: 2 KB more goes past 10,000 bytes.
+        assert_eq!(tx.send(offer_text(2_000)), Err(SendRefused::Overflowed));
+        tokio::time::timeout(Duration::from_secs(5), rx.overflow_signal().wait())
+            .await
+            .expect("woken");
+    }
+
+    #[tokio::test]
+    async fn taking_messages_frees_their_bytes() {
+        let (tx, mut rx) = outbound_queue(1000, 10_000);
+        for _ in 0..100 {
+            tx.send(offer_text(3_000)).unwrap();
+            tx.send(offer_text(3_000)).unwrap();
+            assert!(rx.recv().await.is_some());
+            assert!(rx.recv().await.is_some());
+        }
+    }
+
     #[tokio::test]
     async fn reading_makes_room() {
-        let (tx, mut rx) = outbound_queue(1);
+        let (tx, mut rx) = outbound_queue(1, 1 << 20);
         for _ in 0..10 {
             tx.send(ping()).unwrap();
             assert!(rx.recv().await.is_some());

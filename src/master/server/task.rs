@@ -273,7 +273,8 @@ impl ConnectionTask {
         // the role message already; this only makes it plain).
         connection.set_max_frame(max_frame);
         let limits: &LimitsConfig = &config.limits;
-        let (outbound_tx, mut outbound_rx) = outbound_queue(limits.outbound_queue);
+        let (outbound_tx, mut outbound_rx) =
+            outbound_queue(limits.outbound_queue, limits.outbound_queue_bytes);
         if events
             .send(Event::Opened {
                 conn,
@@ -588,7 +589,7 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let overflow = outbound.overflow_signal();
-    let capacity = outbound.capacity();
+    let (capacity, capacity_bytes) = (outbound.capacity(), outbound.capacity_bytes());
     let read_side = async {
         let mut bucket = TokenBucket::new(limits, tokio::time::Instant::now());
         loop {
@@ -650,8 +651,9 @@ where
             Some(ringmaster_proto::Error::new(
                 ErrorCode::SlowConsumer,
                 format!(
-                    "more than {capacity} messages queued to this connection and not read: \
-                     read faster (limits.outbound_queue)"
+                    "more than {capacity} messages or {capacity_bytes} bytes queued to this \
+                     connection and not read: read faster (limits.outbound_queue, \
+                     limits.outbound_queue_bytes)"
                 ),
             ))
         }

@@ -10,7 +10,7 @@
 //! master's memory with many agents); `--master-pid` prints the master's VmRSS.
 
 use ringmaster_proto::convert::ResourcesWire;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,8 +21,8 @@ use ringmaster_proto::resources::Resources;
 use ringmaster_proto::security::AuthRole;
 use ringmaster_proto::transport::{BoxedStream, ClientSecurity};
 use ringmaster_proto::{
-    Accept, AgentHeartbeat, Connection, Demand, Hello, Message, RegisterAgent, StatusAck,
-    StatusUpdate, Subscribe, TaskInfo, TaskState, TaskStatus, PROTOCOL_VERSION,
+    Accept, AgentHeartbeat, Connection, Demand, ErrorCode, Hello, Message, RegisterAgent,
+    StatusAck, StatusUpdate, Subscribe, TaskInfo, TaskState, TaskStatus, PROTOCOL_VERSION,
 };
 use ringmaster_sdk::SecurityFlags;
 
@@ -184,7 +184,12 @@ async fn sim_framework(
         })
     };
     conn.send(demand(tasks)).await?;
-    let mut launched = 0u64;
+    // Task indices handed out so far, and indices to launch again: an offer the master
+    // rescinded (timed out, agent gone) while our Accept was on its way launches nothing, and
+    // the master answers that Accept with INVALID_OFFER.
+    let mut next = 0u64;
+    let mut retry: Vec<u64> = Vec::new();
+    let mut accepted: HashMap<String, Vec<u64>> = HashMap::new();
     // The master re-sends an update until it is acknowledged (and after a reconnect), so one
     // task's FINISHED can arrive more than once: count each task once.
     let mut finished_ids: HashSet<String> = HashSet::new();
@@ -202,8 +207,20 @@ async fn sim_framework(
                 result.first_offer.get_or_insert_with(Instant::now);
                 for offer in offers.offers {
                     let offered = Resources::from_wire(offer.resources.as_ref())?;
-                    let n = offered.copies_of(&unit).min(tasks - launched);
-                    let infos: Vec<TaskInfo> = (launched..launched + n)
+                    let room = offered.copies_of(&unit);
+                    let mut indices = Vec::new();
+                    while (indices.len() as u64) < room {
+                        match retry.pop() {
+                            Some(i) => indices.push(i),
+                            None if next < tasks => {
+                                indices.push(next);
+                                next += 1;
+                            }
+                            None => break,
+                        }
+                    }
+                    let infos: Vec<TaskInfo> = indices
+                        .iter()
                         .map(|i| TaskInfo {
                             task_id: format!("t{i}"),
                             name: String::new(),
@@ -212,16 +229,26 @@ async fn sim_framework(
                             ..Default::default()
                         })
                         .collect();
-                    launched += n;
+                    if !indices.is_empty() {
+                        accepted.insert(offer.offer_id.clone(), indices);
+                    }
                     conn.feed(Message::Accept(Accept {
                         offer_id: offer.offer_id,
                         tasks: infos,
                     }))
                     .await?;
                 }
-                conn.feed(demand(tasks - launched)).await?;
+                conn.feed(demand(tasks - next + retry.len() as u64)).await?;
                 conn.flush().await?;
             }
+            Message::Rescind(rescind) => {
+                if let Some(indices) = accepted.remove(&rescind.offer_id) {
+                    retry.extend(indices);
+                    conn.send(demand(tasks - next + retry.len() as u64)).await?;
+                }
+            }
+            // The answer to the Accept of a rescinded offer: its tasks are queued again above.
+            Message::Error(e) if e.code == ErrorCode::InvalidOffer as i32 => {}
             Message::Update(update) => {
                 let Some(status) = update.status else {
                     continue;
