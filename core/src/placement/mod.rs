@@ -159,12 +159,21 @@ pub struct Cluster {
     total: Resources,
     /// The sum of free amounts as a bundle, built from `dimensions` on first use after a change.
     free: OnceLock<Resources>,
+    /// Indices of the ring search's spared dimensions ([`RingSearch::spare`]) some agent has had.
+    ///
+    /// [`RingSearch::spare`]: placers::ring::RingSearch::spare
+    spare: Vec<usize>,
 }
 
 /// One dimension some agent has had: its ring set, every agent's free amount and their sum.
 #[derive(Clone, Debug)]
 struct Dimension {
     ring: RingSet,
+    /// The same ring restricted to the *plain* agents, those with none of any spared dimension
+    /// free (e.g. no free GPU), kept only when the ring search spares something: its sparing
+    /// search walks this ring instead of walking past every agent it spares, and fails at once
+    /// (by [`RingSet::max_free`]) when no plain agent has the demand's dominant amount free.
+    plain: Option<RingSet>,
     /// Free amount by agent key; 0 past the end, for absent agents and agents without it.
     free_by_agent: Vec<u64>,
     /// Exact sum of every agent's free amount: `u128` cannot overflow (it would take 2^64
@@ -220,6 +229,7 @@ impl Cluster {
             index: BTreeMap::new(),
             total: Resources::new(),
             free: OnceLock::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -229,24 +239,67 @@ impl Cluster {
             return i;
         }
         let i = self.dimensions.len();
+        let spec = self.config.spec_for(name);
+        let spared = self.config.search().spare();
         self.dimensions.push(Dimension {
-            ring: RingSet::new(name, self.config.spec_for(name).clone()),
+            ring: RingSet::new(name, spec.clone()),
+            plain: (!spared.is_empty()).then(|| RingSet::new(name, spec.clone())),
             free_by_agent: Vec::new(),
             free: 0,
             total: 0,
         });
+        if spared.iter().any(|s| s == name) {
+            self.spare.push(i);
+        }
         self.index.insert(name.to_string(), i);
         i
+    }
+
+    /// The agent has none of any spared dimension free (true for absent agents).
+    fn is_plain(&self, key: AgentKey) -> bool {
+        self.spare
+            .iter()
+            .all(|&d| self.dimensions[d].free_of(key) == 0)
+    }
+
+    /// Files the agent in (`file`) or takes it out of the plain ring of every dimension of its
+    /// total, at its current free amounts.
+    fn refile_plain(&mut self, key: AgentKey, file: bool) {
+        let Some(entry) = self.agents.get(key) else {
+            return;
+        };
+        for (name, _) in entry.total.iter() {
+            if let Some(&d) = self.index.get(name) {
+                let dimension = &mut self.dimensions[d];
+                let free = dimension.free_of(key);
+                if let Some(plain) = &mut dimension.plain {
+                    if file {
+                        plain.insert(key, free);
+                    } else {
+                        plain.remove(key, free);
+                    }
+                }
+            }
+        }
     }
 
     /// Registers an agent with everything free.
     pub fn add_agent(&mut self, total: Resources) -> AgentKey {
         let key = self.agents.vacant_key();
+        let plain = self
+            .config
+            .search()
+            .spare()
+            .iter()
+            .all(|s| total.milli(s) == 0);
         for (name, amount) in total.iter() {
             let d = self.dimension_index(name);
             let dimension = &mut self.dimensions[d];
             dimension.set_free_of(key, amount);
             dimension.ring.insert(key, amount);
+            if let Some(ring) = dimension.plain.as_mut().filter(|_| plain) {
+                ring.insert(key, amount);
+            }
             dimension.free += u128::from(amount);
             dimension.total += u128::from(amount);
             self.total.set_milli(name, clamp_sum(dimension.total));
@@ -262,12 +315,16 @@ impl Cluster {
 
     /// Unregisters an agent, taking it out of every ring.
     pub fn remove_agent(&mut self, key: AgentKey) -> Option<AgentEntry> {
+        let plain = self.is_plain(key);
         let entry = self.agents.try_remove(key)?;
         for (name, _) in entry.total.iter() {
             if let Some(&d) = self.index.get(name) {
                 let dimension = &mut self.dimensions[d];
                 let free = dimension.free_of(key);
                 dimension.ring.remove(key, free);
+                if let Some(ring) = dimension.plain.as_mut().filter(|_| plain) {
+                    ring.remove(key, free);
+                }
                 dimension.free = dimension.free.saturating_sub(u128::from(free));
                 dimension.total = dimension
                     .total
@@ -310,6 +367,11 @@ impl Cluster {
                 });
             }
         }
+        // Taking never gives a spared dimension free amount: a plain agent stays plain.
+        let was_plain = self
+            .spare
+            .iter()
+            .all(|&d| self.dimensions[d].free_of(key) == 0);
         for (name, m) in r.iter() {
             let old = entry.free.milli(name);
             entry.free.set_milli(name, old - m);
@@ -318,8 +380,14 @@ impl Cluster {
                 let dimension = &mut self.dimensions[d];
                 dimension.set_free_of(key, old - m);
                 dimension.ring.relocate(key, old, old - m);
+                if let Some(ring) = dimension.plain.as_mut().filter(|_| was_plain) {
+                    ring.relocate(key, old, old - m);
+                }
                 dimension.free = dimension.free.saturating_sub(u128::from(m));
             }
+        }
+        if !was_plain && self.is_plain(key) {
+            self.refile_plain(key, true);
         }
         self.free.take();
         Ok(())
@@ -335,10 +403,11 @@ impl Cluster {
         taken: &mut Vec<(usize, u64)>,
     ) -> Result<Resources, PlacementError> {
         taken.clear();
-        let entry = self
-            .agents
-            .get_mut(key)
-            .ok_or(PlacementError::UnknownAgent(key))?;
+        if !self.agents.contains(key) {
+            return Err(PlacementError::UnknownAgent(key));
+        }
+        // Everything goes to 0: a plain agent stays plain, any other becomes plain.
+        let was_plain = self.is_plain(key);
         for (d, dimension) in self.dimensions.iter_mut().enumerate() {
             let Some(free) = dimension.free_by_agent.get_mut(key) else {
                 continue;
@@ -346,11 +415,18 @@ impl Cluster {
             if *free > 0 {
                 taken.push((d, *free));
                 dimension.ring.relocate(key, *free, 0);
+                if let Some(ring) = dimension.plain.as_mut().filter(|_| was_plain) {
+                    ring.relocate(key, *free, 0);
+                }
                 dimension.free = dimension.free.saturating_sub(u128::from(*free));
                 *free = 0;
             }
         }
+        if !was_plain {
+            self.refile_plain(key, true);
+        }
         self.free.take();
+        let entry = &mut self.agents[key];
         Ok(std::mem::take(&mut entry.free))
     }
 
@@ -370,6 +446,14 @@ impl Cluster {
                 });
             }
         }
+        // Giving back never empties a spared dimension: a plain agent stays plain unless `r`
+        // holds some spared dimension, and no other agent becomes plain.
+        let was_plain = self.is_plain(key);
+        let stays_plain = was_plain && self.config.search().spare().iter().all(|s| r.milli(s) == 0);
+        if was_plain && !stays_plain {
+            self.refile_plain(key, false);
+        }
+        let entry = &mut self.agents[key];
         for (name, m) in r.iter() {
             let old = entry.free.milli(name);
             entry.free.set_milli(name, old + m);
@@ -378,6 +462,9 @@ impl Cluster {
                 let dimension = &mut self.dimensions[d];
                 dimension.set_free_of(key, old + m);
                 dimension.ring.relocate(key, old, old + m);
+                if let Some(ring) = dimension.plain.as_mut().filter(|_| stays_plain) {
+                    ring.relocate(key, old, old + m);
+                }
                 dimension.free += u128::from(m);
             }
         }
@@ -479,6 +566,24 @@ impl Cluster {
     /// The ring set of one dimension, if any agent has had that dimension.
     pub fn ring(&self, dimension: &str) -> Option<&RingSet> {
         self.index.get(dimension).map(|&d| &self.dimensions[d].ring)
+    }
+
+    /// The ring set of one dimension restricted to the plain agents, those with none of any
+    /// spared dimension ([`RingSearch::spare`]) free; `None` when the search spares nothing or
+    /// no agent has had the dimension.
+    ///
+    /// [`RingSearch::spare`]: placers::ring::RingSearch::spare
+    pub fn plain_ring(&self, dimension: &str) -> Option<&RingSet> {
+        let &d = self.index.get(dimension)?;
+        self.dimensions[d].plain.as_ref()
+    }
+
+    /// The plain rings hold exactly the agents with none of the dimensions `spared` (indices)
+    /// free: `spared` is every spared dimension some agent has had, and the rings are kept.
+    pub(crate) fn plain_rings_spare(&self, spared: &[usize]) -> bool {
+        !self.config.search().spare().is_empty()
+            && spared.len() == self.spare.len()
+            && self.spare.iter().all(|d| spared.contains(d))
     }
 
     /// Picks an agent for `demand` with the cluster's placer, among agents `eligible` accepts.

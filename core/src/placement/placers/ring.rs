@@ -117,12 +117,7 @@ impl Placer for RingPlacer {
         context: &mut PlacementContext,
     ) -> Option<Decision> {
         let search = cluster.rings_config().search();
-        let score = context.score().filter(|_| search.candidates() > 1);
-        let k = if score.is_some() {
-            search.candidates()
-        } else {
-            1
-        };
+        let (k, score) = tie_break(search, context);
         // Spared dimensions this demand does not ask for, which some agent has none of free.
         let mut spared: [usize; 4] = [0; 4];
         let mut n_spared = 0;
@@ -139,28 +134,62 @@ impl Placer for RingPlacer {
         }
         if n_spared > 0 {
             let spared = &spared[..n_spared];
-            let without = |key: AgentKey| {
-                spared.iter().all(|&d| cluster.free_in(key, d) == 0) && eligible(key)
+            // The sparing search: among agents with none of the spared dimensions free. The
+            // cluster's plain rings hold exactly those when every spared dimension is spared
+            // (the usual case); otherwise the full rings, walking past the others.
+            let found = if cluster.plain_rings_spare(spared) {
+                ring_search(cluster, Rings::Plain, demand, eligible, k, score)
+            } else {
+                let without = |key: AgentKey| {
+                    spared.iter().all(|&d| cluster.free_in(key, d) == 0) && eligible(key)
+                };
+                ring_search(cluster, Rings::All, demand, &without, k, score)
             };
-            if let Some(found) = ring_search(cluster, demand, &without, k, score) {
-                return Some(found);
+            if found.is_some() {
+                return found;
             }
         }
-        ring_search(cluster, demand, eligible, k, score)
+        ring_search(cluster, Rings::All, demand, eligible, k, score)
     }
 }
 
-/// One ring search (the three phases) among `eligible` agents; with a score and `k` > 1, the
-/// first `k` fitting agents in the search's order are ranked by the score ([`scored_search`]).
+/// How many candidates the search ranks, and by which score: the caller's score and
+/// [`RingSearch::candidates`] when it gives one and more than one candidate, else 1 and none.
+fn tie_break<'s>(
+    search: &RingSearch,
+    context: &PlacementContext<'s>,
+) -> (usize, Option<&'s dyn AgentScore>) {
+    match context.score().filter(|_| search.candidates() > 1) {
+        Some(score) => (search.candidates(), Some(score)),
+        None => (1, None),
+    }
+}
+
+/// Which ring sets a search walks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rings {
+    /// Every agent ([`Cluster::ring`]).
+    All,
+    /// The agents with none of any spared dimension free ([`Cluster::plain_ring`]).
+    Plain,
+}
+
+/// One ring search (the three phases) among `eligible` agents of `rings`; with a score and
+/// `k` > 1, the first `k` fitting agents in the search's order are ranked by the score
+/// ([`scored_search`]).
 fn ring_search(
     cluster: &Cluster,
+    rings: Rings,
     demand: &Resources,
     eligible: &dyn Fn(AgentKey) -> bool,
     k: usize,
     score: Option<&dyn AgentScore>,
 ) -> Option<Decision> {
     let dimension = dominant_dimension(demand, cluster.total())?;
-    let ring = cluster.ring(dimension)?;
+    let ring = match rings {
+        Rings::All => cluster.ring(dimension)?,
+        Rings::Plain => cluster.plain_ring(dimension)?,
+    };
     let need = demand.milli(dimension);
     // No agent has that much free in the dominant dimension: nothing to search (the common
     // case at the end of an allocation step, when most agents are taken).
@@ -458,6 +487,215 @@ mod tests {
         }
         assert_eq!(cluster.agent(a).unwrap().free, r("mem:5120"));
         assert_eq!(cluster.place(&r("cpus:1;mem:1"), &|_| true), None);
+    }
+
+    /// The ring placer as it was before the plain rings: the sparing search walks the full
+    /// rings and skips every agent with a spared dimension free. The reference for
+    /// `sparing_search_equals_filtering_the_full_rings`.
+    fn place_filtered(
+        cluster: &Cluster,
+        demand: &Resources,
+        eligible: &dyn Fn(AgentKey) -> bool,
+        context: &mut PlacementContext,
+    ) -> Option<Decision> {
+        let search = cluster.rings_config().search();
+        let (k, score) = tie_break(search, context);
+        let spared: Vec<usize> = search
+            .spare()
+            .iter()
+            .filter(|name| demand.milli(name) == 0)
+            .filter_map(|name| cluster.dimension_of(name))
+            .filter(|&d| cluster.some_agent_without(d))
+            .take(4)
+            .collect();
+        if !spared.is_empty() {
+            let without = |key: AgentKey| {
+                spared.iter().all(|&d| cluster.free_in(key, d) == 0) && eligible(key)
+            };
+            if let Some(found) = ring_search(cluster, Rings::All, demand, &without, k, score) {
+                return Some(found);
+            }
+        }
+        ring_search(cluster, Rings::All, demand, eligible, k, score)
+    }
+
+    mod sparing {
+        use super::*;
+        use proptest::prelude::*;
+
+        const NAMES: [&str; 4] = ["cpus", "mem", "gpus", "fpgas"];
+
+        fn bundle(amounts: [u64; 4]) -> Resources {
+            Resources::from_milli(NAMES.into_iter().zip(amounts).filter(|&(_, m)| m > 0)).unwrap()
+        }
+
+        fn agent_total() -> impl Strategy<Value = Resources> {
+            (
+                1u64..=40,
+                1u64..=16,
+                prop_oneof![3 => Just(0u64), 1 => 1u64..=4],
+                prop_oneof![4 => Just(0u64), 1 => 1u64..=2],
+            )
+                .prop_map(|(c, m, g, f)| bundle([c * 250, m * 256_000, g * 1000, f * 1000]))
+        }
+
+        fn demand() -> impl Strategy<Value = Resources> {
+            (
+                0u64..=24,
+                0u64..=12,
+                prop_oneof![4 => Just(0u64), 1 => 1u64..=2],
+                prop_oneof![6 => Just(0u64), 1 => Just(1u64)],
+            )
+                .prop_map(|(c, m, g, f)| bundle([c * 250, m * 256_000, g * 1000, f * 1000]))
+        }
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Add(Resources),
+            Remove(usize),
+            Take(usize, Resources),
+            TakeAll(usize),
+            /// Gives back this many quarters of what is taken in every dimension.
+            GiveBack(usize, u64),
+            /// Demand, eligibility (none, key % 3 != 0, key even), with the score.
+            Place(Resources, u8, bool),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                3 => agent_total().prop_map(Op::Add),
+                1 => any::<usize>().prop_map(Op::Remove),
+                3 => (any::<usize>(), demand()).prop_map(|(i, r)| Op::Take(i, r)),
+                2 => any::<usize>().prop_map(Op::TakeAll),
+                2 => (any::<usize>(), 1u64..=4).prop_map(|(i, q)| Op::GiveBack(i, q)),
+                6 => (demand(), 0u8..3, any::<bool>()).prop_map(|(d, e, s)| Op::Place(d, e, s)),
+            ]
+        }
+
+        /// Search options: default (spare gpus), gpus and fpgas, fpgas only, and the default
+        /// layouts or small cpus buckets (every phase, the downward one included).
+        fn rings(spare: u8, small: bool, candidates: usize) -> RingsConfig {
+            let mut rings = RingsConfig::default();
+            let spare: Vec<String> = match spare {
+                0 => vec!["gpus".into()],
+                1 => vec!["gpus".into(), "fpgas".into()],
+                _ => vec!["fpgas".into()],
+            };
+            rings.set_search(RingSearch::new(spare, candidates).unwrap());
+            if small {
+                let layout = RingLayout::EqualSpans {
+                    base: 0,
+                    step: 1000,
+                    buckets: 6,
+                };
+                rings.set("cpus", RingSpec::new(layout, 1).unwrap());
+            }
+            rings
+        }
+
+        fn nth_key(cluster: &Cluster, i: usize) -> Option<AgentKey> {
+            let keys: Vec<AgentKey> = cluster.agents().map(|(k, _)| k).collect();
+            (!keys.is_empty()).then(|| keys[i % keys.len()])
+        }
+
+        /// Each plain ring holds exactly the agents with none of a spared dimension free, in
+        /// the bucket of their free amount, like the full ring.
+        fn check_plain_rings(cluster: &Cluster) -> Result<(), TestCaseError> {
+            let spare = cluster.rings_config().search().spare();
+            for name in NAMES {
+                let (Some(ring), Some(plain)) = (cluster.ring(name), cluster.plain_ring(name))
+                else {
+                    continue;
+                };
+                for bucket in 0..ring.len() {
+                    let expected: Vec<(u64, AgentKey)> = ring
+                        .members(bucket)
+                        .filter(|&(_, key)| {
+                            let free = &cluster.agent(key).unwrap().free;
+                            spare.iter().all(|s| free.milli(s) == 0)
+                        })
+                        .collect();
+                    let got: Vec<(u64, AgentKey)> = plain.members(bucket).collect();
+                    prop_assert_eq!(got, expected, "{} bucket {}", name, bucket);
+                }
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn sparing_search_equals_filtering_the_full_rings(
+                spare in 0u8..3,
+                small in any::<bool>(),
+                candidates in prop_oneof![Just(1usize), Just(2), Just(16)],
+                agents in prop::collection::vec(agent_total(), 0..24),
+                ops in prop::collection::vec(op(), 1..80),
+            ) {
+                let mut cluster = ring_cluster(rings(spare, small, candidates));
+                for total in agents {
+                    cluster.add_agent(total);
+                }
+                let score = |agent: AgentKey, demand: &Resources| {
+                    ((agent as u64 * 7919 + demand.milli("cpus") / 250) % 4) as i64
+                };
+                let mut taken = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Add(total) => {
+                            cluster.add_agent(total);
+                        }
+                        Op::Remove(i) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                cluster.remove_agent(key);
+                            }
+                        }
+                        Op::Take(i, r) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                let _ = cluster.take(key, &r);
+                            }
+                        }
+                        Op::TakeAll(i) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                cluster.take_all(key, &mut taken).unwrap();
+                            }
+                        }
+                        Op::GiveBack(i, quarters) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                let agent = cluster.agent(key).unwrap();
+                                let used = agent.total.saturating_sub(&agent.free);
+                                let back = Resources::from_milli(
+                                    used.iter().map(|(n, m)| (n, m / 4 * quarters)),
+                                )
+                                .unwrap();
+                                cluster.give_back(key, &back).unwrap();
+                            }
+                        }
+                        Op::Place(demand, eligible, scored) => {
+                            let eligible = move |key: AgentKey| match eligible {
+                                0 => true,
+                                1 => key % 3 != 0,
+                                _ => key % 2 == 0,
+                            };
+                            let context = || {
+                                let context = PlacementContext::default();
+                                if scored {
+                                    context.with_score(&score)
+                                } else {
+                                    context
+                                }
+                            };
+                            let got = cluster.place_in(&demand, &eligible, &mut context());
+                            let expected =
+                                place_filtered(&cluster, &demand, &eligible, &mut context());
+                            prop_assert_eq!(got, expected, "demand {}", demand);
+                        }
+                    }
+                    check_plain_rings(&cluster)?;
+                }
+            }
+        }
     }
 
     #[test]
