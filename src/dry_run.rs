@@ -47,9 +47,10 @@ use crate::config::{
 };
 use ringmaster_core::placement::feasible::{self, AgentFacts};
 use ringmaster_core::placement::{
-    no_devices, run_cycle, task_priority, Allocation, BalanceSettings, Cluster, CycleInput,
-    DrfSorter, Grant, PlacementContext, PlacerKind, Priority, PriorityConfig, QuotaLedger, Request,
-    Resources, RingsConfig, RunningTask, TieredRequest, Unserved, WhyUnplaced, DEFAULT_PARTITION,
+    no_devices, run_cycle, task_priority, AgentKey, Allocation, BalanceSettings, Cluster,
+    CycleInput, DrfSorter, Filter, FrameworkKey, Grant, PlacementContext, PlacerKind, Priority,
+    PriorityConfig, QuotaLedger, Request, Resources, RingsConfig, RunningTask, TieredRequest,
+    Unserved, WhyUnplaced, DEFAULT_PARTITION,
 };
 
 #[derive(Debug, Deserialize)]
@@ -537,6 +538,24 @@ fn placed_line(
     }
 }
 
+/// The cycle input of a caller without priorities, holds or running tasks (the dry-run without
+/// a `priorities:` section, the simulator): every demand at the base priority, so none preempts;
+/// each grant exactly the demand, as if its task were launched at once ([`Grant::Demand`]); no
+/// GPU devices tracked, so the scalars decide ([`no_devices`]). `feasible` is the caller's
+/// per-agent verdict.
+pub fn exact_cycle_input<'a, T>(
+    feasible: &'a dyn Fn(FrameworkKey, AgentKey) -> Result<(), Filter>,
+) -> CycleInput<'a, T> {
+    CycleInput {
+        base: PriorityConfig::default().base(),
+        grant: Grant::Demand,
+        feasible,
+        waiting: &|_| false,
+        running: &Vec::new,
+        devices: &no_devices,
+    }
+}
+
 /// Places the scenario's requests with `placer`: allocation cycles as the master runs them
 /// (ringmaster_core::placement::cycle), each grant taken as if its task were launched at once,
 /// until a cycle makes no progress. Without priorities every request is at base priority, so
@@ -554,7 +573,7 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
     for (fw, (_, weight)) in scenario.frameworks.iter().enumerate() {
         drf.add(fw, *weight);
     }
-    let base = PriorityConfig::default().base();
+    let input = exact_cycle_input::<usize>(&|_, _| Ok(()));
     let mut requests: Vec<TieredRequest> = scenario
         .requests
         .iter()
@@ -564,19 +583,10 @@ pub fn run(scenario: &Scenario, placer: PlacerKind) -> DryRun {
                 demand: demand.clone(),
                 count: *count,
             },
-            priority: base,
+            priority: input.base,
         })
         .collect();
     let mut context = PlacementContext::new(scenario.balance.clone());
-    let input = CycleInput::<usize> {
-        base,
-        grant: Grant::Demand,
-        feasible: &|_, _| Ok(()),
-        waiting: &|_| false,
-        running: &Vec::new,
-        // The dry-run tracks no GPU devices: its scalars decide.
-        devices: &no_devices,
-    };
     let name = |fw: usize| scenario.frameworks[fw].0.clone();
     let mut placed = Vec::new();
     loop {

@@ -236,7 +236,7 @@ proptest! {
             let mut cluster = SimCluster::new(&w, &target, &all, policy, &RingsConfig::default(), Ties::Random, seed);
             let mut running: Vec<(usize, Placement)> = Vec::new();
             for (t, &shape) in w.task_shape.iter().enumerate() {
-                match cluster.decide(shape) {
+                match cluster.decide(shape).unwrap() {
                     Some(p) => {
                         prop_assert!(cluster.fits(p.node, shape), "{policy} chose a node that does not fit");
                         cluster.commit(shape, p).unwrap();

@@ -1,13 +1,18 @@
 //! The simulated cluster: per-GPU node state, the real allocator for Ringmaster's placers, and
 //! one placement decision at a time for any policy.
 //!
-//! Ringmaster's placers (`ring`, `first-fit`, `linear-best-fit`, and every other
-//! [`PlacerKind`]) run through [`Cluster::place`] — the same code the master runs — over a
-//! scalar view of each node (`cpus`, `mem`, and `gpus` = its total free milli-GPU, exact in
-//! milli fixed point). The per-GPU check (enough GPUs with enough free milli, the GPU model) is
-//! the `eligible` filter, and the GPUs inside the chosen node are picked by best fit. The ring's
-//! scored tie-break gets FGD's fragment growth per node through the [`PlacementContext`] (then
-//! the node's GPUs are the ones that score assumed). The paper's
+//! Ringmaster's placers (`ring`, `first-fit`, `linear-best-fit`, every other [`PlacerKind`],
+//! and `ring-seed001`) place each task with one run of the core's allocation cycle
+//! ([`run_cycle`]) — the step the master and `ringmaster place` run — over a scalar view of each
+//! node (`cpus`, `mem`, and `gpus` = its total free milli-GPU, exact in milli fixed point): one
+//! framework, one request of count 1 at the base priority, granted exactly its demand (the
+//! dry-run's input, [`exact_cycle_input`]), nothing running. The per-GPU check (enough GPUs with
+//! enough free milli, the GPU model) is the cycle's feasibility verdict ([`Filter::Devices`]
+//! when it fails), and the GPUs inside the granted node are picked by best fit. The ring's
+//! scored tie-break gets FGD's fragment growth per node through the [`PlacementContext`] given
+//! to the cycle (then the node's GPUs are the ones that score assumed). `PLACER+spare-gpus` is
+//! the exception: a direct [`Cluster::place_sparing`] call, since the cycle has no such
+//! two-pass step (see [`SimPolicy::SparingGpus`]). The paper's
 //! policies ([`PaperPolicy`]) score nodes from the same state; their scores are cached per
 //! (node, task shape) and recomputed only when the node changed.
 //!
@@ -27,8 +32,10 @@ use ringmaster_proto::resources::{Resources, MILLI};
 use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape};
 use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
 use super::trace::{Node, Task, GPU_MILLI};
+use crate::dry_run::exact_cycle_input;
 use ringmaster_core::placement::{
-    Cluster, PlacementContext, PlacementError, PlacerKind, RingsConfig,
+    run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
+    PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
 };
 
 /// Above this many (node, shape) pairs the paper's policies score without a cache.
@@ -51,10 +58,15 @@ pub enum Ties {
 /// A policy the simulator can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SimPolicy {
-    /// One of Ringmaster's placers, through the real allocator.
+    /// One of Ringmaster's placers, through the core's allocation cycle ([`run_cycle`]).
     Allocator(PlacerKind),
-    /// The same, through [`Cluster::place_sparing`] on `gpus`: tasks without GPUs first go to
-    /// nodes without free GPUs. Named `PLACER+spare-gpus`.
+    /// The same placer, through [`Cluster::place_sparing`] on `gpus`: tasks without GPUs first
+    /// go to nodes without free GPUs. Named `PLACER+spare-gpus`.
+    ///
+    /// Not through the cycle: its allocation step always places with `Cluster::place_in`, so
+    /// it cannot express this two-pass search without a change to the core, and the master has
+    /// no such step (its ring spares `gpus` by itself, `RingSearch::spare`). A direct call, as
+    /// before, with no scored tie-break.
     SparingGpus(PlacerKind),
     /// The `ring` placer with [`RingsConfig::seed_001`] whatever the configuration says: the
     /// search exactly as SPEC seed 001 states it and as first shipped, for comparison. Named
@@ -276,7 +288,7 @@ pub struct SimCluster<'w> {
     kinds: Vec<Vec<u32>>,
     generation: Vec<u32>,
     cache: Option<Vec<CacheEntry>>,
-    allocator: Option<(Cluster, Vec<Resources>)>,
+    allocator: Option<Allocator>,
     node_fragment: Vec<u64>,
     fragment_total: u64,
     usage: Usage,
@@ -324,7 +336,13 @@ impl<'w> SimCluster<'w> {
                     .iter()
                     .map(|s| scalar(s.cpu_milli, s.memory_mib, s.gpu_total()))
                     .collect();
-                Some((cluster, demands))
+                let mut drf = DrfSorter::new();
+                drf.add(FRAMEWORK, 1.0);
+                Some(Allocator {
+                    cluster,
+                    drf,
+                    demands,
+                })
             }
             SimPolicy::Paper(_) => None,
         };
@@ -387,8 +405,9 @@ impl<'w> SimCluster<'w> {
     }
 
     /// Picks a node and GPUs for a task of shape `shape`, changing nothing but the random
-    /// generator and score cache. `None` when nothing fits.
-    pub fn decide(&mut self, shape: usize) -> Option<Placement> {
+    /// generator and score cache. `None` when nothing fits; an error only if the allocator's
+    /// accounting disagrees with itself (a bug).
+    pub fn decide(&mut self, shape: usize) -> Result<Option<Placement>, SimError> {
         let workload = self.workload;
         let s = &workload.shapes[shape];
         let SimCluster {
@@ -406,8 +425,9 @@ impl<'w> SimCluster<'w> {
         } = self;
         match *policy {
             SimPolicy::Allocator(_) | SimPolicy::SparingGpus(_) | SimPolicy::Seed001Ring => {
-                let (cluster, demands) = allocator.as_ref()?;
-                let eligible = |key: usize| nodes[key].fits(s);
+                let Some(allocator) = allocator.as_mut() else {
+                    return Ok(None);
+                };
                 // The ring's tie-break score: FGD's exact growth of the node's expected GPU fragment
                 // (and the GPUs that growth assumes), cached per (node, shape) like the paper's.
                 let shapes = workload.shapes.len();
@@ -440,22 +460,28 @@ impl<'w> SimCluster<'w> {
                     fgd(agent).map_or(i64::MAX, |(growth, _)| growth)
                 };
                 let mut context = PlacementContext::default().with_score(&fragment_growth);
-                let decision = match policy {
-                    SimPolicy::SparingGpus(_) => {
-                        cluster.place_sparing(&demands[shape], &eligible, "gpus")?
+                let agent = match policy {
+                    // Not a cycle: the master has no such step (its ring spares `gpus` by
+                    // itself, RingSearch::spare), and a cycle's allocation step always places
+                    // with `Cluster::place_in`, so the two-pass search stays a direct call.
+                    SimPolicy::SparingGpus(_) => allocator
+                        .cluster
+                        .place_sparing(&allocator.demands[shape], &|key| nodes[key].fits(s), "gpus")
+                        .map(|decision| decision.agent),
+                    _ => {
+                        let feasible = |_: FrameworkKey, key: AgentKey| feasibility(&nodes[key], s);
+                        allocator.decide(shape, &feasible, &mut context)?
                     }
-                    _ => cluster.place_in(&demands[shape], &eligible, &mut context)?,
                 };
-                let node = nodes.get(decision.agent)?;
+                let Some((agent, node)) = agent.and_then(|a| Some((a, nodes.get(a)?))) else {
+                    return Ok(None);
+                };
                 // A node chosen by FGD's score gets the GPUs that score assumed.
                 let gpus = match ranked.get() {
-                    true => fgd(decision.agent).map(|(_, pick)| pick),
+                    true => fgd(agent).map(|(_, pick)| pick),
                     false => node.best_fit_gpus(s),
-                }?;
-                Some(Placement {
-                    node: decision.agent,
-                    gpus,
-                })
+                };
+                Ok(gpus.map(|gpus| Placement { node: agent, gpus }))
             }
             SimPolicy::Paper(policy) => {
                 let shapes = workload.shapes.len();
@@ -504,7 +530,7 @@ impl<'w> SimCluster<'w> {
                         }
                     }
                 }
-                best.map(|(_, p)| p)
+                Ok(best.map(|(_, p)| p))
             }
         }
     }
@@ -514,8 +540,10 @@ impl<'w> SimCluster<'w> {
         let workload = self.workload;
         let s = &workload.shapes[shape];
         self.nodes[placement.node].take(s, placement.gpus)?;
-        if let Some((cluster, demands)) = self.allocator.as_mut() {
-            cluster.take(placement.node, &demands[shape])?;
+        if let Some(allocator) = self.allocator.as_mut() {
+            allocator
+                .cluster
+                .take(placement.node, &allocator.demands[shape])?;
         }
         self.kinds[placement.node][kind(s)] += 1;
         self.usage.cpu_used += s.cpu_milli;
@@ -530,8 +558,10 @@ impl<'w> SimCluster<'w> {
         let workload = self.workload;
         let s = &workload.shapes[shape];
         self.nodes[placement.node].give_back(s, placement.gpus)?;
-        if let Some((cluster, demands)) = self.allocator.as_mut() {
-            cluster.give_back(placement.node, &demands[shape])?;
+        if let Some(allocator) = self.allocator.as_mut() {
+            allocator
+                .cluster
+                .give_back(placement.node, &allocator.demands[shape])?;
         }
         let count = &mut self.kinds[placement.node][kind(s)];
         *count = count.saturating_sub(1);
@@ -551,6 +581,78 @@ impl<'w> SimCluster<'w> {
     }
 }
 
+/// The one framework the simulated allocator serves.
+const FRAMEWORK: FrameworkKey = 0;
+
+/// Ringmaster's allocator as the master runs it: the core's cluster over the nodes' scalar
+/// view (agent key = node index), a DRF sorter with one framework, and each shape's demand.
+struct Allocator {
+    cluster: Cluster,
+    drf: DrfSorter,
+    demands: Vec<Resources>,
+}
+
+impl Allocator {
+    /// One allocation cycle of the core ([`run_cycle`]) for one task of `shape`: one request of
+    /// count 1 at the base priority, granted exactly its demand, `feasible` the per-agent
+    /// verdict, nothing running (no priorities in a trace, so nothing preempts). The cycle takes
+    /// the grant from the cluster and records it in DRF; both are given back here, so the
+    /// allocator changes only when the task starts ([`SimCluster::commit`]).
+    fn cycle(
+        &mut self,
+        shape: usize,
+        feasible: &dyn Fn(FrameworkKey, AgentKey) -> Result<(), Filter>,
+        context: &mut PlacementContext,
+    ) -> Result<Outcome<()>, SimError> {
+        let input = exact_cycle_input::<()>(feasible);
+        let mut requests = [TieredRequest {
+            request: Request {
+                framework: FRAMEWORK,
+                demand: self.demands[shape].clone(),
+                count: 1,
+            },
+            priority: input.base,
+        }];
+        let outcome = run_cycle(
+            &mut self.cluster,
+            &mut self.drf,
+            &mut requests,
+            &input,
+            context,
+        );
+        for grant in &outcome.grants {
+            self.cluster.give_back(grant.agent, &grant.resources)?;
+            self.drf.unallocated(grant.framework, &grant.resources);
+        }
+        Ok(outcome)
+    }
+
+    /// The agent [`cycle`](Self::cycle) grants a task of `shape`, if any.
+    fn decide(
+        &mut self,
+        shape: usize,
+        feasible: &dyn Fn(FrameworkKey, AgentKey) -> Result<(), Filter>,
+        context: &mut PlacementContext,
+    ) -> Result<Option<AgentKey>, SimError> {
+        let outcome = self.cycle(shape, feasible, context)?;
+        Ok(outcome.grants.first().map(|grant| grant.agent))
+    }
+}
+
+/// The cycle's feasibility verdict for a task of shape `s` on a node: cpu or memory short is
+/// [`Filter::Resources`] (the allocator's scalars say so too); a GPU model not allowed, or too
+/// few GPUs with `gpu_milli` free each although the node's total may be enough, is
+/// [`Filter::Devices`].
+fn feasibility(node: &NodeState, s: &Shape) -> Result<(), Filter> {
+    if node.cpu_free < s.cpu_milli || node.memory_free < s.memory_mib {
+        Err(Filter::Resources)
+    } else if node.fits(s) {
+        Ok(())
+    } else {
+        Err(Filter::Devices)
+    }
+}
+
 /// The allocator's scalar view: `cpus`, `mem` (MiB) and `gpus` (milli-GPU as GPU units).
 fn scalar(cpu_milli: u64, memory_mib: u64, gpu_milli: u64) -> Resources {
     debug_assert_eq!(u64::from(GPU_MILLI), MILLI);
@@ -566,6 +668,7 @@ fn scalar(cpu_milli: u64, memory_mib: u64, gpu_milli: u64) -> Resources {
 mod tests {
     use super::*;
     use ringmaster_core::placement::fragmentation::TaskShape;
+    use ringmaster_core::placement::UnservedReason;
 
     fn gpu_node(name: &str) -> Node {
         Node {
@@ -588,6 +691,104 @@ mod tests {
             priority: 0,
             creation: 0,
             deletion: None,
+        }
+    }
+
+    /// Ringmaster's placers decide through the core's cycle, whose feasibility verdict is the
+    /// per-GPU check. Node 0 has two GPUs with 500 free each (1.0 GPU free in the scalars, so
+    /// first-fit's scalars alone would take it); node 1 one idle GPU. A whole-GPU task fails the
+    /// cycle's filter on node 0 for device reasons ([`Filter::Devices`]) and goes to node 1; the
+    /// cycle grants exactly its demand, at base priority (a demand nothing holds stays unserved
+    /// `AtBase`, never preempting), and deciding leaves the allocator as it was.
+    #[test]
+    fn allocator_places_through_the_cycle() {
+        let two_gpus = Node {
+            gpus: 2,
+            ..gpu_node("node-0000")
+        };
+        let w = Workload::new(
+            vec![two_gpus, gpu_node("node-0001")],
+            vec![task("half", 500), task("whole", 1000)],
+        )
+        .unwrap();
+        let (half, whole) = (w.task_shape[0], w.task_shape[1]);
+        let target = w.target();
+        let rings = RingsConfig::default();
+        let policies = [
+            SimPolicy::Allocator(PlacerKind::FirstFit),
+            SimPolicy::Allocator(PlacerKind::Ring),
+            SimPolicy::Allocator(PlacerKind::LinearBestFit),
+            SimPolicy::Seed001Ring,
+        ];
+        for policy in policies {
+            let mut c = SimCluster::new(&w, &target, &[0, 1], policy, &rings, Ties::First, 7);
+            c.commit(
+                half,
+                Placement {
+                    node: 0,
+                    gpus: 0b01,
+                },
+            )
+            .unwrap();
+            c.commit(
+                half,
+                Placement {
+                    node: 0,
+                    gpus: 0b10,
+                },
+            )
+            .unwrap();
+            let shape = &w.shapes[whole];
+            assert_eq!(feasibility(&c.nodes[0], shape), Err(Filter::Devices));
+            assert_eq!(feasibility(&c.nodes[1], shape), Ok(()));
+            let allocator = c.allocator.as_ref().unwrap();
+            let demand = allocator.demands[whole].clone();
+            let free = |c: &SimCluster, key| {
+                c.allocator
+                    .as_ref()
+                    .unwrap()
+                    .cluster
+                    .agent(key)
+                    .unwrap()
+                    .free
+                    .clone()
+            };
+            let before = (free(&c, 0), free(&c, 1));
+            if policy == SimPolicy::Allocator(PlacerKind::FirstFit) {
+                // The scalars alone would take node 0.
+                let plain = allocator.cluster.place(&demand, &|_| true).unwrap();
+                assert_eq!(plain.agent, 0);
+            }
+            assert_eq!(
+                c.decide(whole).unwrap(),
+                Some(Placement { node: 1, gpus: 1 }),
+                "{policy}"
+            );
+            assert_eq!(
+                (free(&c, 0), free(&c, 1)),
+                before,
+                "{policy}: decide takes nothing"
+            );
+            // The cycle itself: one grant of exactly the demand on node 1, nothing unserved.
+            let nodes = &c.nodes;
+            let feasible = |_: FrameworkKey, key: AgentKey| feasibility(&nodes[key], shape);
+            let allocator = c.allocator.as_mut().unwrap();
+            let mut context = PlacementContext::default();
+            let out = allocator.cycle(whole, &feasible, &mut context).unwrap();
+            let granted: Vec<_> = out
+                .grants
+                .iter()
+                .map(|g| (g.framework, g.agent, &g.resources))
+                .collect();
+            assert_eq!(granted, [(FRAMEWORK, 1, &demand)], "{policy}");
+            assert!(out.unserved.is_empty() && out.preemptions.is_empty());
+            // No agent feasible: unserved at base, no preemption.
+            let out = allocator
+                .cycle(whole, &|_, _| Err(Filter::Devices), &mut context)
+                .unwrap();
+            assert!(out.grants.is_empty() && out.preemptions.is_empty());
+            let reasons: Vec<_> = out.unserved.iter().map(|u| (u.count, u.reason)).collect();
+            assert_eq!(reasons, [(1, UnservedReason::AtBase)], "{policy}");
         }
     }
 
@@ -622,9 +823,9 @@ mod tests {
                 ties,
                 7,
             );
-            let fresh = c.decide(fifth).unwrap();
+            let fresh = c.decide(fifth).unwrap().unwrap();
             c.commit(big, Placement { node: 1, gpus: 1 }).unwrap();
-            (fresh, c.decide(fifth).unwrap())
+            (fresh, c.decide(fifth).unwrap().unwrap())
         };
         let first = |node| Placement { node, gpus: 1 };
         // Two idle nodes tie under both; node 0.

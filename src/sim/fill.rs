@@ -147,7 +147,7 @@ pub fn run_fill(setup: &FillSetup, policy: SimPolicy, seed: u64) -> Result<FillR
     for &task in &order {
         let shape = workload.task_shape[task];
         let start = Instant::now();
-        let placement = cluster.decide(shape);
+        let placement = cluster.decide(shape)?;
         decision_ns.push(start.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32);
         match placement {
             Some(p) => cluster.commit(shape, p)?,

@@ -2,8 +2,9 @@
 //!
 //! Claims such as "less fragmentation, higher utilisation" must be measured, not asserted, and
 //! operators need numbers to choose a policy. The simulator drives the same allocator code as
-//! the master ([`ringmaster_core::placement::Cluster`]) in virtual time, next to the GPU-sharing policies
-//! of the ATC'23 "Beware of Fragmentation" paper, on the same input.
+//! the master, the core's allocation cycle ([`ringmaster_core::placement::run_cycle`]), in
+//! virtual time, next to the GPU-sharing policies of the ATC'23 "Beware of Fragmentation"
+//! paper, on the same input.
 //!
 //! Pieces, one idea per file: [`trace`] reads node and task lists; [`gpu`] is a node's per-GPU
 //! state; [`policies`] the paper's policies and FGD's target workload; [`engine`] the simulated

@@ -140,7 +140,7 @@ pub fn run_replay(
                         if !cluster.fits(p.node, workload.task_shape[w]) {
                             continue;
                         }
-                        if let Some(q) = place(&mut cluster, w, &mut decision_ns) {
+                        if let Some(q) = place(&mut cluster, w, &mut decision_ns)? {
                             cluster.commit(workload.task_shape[w], q)?;
                             state[w] = Running::On(q);
                             outcomes[w] = Outcome {
@@ -165,7 +165,7 @@ pub fn run_replay(
         if let Some(d) = tasks[task].deletion {
             leaving.push(Reverse((d, task)));
         }
-        match place(&mut cluster, task, &mut decision_ns) {
+        match place(&mut cluster, task, &mut decision_ns)? {
             Some(p) => {
                 cluster.commit(workload.task_shape[task], p)?;
                 state[task] = Running::On(p);
