@@ -299,6 +299,10 @@ pub struct MasterConfig {
     /// Ended tasks whose terminal update was acknowledged, kept per framework for
     /// reconciliation and `/state` (oldest dropped first, from memory and the registry).
     pub max_completed_tasks_per_framework: usize,
+    /// A framework with this many status updates sent and not yet acknowledged gets no new
+    /// offers until it catches up (0: no limit). Bounds what a framework that reads or
+    /// acknowledges slowly makes the master hold (docs/reliability.md, "Load").
+    pub max_unacked_updates: usize,
     /// Lost agents remembered (for `/state` and re-registration by id); oldest forgotten first.
     pub max_removed_agents: usize,
     /// Removed frameworks remembered (their ids may not subscribe again); oldest forgotten first.
@@ -338,8 +342,8 @@ const DAY: Duration = Duration::from_secs(24 * 3600);
 /// `master.max_frame_bytes` must lie in this range: 64 KiB to 1 GiB.
 pub const FRAME_BYTES_RANGE: (usize, usize) = (64 * 1024, 1024 * 1024 * 1024);
 
-/// The most `max_completed_tasks_per_framework`, `max_removed_agents` and
-/// `max_removed_frameworks` may be.
+/// The most `max_completed_tasks_per_framework`, `max_unacked_updates`, `max_removed_agents`
+/// and `max_removed_frameworks` may be.
 pub const MAX_HISTORY: u64 = 1_000_000;
 
 /// Prints a duration for range messages: `100ms`, `1day`.
@@ -365,6 +369,7 @@ impl Default for MasterConfig {
             max_agent_resources: Resources::parse(DEFAULT_MAX_AGENT_RESOURCES)
                 .expect("valid default"),
             max_completed_tasks_per_framework: 1000,
+            max_unacked_updates: 2000,
             max_removed_agents: 1000,
             max_removed_frameworks: 1000,
         }
@@ -384,6 +389,7 @@ struct RawMaster {
     agent_reregister_timeout: Option<String>,
     max_agent_resources: Option<String>,
     max_completed_tasks_per_framework: Option<serde_yaml::Value>,
+    max_unacked_updates: Option<serde_yaml::Value>,
     max_removed_agents: Option<serde_yaml::Value>,
     max_removed_frameworks: Option<serde_yaml::Value>,
 }
@@ -890,7 +896,12 @@ impl Config {
                     )
                 })?;
             }
-            let counts: [(&str, &Option<serde_yaml::Value>, &mut usize); 3] = [
+            let counts: [(&str, &Option<serde_yaml::Value>, &mut usize); 4] = [
+                (
+                    "max_unacked_updates",
+                    &m.max_unacked_updates,
+                    &mut out.max_unacked_updates,
+                ),
                 (
                     "max_completed_tasks_per_framework",
                     &m.max_completed_tasks_per_framework,
@@ -1431,6 +1442,14 @@ matching: { a: 0.7, d: -1 }
     fn history_and_agent_limits_are_read() {
         let d = Config::default().master;
         assert_eq!(d.max_completed_tasks_per_framework, 1000);
+        assert_eq!(d.max_unacked_updates, 2000);
+        let c = Config::from_yaml("master:\n  max_unacked_updates: 0\n", "c.yaml").unwrap();
+        assert_eq!(c.master.max_unacked_updates, 0);
+        let err = Config::from_yaml("master:\n  max_unacked_updates: 2000000\n", "c.yaml");
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "c.yaml:2: master.max_unacked_updates: 2000000 is out of range: must be from 0 to 1000000"
+        );
         assert_eq!(d.max_removed_agents, 1000);
         assert_eq!(d.max_removed_frameworks, 1000);
         assert_eq!(d.max_agent_resources.milli("cpus"), 4096 * MILLI);

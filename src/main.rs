@@ -6,6 +6,11 @@
 //! with one line on stderr naming the file, line and field.
 
 use std::io::Write;
+
+/// jemalloc rather than the system allocator: glibc's malloc kept the master's RSS near its
+/// peak long after a load had ended (arenas it does not trim); jemalloc gives freed memory back.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -146,6 +146,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         read.read_buf = parts.read_buf;
         let mut stream = Framed::from_parts(read);
         *stream.write_buffer_mut() = BytesMut::new();
+        // `from_parts` grows the read buffer to 8 KiB; an empty one starts small again.
+        if stream.read_buffer_mut().is_empty() {
+            *stream.read_buffer_mut() = BytesMut::with_capacity(READ_BUFFER_BYTES);
+        }
         let mut write = FramedParts::new::<Bytes>(write_half, parts.codec);
         write.write_buf = parts.write_buf;
         let mut sink = Framed::from_parts(write);

@@ -253,7 +253,7 @@ impl MasterState {
                 terminal_unacked,
                 devices,
             };
-            self.tasks.insert(key.clone(), record);
+            self.tasks.insert(key.clone(), Box::new(record));
             if state.is_terminal() {
                 if terminal_unacked {
                     to_retell.push(key);

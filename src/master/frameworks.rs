@@ -192,7 +192,7 @@ impl MasterState {
             Message::Accept(accept) => self.accept(conn, framework_id, accept, now),
             Message::Decline(decline) => self.decline(conn, framework_id, decline, now),
             Message::SubmitBatch(batch) => self.submit_batch(conn, framework_id, batch, now),
-            Message::StatusAck(ack) => self.acknowledge(framework_id, &ack.update_id),
+            Message::StatusAck(ack) => self.acknowledge(framework_id, &ack.update_id, now),
             Message::Kill(kill) => self.kill_task(framework_id, &kill.task_id, now),
             Message::Reconcile(reconcile) => {
                 self.reconcile(conn, framework_id, reconcile.task_ids, now)

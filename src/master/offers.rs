@@ -32,12 +32,21 @@ impl MasterState {
     /// tier, the feasibility rules of [`agent_feasible`], then preemption for demands above base
     /// that fit nowhere (docs/priorities.md). Its grants become offers, its preemptions kills
     /// and holds.
+    /// The framework has `max_unacked_updates` status updates unacknowledged: it gets no new
+    /// offers until it catches up, so a framework slower to acknowledge than its tasks end
+    /// cannot pile up updates (and ended tasks) in the master.
+    pub(crate) fn backlogged(&self, f: &FrameworkRecord) -> bool {
+        let max = self.config.master.max_unacked_updates;
+        max > 0 && f.unacked.len() >= max
+    }
+
     pub(crate) fn allocate(&mut self, now: Instant) {
         self.counters.allocation_runs += 1;
         let mut requests: Vec<TieredRequest> = self
             .frameworks
             .values()
             .filter(|f| f.conn.is_some() && !f.suppressed && f.demand_count > 0)
+            .filter(|f| !self.backlogged(f))
             .filter_map(|f| {
                 // Outstanding offers already cover part of the demand.
                 let count = self.uncovered(f);
@@ -525,7 +534,7 @@ impl MasterState {
             info.agent_id = agent_id.clone();
             self.tasks.insert(
                 task_key.clone(),
-                TaskRecord {
+                Box::new(TaskRecord {
                     agent: agent_id.clone(),
                     name: info.name.clone(),
                     resources: resources.clone(),
@@ -542,7 +551,7 @@ impl MasterState {
                     exit_code: None,
                     terminal_unacked: false,
                     devices,
-                },
+                }),
             );
             self.hold_task_resources(&task_key, &agent_id, &resources);
             if let Some(agent) = self.agents.get_mut(&agent_id) {

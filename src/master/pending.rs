@@ -97,7 +97,8 @@ impl MasterState {
             };
             let why = WhyUnplaced::explain_rules(self.alloc.cluster(), &f.demand, &rules);
             let unserved_last_run = self.unserved.contains(&f.key);
-            if !unserved_last_run && why.fitting > 0 {
+            let backlogged = self.backlogged(f);
+            if !unserved_last_run && !backlogged && why.fitting > 0 {
                 // Not tried yet (the next run is at most `allocation_interval` away).
                 continue;
             }
@@ -110,6 +111,13 @@ impl MasterState {
                 })
                 .collect();
             let mut text = why.to_string();
+            if backlogged {
+                text = format!(
+                    "not offered: {} status updates sent to the framework are not acknowledged \
+                     (master.max_unacked_updates); {text}",
+                    f.unacked.len()
+                );
+            }
             if let Some(priority) = self.priority_why(f, now) {
                 text = format!("{text}; {priority}");
             }

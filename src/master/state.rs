@@ -76,7 +76,7 @@ pub(crate) struct FrameworkRecord {
     /// Agents declined by this framework, not offered to it again before the instant.
     pub filters: HashMap<String, Instant>,
     /// Status updates sent and not yet acknowledged, by update id, in send order.
-    pub unacked: BTreeMap<u64, PendingUpdate>,
+    pub unacked: BTreeMap<u64, Box<PendingUpdate>>,
 }
 
 pub(crate) struct PendingUpdate {
@@ -180,7 +180,7 @@ pub struct MasterState {
     /// The newest `max_removed_frameworks` are remembered.
     pub(crate) removed_frameworks: super::history::History,
     pub(crate) offers: HashMap<String, OfferRecord>,
-    pub(crate) tasks: HashMap<TaskKey, TaskRecord>,
+    pub(crate) tasks: HashMap<TaskKey, Box<TaskRecord>>,
     /// Ended tasks whose terminal update was acknowledged, by framework, oldest first: kept
     /// for reconciliation and state, up to `max_completed_tasks_per_framework` each.
     pub(crate) finished: HashMap<String, VecDeque<String>>,

@@ -223,13 +223,15 @@ impl MasterState {
             .frameworks
             .get_mut(framework_id)
             .expect("checked above");
+        // Boxed: the map's nodes hold 11 entries each and are often half empty, so a large
+        // inline value would waste more than it stores.
         fw.unacked.insert(
             seq,
-            PendingUpdate {
+            Box::new(PendingUpdate {
                 status: status.clone(),
                 last_sent: now,
                 backoff: self.config.master.status_retry_interval,
-            },
+            }),
         );
         if let Some(conn) = fw.conn {
             self.send(
@@ -242,7 +244,7 @@ impl MasterState {
     }
 
     /// The framework acknowledged an update.
-    pub(crate) fn acknowledge(&mut self, framework_id: &str, update_id: &str) {
+    pub(crate) fn acknowledge(&mut self, framework_id: &str, update_id: &str, now: Instant) {
         let Some(fw) = self.frameworks.get_mut(framework_id) else {
             return;
         };
@@ -259,6 +261,10 @@ impl MasterState {
         let Some(acked) = fw.unacked.remove(&seq) else {
             return;
         };
+        // Caught up below the backlog bound: its demand is offered to again.
+        if fw.unacked.len() + 1 == self.config.master.max_unacked_updates {
+            self.request_allocation(now);
+        }
         let state = TaskState::try_from(acked.status.state).unwrap_or(TaskState::Unspecified);
         if state.is_terminal() {
             let task_key: TaskKey = (framework_id.to_string(), acked.status.task_id);

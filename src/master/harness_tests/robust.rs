@@ -325,3 +325,49 @@ fn the_registry_forgets_dropped_completed_tasks_and_keeps_unacknowledged_ones_ac
     assert_eq!(stored_tasks(&h), ["t3"]);
     assert_eq!(h.task_state(&fw, "t2"), None);
 }
+
+#[test]
+fn a_framework_behind_on_acknowledgements_gets_no_offers_until_it_catches_up() {
+    let mut h = Harness::configured(|c| c.master.max_unacked_updates = 2);
+    let agent = h.agent("a1", "cpus:8;mem:4096");
+    let fw = h.framework("web");
+    h.launch(&fw, "t1", "cpus:1;mem:128");
+    h.launch(&fw, "t2", "cpus:1;mem:128");
+    // Two RUNNING updates the framework does not acknowledge.
+    h.status(agent, &fw, "t1", TaskState::TaskRunning);
+    h.status(agent, &fw, "t2", TaskState::TaskRunning);
+    let updates = h.expect_updates(&fw);
+    assert_eq!(updates.len(), 2);
+    h.demand(&fw, "cpus:1;mem:128", 1);
+    h.settle();
+    h.expect_nothing(fw.conn);
+    let pending = h.state.pending_frameworks(h.now());
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert!(
+        pending[0].why.starts_with(
+            "not offered: 2 status updates sent to the framework are not acknowledged"
+        ),
+        "{}",
+        pending[0].why
+    );
+    // One acknowledgement brings it under the bound: the demand is offered at once.
+    h.ack(&fw, &updates[0]);
+    h.settle();
+    assert_eq!(h.expect_offers(&fw).len(), 1);
+}
+
+#[test]
+fn max_unacked_updates_zero_means_no_bound() {
+    let mut h = Harness::configured(|c| c.master.max_unacked_updates = 0);
+    let agent = h.agent("a1", "cpus:8;mem:4096");
+    let fw = h.framework("web");
+    for i in 0..3 {
+        h.launch(&fw, &format!("t{i}"), "cpus:1;mem:128");
+    }
+    for i in 0..3 {
+        h.status(agent, &fw, &format!("t{i}"), TaskState::TaskRunning);
+    }
+    assert_eq!(h.expect_updates(&fw).len(), 3);
+    let offer = h.offer_for(&fw, "cpus:1;mem:128");
+    assert_eq!(offer.agent_id, "a1");
+}

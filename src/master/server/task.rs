@@ -94,7 +94,7 @@ impl ConnectionTask {
     pub(crate) async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>) {
         let mut stopping = self.shutdown.clone();
         let secured = tokio::select! {
-            secured = self.secure(stream, tls) => secured,
+            secured = Box::pin(self.secure(stream, tls)) => secured,
             _ = super::stopping(&mut stopping) => None,
         };
         if let Some(stream) = secured {
@@ -240,7 +240,15 @@ impl ConnectionTask {
         let max_frame = config.master.max_frame_bytes;
         let handshake_max = config.limits.max_handshake_frame_bytes.min(max_frame);
         let mut connection = Connection::with_max_frame(stream, handshake_max);
-        let handshake = handshake(&mut connection, &config.auth, max_frame, &metrics, peer);
+        // Boxed, like `secure` above: the handshake's futures are large and live only until
+        // registration, and inline they would size every connection's task for its whole life.
+        let handshake = Box::pin(handshake(
+            &mut connection,
+            &config.auth,
+            max_frame,
+            &metrics,
+            peer,
+        ));
         let handshake = tokio::select! {
             done = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => done,
             _ = super::stopping(&mut stopping) => return,
