@@ -25,7 +25,7 @@ pub const MAX_CANDIDATES: usize = 64;
 
 /// Default number of candidates the caller's score ranks (measured: docs/results.md, "Closing
 /// the gap to FGD").
-pub const DEFAULT_CANDIDATES: usize = 32;
+pub const DEFAULT_CANDIDATES: usize = 40;
 
 /// How the ring placer searches, beyond each dimension's layout and `search_up`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub enum RingSearchError {
 }
 
 impl Default for RingSearch {
-    /// Spare `gpus`, rank 32 candidates (when the caller supplies a score).
+    /// Spare `gpus`, rank 40 candidates (when the caller supplies a score).
     fn default() -> Self {
         RingSearch {
             spare: vec!["gpus".to_string()],
