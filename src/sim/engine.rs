@@ -9,7 +9,7 @@
 //! dry-run's input, [`exact_cycle_input`]), nothing running. The per-GPU check (enough GPUs with
 //! enough free milli, the GPU model) is the cycle's feasibility verdict ([`Filter::Devices`]
 //! when it fails), and the GPUs inside the granted node are picked by best fit. The ring's
-//! scored tie-break gets FGD's fragment growth per node through the [`PlacementContext`] given
+//! scored tie-break gets FGD's quantised score per node through the [`PlacementContext`] given
 //! to the cycle (then the node's GPUs are the ones that score assumed). `PLACER+spare-gpus` is
 //! the exception: a direct [`Cluster::place_sparing`] call, since the cycle has no such
 //! two-pass step (see [`SimPolicy::SparingGpus`]). The paper's
@@ -428,8 +428,10 @@ impl<'w> SimCluster<'w> {
                 let Some(allocator) = allocator.as_mut() else {
                     return Ok(None);
                 };
-                // The ring's tie-break score: FGD's exact growth of the node's expected GPU fragment
-                // (and the GPUs that growth assumes), cached per (node, shape) like the paper's.
+                // The ring's tie-break score: FGD's score as the paper's simulator quantises it
+                // (the growth of the node's expected GPU fragment, `fgd_quantised_score`, negated)
+                // and the GPUs that score assumes, cached per (node, shape) like the paper's. The
+                // master's score is the same quantised growth (`DeviceFragmentScore`).
                 let shapes = workload.shapes.len();
                 let cache = RefCell::new(cache.as_mut());
                 let fgd = |node: usize| -> Option<(i64, GpuPick)> {
@@ -439,7 +441,7 @@ impl<'w> SimCluster<'w> {
                             kinds: &kinds[node],
                             fragment: node_fragment[node],
                         };
-                        score(PaperPolicy::FgdExact, &view, s, target)
+                        score(PaperPolicy::Fgd, &view, s, target)
                     };
                     let mut cache = cache.borrow_mut();
                     match cache.as_mut() {
@@ -455,11 +457,11 @@ impl<'w> SimCluster<'w> {
                     }
                 };
                 let ranked = Cell::new(false);
-                let fragment_growth = |agent: usize, _: &Resources| {
+                let fragment_score = |agent: usize, _: &Resources| {
                     ranked.set(true);
-                    fgd(agent).map_or(i64::MAX, |(growth, _)| growth)
+                    fgd(agent).map_or(i64::MAX, |(score, _)| score)
                 };
-                let mut context = PlacementContext::default().with_score(&fragment_growth);
+                let mut context = PlacementContext::default().with_score(&fragment_score);
                 let agent = match policy {
                     // Not a cycle: the master has no such step (its ring spares `gpus` by
                     // itself, RingSearch::spare), and a cycle's allocation step always places

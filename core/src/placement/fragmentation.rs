@@ -412,13 +412,27 @@ impl<'a> DeviceFragmentScore<'a> {
     }
 }
 
-impl AgentScore for DeviceFragmentScore<'_> {
-    fn score(&self, agent: AgentKey, demand: &Resources) -> i64 {
+impl DeviceFragmentScore<'_> {
+    /// The weighted growth of one agent's fragment if `demand` were placed on it: 0 for agents
+    /// without devices or without a known free cpu, `i64::MAX` when its devices cannot hold it.
+    pub fn growth(&self, agent: AgentKey, demand: &Resources) -> i64 {
         let (Some(state), Some(&cpu_free)) = (self.devices.state(agent), self.cpu_free.get(&agent))
         else {
             return 0;
         };
         self.growth_on(state, cpu_free, demand).unwrap_or(i64::MAX)
+    }
+}
+
+/// The ring's tie-break score: the [`growth`](DeviceFragmentScore::growth) quantised as the FGD
+/// paper's simulator does ([`TargetWorkload::quantised_score`], negated so lower is better), the
+/// same score the simulator gives the ring; `i64::MAX` when the devices cannot hold the demand.
+impl AgentScore for DeviceFragmentScore<'_> {
+    fn score(&self, agent: AgentKey, demand: &Resources) -> i64 {
+        match self.growth(agent, demand) {
+            i64::MAX => i64::MAX,
+            growth => -self.target.quantised_score(growth),
+        }
     }
 }
 
@@ -725,22 +739,29 @@ mod tests {
         let spread = DeviceFragmentScore::new(&target, &book, cpu_free, DeviceSelection::LeastUsed);
         let d3 = demand("cpus:1;gpu_milli:300");
         // Packing puts 0.3 on the 700 GPU of agent 1: 400 left, stranded for a half GPU.
-        assert_eq!(pack.score(1, &d3), 400);
+        assert_eq!(pack.growth(1, &d3), 400);
         // Spreading puts it on the free GPU: 700 and 700 both still hold a half.
-        assert_eq!(spread.score(1, &d3), 0);
-        assert_eq!(pack.score(2, &d3), 0);
-        assert_eq!(pack.score(3, &d3), 0, "no devices");
-        assert_eq!(pack.score(9, &d3), 0, "unknown agent");
+        assert_eq!(spread.growth(1, &d3), 0);
+        assert_eq!(pack.growth(2, &d3), 0);
+        assert_eq!(pack.growth(3, &d3), 0, "no devices");
+        assert_eq!(pack.growth(9, &d3), 0, "unknown agent");
         // 0.8 on agent 1: the 1000 GPU keeps 200, stranded.
-        assert_eq!(pack.score(1, &demand("gpu_milli:800")), 200);
+        assert_eq!(pack.growth(1, &demand("gpu_milli:800")), 200);
         // cpu only: 4 cpus leave enough for a half-GPU task; 7.5 do not, and all 1700 free
         // milli-GPU become a fragment.
-        assert_eq!(pack.score(1, &demand("cpus:4")), 0);
-        assert_eq!(pack.score(1, &demand("cpus:7.5")), 1700);
+        assert_eq!(pack.growth(1, &demand("cpus:4")), 0);
+        assert_eq!(pack.growth(1, &demand("cpus:7.5")), 1700);
         // A whole GPU of agent 1 leaves the 700 GPU, which still holds a half.
-        assert_eq!(pack.score(1, &demand("gpus:1")), 0);
+        assert_eq!(pack.growth(1, &demand("gpus:1")), 0);
         // Two whole GPUs do not fit agent 1; ambiguous demands are not scored as fitting.
+        assert_eq!(pack.growth(1, &demand("gpus:2")), i64::MAX);
+        assert_eq!(pack.growth(1, &demand("gpus:1;gpu_milli:5")), i64::MAX);
+        // The ring's score is the growth quantised like the FGD paper's simulator (target
+        // weight 1, so ΔF = −growth): 100·σ(−0.4) = 40.1, σ(0) = 50, 100·σ(−1.7) = 15.4.
+        assert_eq!(pack.score(1, &d3), -40);
+        assert_eq!(spread.score(1, &d3), -50);
+        assert_eq!(pack.score(3, &d3), -50, "no devices");
+        assert_eq!(pack.score(1, &demand("cpus:7.5")), -15);
         assert_eq!(pack.score(1, &demand("gpus:2")), i64::MAX);
-        assert_eq!(pack.score(1, &demand("gpus:1;gpu_milli:5")), i64::MAX);
     }
 }

@@ -170,7 +170,7 @@ impl RingSpec {
 /// - `gpus`: equal spans, base 0, step 1, 16 buckets, search_up 16 (upward only: a GPU demand
 ///   never breaks into the emptiest GPU agent while a fuller one fits);
 /// - any other name: bounds 0, 1, 2, 4, …, 2^30 (doubling), search_up 1;
-/// - search: spare `gpus`, 16 scored candidates ([`RingSearch::default`]).
+/// - search: spare `gpus`, 40 scored candidates ([`RingSearch::default`]).
 ///
 /// [`RingsConfig::seed_001`] is the same with SPEC seed 001's plain search (gpus search_up 1,
 /// no sparing, no tie-break).

@@ -11,10 +11,10 @@
 //! - **scored tie-break** ([`RingSearch::candidates`]): in the bucket where the search finds its
 //!   first fitting agent, the first K fitting agents in the phase's order (best fit, or largest
 //!   in the downward phase) are ranked by an [`AgentScore`] the caller supplies through the
-//!   [`PlacementContext`] — the simulator and the master supply FGD's fragmentation growth from
-//!   per-GPU state ([`crate::placement::fragmentation`]); without a score, or with K ≤ 1, the
-//!   first is chosen, which
-//!   is exactly the seed's search. The cost is O(K log n) for a fixed, small K.
+//!   [`PlacementContext`] (equal scores: the lowest agent key) — the simulator and the master
+//!   supply FGD's score as the paper's simulator quantises it, from per-GPU state
+//!   ([`crate::placement::fragmentation`]); without a score, or with K ≤ 1, the first is
+//!   chosen, which is exactly the seed's search. The cost is O(K log n) for a fixed, small K.
 
 use super::context::{AgentScore, PlacementContext};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
@@ -23,8 +23,9 @@ use crate::placement::{AgentKey, Cluster, Resources, RingSet};
 /// The most candidates a scored tie-break may rank (keeps a decision O(K log n) with small K).
 pub const MAX_CANDIDATES: usize = 64;
 
-/// Default number of candidates the caller's score ranks (measured: docs/results.md).
-pub const DEFAULT_CANDIDATES: usize = 16;
+/// Default number of candidates the caller's score ranks (measured: docs/results.md, "Closing
+/// the gap to FGD").
+pub const DEFAULT_CANDIDATES: usize = 40;
 
 /// How the ring placer searches, beyond each dimension's layout and `search_up`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +44,7 @@ pub enum RingSearchError {
 }
 
 impl Default for RingSearch {
-    /// Spare `gpus`, rank 16 candidates (when the caller supplies a score).
+    /// Spare `gpus`, rank 40 candidates (when the caller supplies a score).
     fn default() -> Self {
         RingSearch {
             spare: vec!["gpus".to_string()],
@@ -96,7 +97,7 @@ impl RingSearch {
 /// Beyond the seed ([`RingsConfig::search`]): a demand asking for
 /// none of a spared dimension is first searched among agents with none of it free; and when the
 /// [`PlacementContext`] carries an [`AgentScore`], the first `candidates` fitting agents in the
-/// search's order (across buckets) are ranked by it (equal scores: the search's order).
+/// search's order (across buckets) are ranked by it (equal scores: the lowest agent key).
 /// [`RingsConfig::seed_001`] turns both off.
 ///
 /// [`RingsConfig::search`]: crate::placement::RingsConfig::search
@@ -165,6 +166,22 @@ fn tie_break<'s>(
     }
 }
 
+/// The dimension whose ring a demand is searched in: the first spared dimension
+/// ([`RingSearch::spare`]) the demand asks for and the cluster has, else the dominant one. A
+/// spared dimension is the scarce one: a demand asking for a little of it and a lot of cpu is
+/// still placed by where that dimension is free (measured: docs/results.md, "Closing the gap
+/// to FGD").
+fn searched_dimension<'d>(cluster: &Cluster, demand: &'d Resources) -> Option<&'d str> {
+    let spare = cluster.rings_config().search().spare();
+    demand
+        .iter()
+        .filter(|&(_, amount)| amount > 0)
+        .map(|(name, _)| name)
+        .filter(|name| spare.iter().any(|s| s == name) && cluster.ring(name).is_some())
+        .min_by_key(|name| spare.iter().position(|s| s == name))
+        .or_else(|| dominant_dimension(demand, cluster.total()))
+}
+
 /// Which ring sets a search walks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Rings {
@@ -185,7 +202,7 @@ fn ring_search(
     k: usize,
     score: Option<&dyn AgentScore>,
 ) -> Option<Decision> {
-    let dimension = dominant_dimension(demand, cluster.total())?;
+    let dimension = searched_dimension(cluster, demand)?;
     let ring = match rings {
         Rings::All => cluster.ring(dimension)?,
         Rings::Plain => cluster.plain_ring(dimension)?,
@@ -231,8 +248,9 @@ fn ring_search(
 /// The scored tie-break: the first `k` fitting agents in the seed search's order — bucket K and
 /// the upward window in best-fit order, then the downward buckets largest first — continuing
 /// into the next buckets until `k` are found, and the lowest `score` among them (equal scores:
-/// the earlier). The first candidate is the seed search's answer. O(k log n) ordered-set steps
-/// plus the buckets visited, and `k` calls of `score`.
+/// the lowest agent key, the rule of the FGD paper's simulator, whose quantised score ties
+/// often). The first candidate is the seed search's answer. O(k log n) ordered-set steps plus
+/// the buckets visited, and `k` calls of `score`.
 fn scored_search(
     ring: &RingSet,
     need: u64,
@@ -270,7 +288,7 @@ fn scored_search(
     let mut best: Option<(i64, (AgentKey, Phase, usize))> = None;
     for c in all {
         let s = score.score(c.0, demand);
-        if best.is_none_or(|(b, _)| s < b) {
+        if best.is_none_or(|(b, (key, _, _))| s < b || (s == b && c.0 < key)) {
             best = Some((s, c));
         }
     }
@@ -473,6 +491,40 @@ mod tests {
         assert_eq!((d.agent, d.bucket), (2, Some(8)));
         // Without a score the default search is the seed's, whatever K.
         assert_eq!(cluster.place(&demand, &|_| true).unwrap().agent, 1);
+        // Equal scores go to the lowest key, not the search's first candidate: with every
+        // score equal, K = 2 ranks 1 and 3 and takes 1; K = 3 reaches 0 and takes it.
+        let flat = |_: AgentKey, _: &Resources| 7;
+        let place_flat = |candidates: usize| {
+            let mut rings = RingsConfig::default();
+            rings.set_search(RingSearch::new(vec!["gpus".into()], candidates).unwrap());
+            let mut c = ring_cluster(rings);
+            for (_, a) in cluster.agents() {
+                c.add_agent(a.total.clone());
+            }
+            let mut context = PlacementContext::default().with_score(&flat);
+            c.place_in(&demand, &|_| true, &mut context).unwrap().agent
+        };
+        assert_eq!((place_flat(2), place_flat(3), place_flat(4)), (1, 0, 0));
+    }
+
+    /// A demand asking for a spared dimension is searched in that dimension's ring even when
+    /// another dimension dominates it; without sparing (the seed's search), in the dominant one.
+    #[test]
+    fn a_spared_dimension_asked_for_is_the_one_searched() {
+        let agents = ["cpus:8;mem:100;gpus:4", "cpus:64;mem:100;gpus:1"];
+        // cpus 6/72 of the cluster against gpus 0.1/5: cpus dominates.
+        let demand = r("cpus:6;mem:1;gpus:0.1");
+        let place = |rings: RingsConfig| {
+            let mut cluster = ring_cluster(rings);
+            for a in agents {
+                cluster.add_agent(r(a));
+            }
+            let d = cluster.place(&demand, &|_| true).unwrap();
+            (d.agent, d.dimension.unwrap())
+        };
+        // The gpus ring's best fit is the agent with 1 GPU free; the cpus ring's the 8 cpus one.
+        assert_eq!(place(RingsConfig::default()), (1, "gpus".to_string()));
+        assert_eq!(place(RingsConfig::seed_001()), (0, "cpus".to_string()));
     }
 
     /// SPEC seed 001 example: one 4 CPU / 8 GB agent takes (2, 1 GB) then (2, 2 GB).
