@@ -94,7 +94,7 @@ fn one_decision(c: &mut Criterion) {
         }
         // The ring's baselines and variants on the same agents: the seed's plain search, and
         // the default search with a caller's score (a cheap one: the cost measured is the
-        // search's, K = 16 candidates).
+        // search's, with the default number of candidates).
         let seed = cluster_with(n, PlacerKind::Ring, true, RingsConfig::seed_001());
         let mut i = 0;
         group.bench_with_input(BenchmarkId::new("ring-seed001", n), &n, |b, _| {
