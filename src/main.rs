@@ -144,6 +144,12 @@ struct SimArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Run on a workload mix made from --tasks: `sharing=40`, `multi=50`, `cpu=20` (percent of
+    /// tasks), `spec=33` (percent of GPU tasks given a GPU model), `seed=N`, comma-separated, or
+    /// a preset: default, sharing40, sharing100, multi50, spec33. Several mixes separated by `;`
+    /// or with repeated flags; each mix's files go into --out/MIX/ (see docs/simulator.md).
+    #[arg(long, value_name = "SPEC")]
+    mix: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -336,7 +342,12 @@ fn sim(args: SimArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return bad_input(&e.to_string()),
     };
+    let mixes = match sim::mix::parse_mixes(&args.mix) {
+        Ok(m) => m,
+        Err(e) => return bad_input(&e.to_string()),
+    };
     let options = SimOptions {
+        mixes,
         nodes: args.nodes,
         tasks: args.tasks,
         rings: config.rings,
@@ -354,11 +365,14 @@ fn sim(args: SimArgs) -> ExitCode {
         out: args.out,
         progress: !args.quiet,
     };
-    match sim::run(&options) {
-        Ok(results) => {
-            print!("{}", results.table(options.inflation_pct));
-            ExitCode::SUCCESS
-        }
+    let outcome = if options.mixes.is_empty() {
+        sim::run(&options).map(|r| print!("{}", r.table(options.inflation_pct)))
+    } else {
+        sim::run_mixes(&options)
+            .map(|all| print!("{}", sim::mixes_table(&all, options.inflation_pct)))
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
         Err(SimFailure::Input(e)) => bad_input(&e),
         Err(SimFailure::Run(e)) => {
             eprintln!("error: {e}");

@@ -8,12 +8,13 @@
 //!
 //! Pieces, one idea per file: [`trace`] reads node and task lists; [`gpu`] is a node's per-GPU
 //! state; [`policies`] the paper's policies and FGD's target workload; [`engine`] the simulated
-//! cluster and one decision; [`fill`] and [`replay`] the two modes; [`report`] tables and files;
-//! [`plot`] the pictures. Definitions of every metric are in `docs/simulator.md`.
+//! cluster and one decision; [`fill`] and [`replay`] the two modes; [`mix`] variants of the task
+//! list with other workload mixes; [`report`] tables and files; [`plot`] the pictures. Definitions of every metric are in `docs/simulator.md`.
 
 pub mod engine;
 pub mod fill;
 pub mod gpu;
+pub mod mix;
 pub mod plot;
 pub mod policies;
 pub mod replay;
@@ -21,7 +22,7 @@ pub mod report;
 pub mod trace;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -30,8 +31,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 pub use engine::{parse_policies, SimPolicy, Ties, Workload};
 use fill::{FillRun, FIRST_SEED};
+pub use mix::Mix;
 use replay::ReplayRun;
 use report::{FillSummary, ReplaySummary};
+use trace::{Node, Task};
 
 use ringmaster_core::placement::RingsConfig;
 
@@ -62,6 +65,9 @@ pub struct SimOptions {
     pub out: Option<PathBuf>,
     /// Show a progress bar (only drawn when stderr is a terminal).
     pub progress: bool,
+    /// Workload mixes to make from the task list and run ([`run_mixes`]); empty = the task
+    /// list as it is ([`run`]).
+    pub mixes: Vec<Mix>,
 }
 
 /// Why a simulation did not finish: bad input (exit code 2) or a failure while running.
@@ -96,6 +102,28 @@ impl SimResults {
     }
 }
 
+/// The tables of several mixes for the terminal: each mix's own table under its name, then
+/// (fill mode) the median unallocated GPU % at 100 % arrived per policy and mix.
+pub fn mixes_table(all: &[(Mix, SimResults)], inflation_pct: u32) -> String {
+    let mut out = String::new();
+    for (m, results) in all {
+        out.push_str(&format!("\n== mix {} ==\n", m.name));
+        out.push_str(&results.table(inflation_pct));
+    }
+    let fills: Vec<(&str, &[FillSummary])> = all
+        .iter()
+        .filter_map(|(m, r)| match r {
+            SimResults::Fill { summaries, .. } => Some((m.name.as_str(), &summaries[..])),
+            SimResults::Replay { .. } => None,
+        })
+        .collect();
+    if !fills.is_empty() {
+        out.push_str("\nunallocated GPU % at 100 % arrived, median (min–max) over seeds:\n\n");
+        out.push_str(&report::mix_table(&fills));
+    }
+    out
+}
+
 fn progress_bar(enabled: bool, len: u64, what: &str) -> ProgressBar {
     if !enabled || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
@@ -112,17 +140,80 @@ fn progress_bar(enabled: bool, len: u64, what: &str) -> ProgressBar {
 
 /// Loads the trace and runs every policy; writes files when `out` is set.
 pub fn run(options: &SimOptions) -> Result<SimResults, SimFailure> {
+    let (nodes, tasks) = load(options)?;
+    run_on(nodes, tasks, options, options.out.as_deref())
+}
+
+fn load(options: &SimOptions) -> Result<(Vec<Node>, Vec<Task>), SimFailure> {
     let nodes = trace::load_nodes(&options.nodes).map_err(|e| SimFailure::Input(e.to_string()))?;
     let tasks = trace::load_tasks(&options.tasks).map_err(|e| SimFailure::Input(e.to_string()))?;
+    Ok((nodes, tasks))
+}
+
+/// Runs every policy on one node and task list; writes files into `out` when set.
+fn run_on(
+    nodes: Vec<Node>,
+    tasks: Vec<Task>,
+    options: &SimOptions,
+    out: Option<&Path>,
+) -> Result<SimResults, SimFailure> {
     let workload = Workload::new(nodes, tasks).map_err(|e| SimFailure::Input(e.to_string()))?;
     let results = match options.mode {
         Mode::Fill => run_fill_mode(&workload, options)?,
         Mode::Replay => run_replay_mode(&workload, options)?,
     };
-    if let Some(dir) = &options.out {
+    if let Some(dir) = out {
         write_outputs(dir, &results, options.inflation_pct)?;
     }
     Ok(results)
+}
+
+/// Makes each of `options.mixes` from the task list (all before running any, so a mix that
+/// cannot be made fails at once) and runs every policy on each. With `out`, each mix's files go
+/// into `out/MIX/` with its task list as `tasks_MIX.csv`, and the comparison across mixes into
+/// `out/mix_summary.csv` and `out/mix_spread_100.{png,svg}` (fill mode).
+pub fn run_mixes(options: &SimOptions) -> Result<Vec<(Mix, SimResults)>, SimFailure> {
+    let (nodes, tasks) = load(options)?;
+    let made: Vec<(&Mix, Vec<Task>)> = options
+        .mixes
+        .iter()
+        .map(|m| Ok((m, m.apply(&tasks, &nodes)?)))
+        .collect::<Result<_, mix::MixError>>()
+        .map_err(|e| SimFailure::Input(e.to_string()))?;
+    let mut all = Vec::with_capacity(made.len());
+    for (m, tasks) in made {
+        let dir = options.out.as_ref().map(|d| d.join(&m.name));
+        if let Some(dir) = &dir {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| SimFailure::Run(format!("cannot create {}: {e}", dir.display())))?;
+            mix::write_tasks_csv(&dir.join(format!("tasks_{}.csv", m.name)), &tasks)
+                .map_err(SimFailure::Run)?;
+        }
+        let results = run_on(nodes.clone(), tasks, options, dir.as_deref()).map_err(|e| {
+            let within = |e: String| format!("mix `{}`: {e}", m.name);
+            match e {
+                SimFailure::Input(e) => SimFailure::Input(within(e)),
+                SimFailure::Run(e) => SimFailure::Run(within(e)),
+            }
+        })?;
+        all.push((m.clone(), results));
+    }
+    if let Some(dir) = &options.out {
+        let fills: Vec<(&str, &[FillSummary], &[FillRun])> = all
+            .iter()
+            .filter_map(|(m, r)| match r {
+                SimResults::Fill { summaries, runs } => {
+                    Some((m.name.as_str(), &summaries[..], &runs[..]))
+                }
+                SimResults::Replay { .. } => None,
+            })
+            .collect();
+        if !fills.is_empty() {
+            report::write_mix_summary(dir, &fills).map_err(|e| SimFailure::Run(e.to_string()))?;
+            plot::mix_spread_plot(dir, &fills).map_err(|e| SimFailure::Run(e.to_string()))?;
+        }
+    }
+    Ok(all)
 }
 
 fn run_fill_mode(workload: &Workload, options: &SimOptions) -> Result<SimResults, SimFailure> {
@@ -219,18 +310,14 @@ fn run_replay_mode(workload: &Workload, options: &SimOptions) -> Result<SimResul
     Ok(SimResults::Replay { summaries, runs })
 }
 
-fn write_outputs(
-    dir: &PathBuf,
-    results: &SimResults,
-    inflation_pct: u32,
-) -> Result<(), SimFailure> {
+fn write_outputs(dir: &Path, results: &SimResults, inflation_pct: u32) -> Result<(), SimFailure> {
     std::fs::create_dir_all(dir)
         .map_err(|e| SimFailure::Run(format!("cannot create {}: {e}", dir.display())))?;
     let run_err = |e: report::WriteError| SimFailure::Run(e.to_string());
     match results {
         SimResults::Fill { summaries, runs } => {
             report::write_fill(dir, summaries, runs).map_err(run_err)?;
-            plot::fill_plots(dir, summaries, inflation_pct)
+            plot::fill_plots(dir, summaries, runs, inflation_pct)
                 .map_err(|e| SimFailure::Run(e.to_string()))?;
         }
         SimResults::Replay { summaries, runs } => {

@@ -300,8 +300,11 @@ fn write_csv<R: Serialize>(
     w.flush().map_err(|e| write_error(path, e))
 }
 
+/// One row of `fill_summary.csv`, and of `mix_summary.csv` with the mix first.
 #[derive(Serialize)]
 struct FillSummaryRow<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mix: Option<&'a str>,
     policy: &'a str,
     seeds: usize,
     unallocated_at_100_median: f64,
@@ -331,16 +334,10 @@ struct FillCurveRow<'a> {
     fragmented_pct: f64,
 }
 
-/// `fill_summary.json`, `fill_summary.csv` and `fill_curves.csv` (every seed's curve).
-pub fn write_fill(
-    dir: &Path,
-    summaries: &[FillSummary],
-    runs: &[FillRun],
-) -> Result<(), WriteError> {
-    write_json(&dir.join("fill_summary.json"), &summaries)?;
-    write_csv(
-        &dir.join("fill_summary.csv"),
-        summaries.iter().map(|s| FillSummaryRow {
+impl<'a> FillSummaryRow<'a> {
+    fn of(mix: Option<&'a str>, s: &'a FillSummary) -> Self {
+        FillSummaryRow {
+            mix,
             policy: &s.policy,
             seeds: s.seeds.len(),
             unallocated_at_100_median: s.unallocated_at_100.median,
@@ -358,7 +355,20 @@ pub fn write_fill(
             latency_p50_us: s.latency.p50_us,
             latency_p99_us: s.latency.p99_us,
             latency_max_us: s.latency.max_us,
-        }),
+        }
+    }
+}
+
+/// `fill_summary.json`, `fill_summary.csv` and `fill_curves.csv` (every seed's curve).
+pub fn write_fill(
+    dir: &Path,
+    summaries: &[FillSummary],
+    runs: &[FillRun],
+) -> Result<(), WriteError> {
+    write_json(&dir.join("fill_summary.json"), &summaries)?;
+    write_csv(
+        &dir.join("fill_summary.csv"),
+        summaries.iter().map(|s| FillSummaryRow::of(None, s)),
     )?;
     write_csv(
         &dir.join("fill_curves.csv"),
@@ -373,6 +383,70 @@ pub fn write_fill(
             })
         }),
     )
+}
+
+/// `mix_summary.csv`: every mix's fill summary, one row per (mix, policy).
+pub fn write_mix_summary(
+    dir: &Path,
+    mixes: &[(&str, &[FillSummary], &[FillRun])],
+) -> Result<(), WriteError> {
+    write_csv(
+        &dir.join("mix_summary.csv"),
+        mixes.iter().flat_map(|&(mix, summaries, _)| {
+            summaries
+                .iter()
+                .map(move |s| FillSummaryRow::of(Some(mix), s))
+        }),
+    )
+}
+
+/// Median unallocated GPU % at 100 % arrived (min–max over seeds), one row per policy and one
+/// column per mix, as a Markdown table; the least median of each mix in bold.
+pub fn mix_table(mixes: &[(&str, &[FillSummary])]) -> String {
+    let mut policies: Vec<&str> = Vec::new();
+    for (_, summaries) in mixes {
+        for s in summaries.iter() {
+            if !policies.contains(&s.policy.as_str()) {
+                policies.push(&s.policy);
+            }
+        }
+    }
+    let mut out = String::new();
+    let _ = write!(out, "| policy |");
+    for (mix, _) in mixes {
+        let _ = write!(out, " {mix} |");
+    }
+    let _ = write!(out, "\n| --- |");
+    for _ in mixes {
+        let _ = write!(out, " --- |");
+    }
+    out.push('\n');
+    for p in policies {
+        let _ = write!(out, "| `{p}` |");
+        for (_, summaries) in mixes {
+            let best = summaries
+                .iter()
+                .map(|s| s.unallocated_at_100.median)
+                .fold(f64::INFINITY, f64::min);
+            match summaries.iter().find(|s| s.policy == p) {
+                Some(s) => {
+                    let u = &s.unallocated_at_100;
+                    let median = format!("{:.2}", u.median);
+                    let median = if u.median <= best {
+                        format!("**{median}**")
+                    } else {
+                        median
+                    };
+                    let _ = write!(out, " {median} ({:.2}–{:.2}) |", u.min, u.max);
+                }
+                None => {
+                    let _ = write!(out, " — |");
+                }
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
 
 #[derive(Serialize)]
