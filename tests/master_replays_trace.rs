@@ -311,7 +311,9 @@ async fn whole_gpu_tasks_land_where_the_simulator_places_them() {
 /// free milli-GPU as GPU units, on the `gpus` ring: one GPU a bucket, searching up 16); the
 /// master on `gpu_milli` (default ring: a tenth of a GPU a bucket, searching up 2, then down
 /// from the top). With the master's `gpu_milli` ring laid out as the simulator's `gpus` ring,
-/// and without the scored tie-break, the master's agents and GPUs are the simulator's.
+/// `gpu_milli` spared like `gpus` (since issue 18 a demand asking for a spared dimension
+/// searches that dimension's ring, and the simulator's shares ask for `gpus`), and without the
+/// scored tie-break, the master's agents and GPUs are the simulator's.
 #[tokio::test]
 async fn gpu_shares_land_where_the_simulator_places_them() {
     let (nodes, tasks) = slice();
@@ -319,7 +321,8 @@ async fn gpu_shares_land_where_the_simulator_places_them() {
     assert!(tasks.iter().any(|t| t.num_gpu == 0));
     assert!(tasks.iter().any(|t| t.num_gpu == 1 && t.gpu_milli < 1000));
     let config = master_config(
-        "rings:\n  gpu_milli: { base: 0, step: 1000, buckets: 16, search_up: 16 }\n  candidates: 1\n",
+        "rings:\n  gpu_milli: { base: 0, step: 1000, buckets: 16, search_up: 16 }\n  candidates: 1\n  \
+         spare: [gpus, gpu_milli]\n",
     );
     let (simulated, placed) = replay(&nodes, &tasks, config).await;
     assert_eq!(compare("shares", &nodes, &tasks, &simulated, &placed), 0);
