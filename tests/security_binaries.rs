@@ -86,7 +86,8 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
             "--instances",
             "2",
             "--",
-            "test -d .",
+            // The task runs as the exec's --user: TaskInfo.user reaches the agent.
+            &format!("test -d . && [ \"$(id -un)\" = {alice} ]"),
         ],
     );
     assert_eq!(code, 0, "{out}");
