@@ -83,6 +83,8 @@ impl LocalCluster {
                 kill_grace: Duration::from_secs(3),
                 reconnect_max_backoff: Duration::from_secs(2),
                 security: Default::default(),
+                task_user: ringmaster_agent::users::default_task_user(),
+                allow_root_tasks: false,
             };
             let mut stop = stop_rx.clone();
             agents.push(tokio::spawn(async move {

@@ -138,15 +138,23 @@ fn wait_line(lines: &mpsc::Receiver<String>, words: &[&str]) -> String {
 /// SPEC seed 003 through the real binaries: a base-priority `ringmaster-exec` (user bob, no
 /// priority) holds the only GPU agent of partition `gpu`; alice (priority 10, quota gpus:4)
 /// runs a high-priority one that preempts it: bob's task ends KILLED reason=preempted and
-/// alice's runs to FINISHED on that agent.
+/// alice's runs to FINISHED on that agent. `--user` is also the tasks' Unix user, so alice and
+/// bob are real system users (`exec_users`); two of them need root.
 #[test]
 fn high_priority_exec_preempts_a_low_priority_one() {
+    let users = exec_users();
+    let [alice, bob] = users.as_slice() else {
+        println!("skipped: needs root (two distinct task users)");
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("master.yaml");
     std::fs::write(
         &config,
-        "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n\
-         priorities:\n  partitions: [default, gpu]\n  users:\n    alice: { gpu: { priority: 10, quota: \"gpus:4\" } }\n",
+        format!(
+            "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n\
+             priorities:\n  partitions: [default, gpu]\n  users:\n    {alice}: {{ gpu: {{ priority: 10, quota: \"gpus:4\" }} }}\n"
+        ),
     )
     .unwrap();
     let (_master, addr, _logs) = start_master(&config);
@@ -166,7 +174,7 @@ fn high_priority_exec_preempts_a_low_priority_one() {
     );
 
     let common = ["--partition", "gpu", "--resources", "cpus:1;mem:64;gpus:4"];
-    let low_args: Vec<&str> = ["--name", "low", "--user", "bob"]
+    let low_args: Vec<&str> = ["--name", "low", "--user", bob]
         .into_iter()
         .chain(common)
         .chain(["--", "sleep", "600"])
@@ -175,7 +183,7 @@ fn high_priority_exec_preempts_a_low_priority_one() {
     let line = wait_line(&low_lines, &["TASK low-0 RUNNING"]);
     assert!(line.contains("agent=g1"), "{line}");
 
-    let high_args: Vec<&str> = ["--name", "high", "--user", "alice"]
+    let high_args: Vec<&str> = ["--name", "high", "--user", alice]
         .into_iter()
         .chain(common)
         .chain(["--", "true"])

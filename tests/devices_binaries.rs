@@ -27,6 +27,10 @@ fn half_gpu_tasks_see_their_devices() {
     wait_registered(&logs, &["gpu-agent"]);
     let seen = dir.path().join("seen");
     std::fs::create_dir_all(&seen).unwrap();
+    // Tasks run as the agent's task user (`nobody` under root): they reach `seen` and write in it.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&seen, std::fs::Permissions::from_mode(0o777)).unwrap();
     // Each task records what it sees, then waits (bounded) until all three have, so the three
     // hold their devices at the same time.
     let command = format!(

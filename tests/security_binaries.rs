@@ -33,14 +33,18 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
     std::fs::write(dir.path().join("agents.secret"), "agent-secret\n").unwrap();
     std::fs::write(dir.path().join("exec.secret"), "exec-secret\n").unwrap();
     std::fs::write(dir.path().join("wrong.secret"), "guess\n").unwrap();
+    // `--user` is also the tasks' Unix user on the agent: a real one.
+    let alice = exec_users().remove(0);
     let config = dir.path().join("master.yaml");
     std::fs::write(
         &config,
-        "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n\
-         tls:\n  cert: certs/master.pem\n  key: certs/master.key\n\
-         auth:\n  required: true\n  principals:\n\
-         \x20   agents: { secret_file: agents.secret, roles: [agent] }\n\
-         \x20   batch: { secret_file: exec.secret, roles: [framework], users: [alice] }\n",
+        format!(
+            "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n\
+             tls:\n  cert: certs/master.pem\n  key: certs/master.key\n\
+             auth:\n  required: true\n  principals:\n\
+             \x20   agents: {{ secret_file: agents.secret, roles: [agent] }}\n\
+             \x20   batch: {{ secret_file: exec.secret, roles: [framework], users: [{alice}] }}\n"
+        ),
     )
     .unwrap();
     let (_master, addr, logs) = start_master(&config);
@@ -74,7 +78,7 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
             "--secret-file",
             exec_secret.to_str().unwrap(),
             "--user",
-            "alice",
+            &alice,
             "--name",
             "secure",
             "--resources",
@@ -82,7 +86,8 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
             "--instances",
             "2",
             "--",
-            "test -d .",
+            // The task runs as the exec's --user: TaskInfo.user reaches the agent.
+            &format!("test -d . && [ \"$(id -un)\" = {alice} ]"),
         ],
     );
     assert_eq!(code, 0, "{out}");
@@ -109,7 +114,7 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
         .arg(&wrong)
         .args([
             "--user",
-            "alice",
+            &alice,
             "--name",
             "nope",
             "--resources",
@@ -133,7 +138,7 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
         .arg(&exec_secret)
         .args([
             "--user",
-            "alice",
+            &alice,
             "--name",
             "plain",
             "--resources",

@@ -12,6 +12,7 @@ use ringmaster_proto::resources::Resources;
 use ringmaster_proto::transport::ClientSecurity;
 
 use crate::detect::{detect_gpus, detect_hostname, detect_resources};
+use crate::users::default_task_user;
 
 /// Grace between SIGTERM and SIGKILL when a task is killed.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
@@ -71,6 +72,13 @@ pub struct AgentArgs {
     /// File holding the principal's shared secret (one trailing newline is ignored).
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
+    /// The Unix user tasks run as when they name none (`TaskInfo.user`). Default: `nobody`
+    /// when the agent runs as root, else the agent's own user. See docs/security.md.
+    #[arg(long, value_name = "NAME")]
+    pub task_user: Option<String>,
+    /// Let tasks run as root (uid 0); without it a task whose user is root fails.
+    #[arg(long)]
+    pub allow_root_tasks: bool,
 }
 
 /// The validated configuration of one agent.
@@ -95,6 +103,10 @@ pub struct AgentConfig {
     pub reconnect_max_backoff: Duration,
     /// TLS and credential for the master connection (default: plain TCP, anonymous).
     pub security: ClientSecurity,
+    /// The user of tasks that name none (`--task-user`).
+    pub task_user: String,
+    /// Tasks may run as root (`--allow-root-tasks`).
+    pub allow_root_tasks: bool,
 }
 
 impl AgentConfig {
@@ -166,6 +178,11 @@ impl AgentConfig {
             args.secret_file.as_deref(),
         )
         .map_err(anyhow::Error::msg)?;
+        let task_user = match args.task_user {
+            Some(u) if u.trim().is_empty() => bail!("--task-user must not be empty"),
+            Some(u) => u,
+            None => default_task_user(),
+        };
         Ok(AgentConfig {
             master: args.master,
             id: args.id,
@@ -178,6 +195,8 @@ impl AgentConfig {
             kill_grace: DEFAULT_KILL_GRACE,
             reconnect_max_backoff: DEFAULT_RECONNECT_MAX_BACKOFF,
             security,
+            task_user,
+            allow_root_tasks: args.allow_root_tasks,
         })
     }
 }
@@ -365,6 +384,19 @@ mod tests {
                 "{name} = {value:?}"
             );
         }
+    }
+
+    #[test]
+    fn task_user_flags() {
+        let config = AgentConfig::from_args(args(&[])).unwrap();
+        assert_eq!(config.task_user, default_task_user());
+        assert!(!config.allow_root_tasks);
+        let config =
+            AgentConfig::from_args(args(&["--task-user", "ann", "--allow-root-tasks"])).unwrap();
+        assert_eq!(config.task_user, "ann");
+        assert!(config.allow_root_tasks);
+        let err = error_of(&["--task-user", " "]);
+        assert!(err.contains("--task-user"), "{err}");
     }
 
     #[test]

@@ -58,6 +58,7 @@ mod session;
 pub mod state;
 pub mod task_files;
 pub mod updates;
+pub mod users;
 
 use std::future::Future;
 use std::process::ExitCode;

@@ -16,6 +16,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::users::TaskUser;
+
 /// How often a killed group is checked for survivors during the grace period.
 const GROUP_POLL: Duration = Duration::from_millis(20);
 /// How often a task adopted after an agent restart (not our child) is checked for its end.
@@ -43,6 +45,9 @@ pub struct LaunchSpec {
     pub env: Vec<(String, String)>,
     /// SIGTERM-to-SIGKILL grace when the task is killed.
     pub kill_grace: Duration,
+    /// The user to run as (`None`: the agent's own). The sandbox is then owned by this user and
+    /// made 0700; the process gets the user's uid, gid and supplementary groups.
+    pub user: Option<TaskUser>,
 }
 
 /// How a task's main process ended.
@@ -96,6 +101,12 @@ pub enum LaunchError {
     OutputFile { path: PathBuf, source: io::Error },
     #[error("invalid environment variable name {name:?}")]
     BadEnv { name: String },
+    #[error("cannot hand sandbox {path} to user {user}: {source}")]
+    SandboxOwner {
+        path: PathBuf,
+        user: String,
+        source: io::Error,
+    },
     #[error("cannot spawn `sh -c`: {0}")]
     Spawn(io::Error),
 }
@@ -118,6 +129,13 @@ pub fn launch<T: Send + 'static>(
     })?;
     let stdout = create_output(&spec.sandbox, "stdout")?;
     let stderr = create_output(&spec.sandbox, "stderr")?;
+    if let Some(user) = &spec.user {
+        hand_sandbox_to(&spec.sandbox, user).map_err(|source| LaunchError::SandboxOwner {
+            path: spec.sandbox.clone(),
+            user: user.name.clone(),
+            source,
+        })?;
+    }
     let mut command = Command::new("sh");
     command
         .arg("-c")
@@ -131,6 +149,23 @@ pub fn launch<T: Send + 'static>(
         .stderr(stderr)
         .process_group(0)
         .kill_on_drop(false);
+    if let Some(user) = &spec.user {
+        let (uid, gid, groups) = (user.uid, user.gid, user.groups.clone());
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe calls (setgroups, setgid, setuid) on data owned by the closure.
+        // Groups first, then gid, then uid: after setuid the others are no longer allowed.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setgroups(groups.len() as _, groups.as_ptr()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let child = command.spawn().map_err(LaunchError::Spawn)?;
     let pid = child.id().ok_or_else(|| {
         LaunchError::Spawn(io::Error::other("child exited before its pid was read"))
@@ -230,6 +265,20 @@ pub fn process_start_ticks(pid: u32) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     // Fields after the comm start at field 3 (state); starttime is field 22.
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// Makes the sandbox and its output files the task user's, and the sandbox 0700 so other
+/// tasks (other users) cannot read it.
+fn hand_sandbox_to(sandbox: &Path, user: &TaskUser) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for path in [
+        sandbox.to_path_buf(),
+        sandbox.join("stdout"),
+        sandbox.join("stderr"),
+    ] {
+        std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
+    }
+    std::fs::set_permissions(sandbox, std::fs::Permissions::from_mode(0o700))
 }
 
 fn create_output(sandbox: &Path, name: &str) -> Result<File, LaunchError> {
@@ -403,6 +452,7 @@ mod tests {
             sandbox: dir.join("box"),
             env: vec![("GREETING".into(), "hello there".into())],
             kill_grace: Duration::from_millis(500),
+            user: None,
         }
     }
 

@@ -23,6 +23,7 @@ use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
 use crate::sandbox::sandbox_dir;
 use crate::task_files::{self, TaskFile};
 use crate::updates::{unix_ms, StatusQueue};
+use crate::users::{self, UserPolicy};
 
 /// Status reasons the agent sends (machine-readable, see docs/protocol.md).
 pub mod reason {
@@ -365,8 +366,19 @@ impl AgentState {
             Ok(devices) => devices,
             Err((why, message)) => return self.refuse(key, resources, blank, why, message, out),
         };
+        let policy = UserPolicy {
+            default_user: self.config.task_user.clone(),
+            allow_root: self.config.allow_root_tasks,
+            agent_uid: users::agent_uid(),
+        };
+        let user = match users::resolve_task_user(&info.user, &policy, users::lookup_user) {
+            Ok(user) => user,
+            Err(message) => {
+                return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
+            }
+        };
         let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
-        let mut env = vec![
+        let agent_env = vec![
             ("RINGMASTER_TASK_ID".to_string(), key.task_id.clone()),
             (
                 "RINGMASTER_FRAMEWORK_ID".to_string(),
@@ -378,21 +390,30 @@ impl AgentState {
                 "RINGMASTER_SANDBOX".to_string(),
                 sandbox.to_string_lossy().into_owned(),
             ),
+            ("HOME".to_string(), user.home.to_string_lossy().into_owned()),
+            ("USER".to_string(), user.name.clone()),
+            ("LOGNAME".to_string(), user.name.clone()),
         ];
+        let mut device_env = Vec::new();
         if !self.config.devices.is_empty() || !devices.is_empty() {
             // Empty for a task without GPUs: it sees none of this agent's devices.
-            env.push((
+            device_env.push((
                 "CUDA_VISIBLE_DEVICES".to_string(),
                 devices.cuda_visible_devices(),
             ));
-            env.push(("RINGMASTER_DEVICES".to_string(), devices.to_string()));
+            device_env.push(("RINGMASTER_DEVICES".to_string(), devices.to_string()));
         }
-        env.extend(info.env.iter().map(|a| (a.key.clone(), a.value.clone())));
+        let task_env: Vec<(String, String)> = info
+            .env
+            .iter()
+            .map(|a| (a.key.clone(), a.value.clone()))
+            .collect();
         let spec = LaunchSpec {
             command: info.command.clone(),
             sandbox: sandbox.clone(),
-            env,
+            env: task_environment(agent_env, task_env, device_env),
             kill_grace: self.config.kill_grace,
+            user: Some(user),
         };
         match process::launch(&spec, key.clone(), self.exits_tx.clone()) {
             Ok(handle) => {
@@ -769,4 +790,81 @@ fn update(status: TaskStatus) -> Message {
     Message::StatusUpdate(StatusUpdate {
         status: Some(status),
     })
+}
+
+/// A task's environment, in the order it is applied (a later entry wins): what the agent sets
+/// (ids, sandbox, HOME/USER/LOGNAME), then the task's own `TaskInfo.env`, then the device
+/// variables (CUDA_VISIBLE_DEVICES, RINGMASTER_DEVICES). The device variables come last and
+/// the task's entries for them are dropped, so a task cannot widen the devices it sees.
+pub fn task_environment(
+    agent: Vec<(String, String)>,
+    task: Vec<(String, String)>,
+    devices: Vec<(String, String)>,
+) -> Vec<(String, String)> {
+    let mut env = agent;
+    env.extend(
+        task.into_iter()
+            .filter(|(name, _)| !devices.iter().any(|(d, _)| d == name)),
+    );
+    env.extend(devices);
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// What a process started with `envs(list)` sees for `name`: the last entry wins.
+    fn seen<'a>(env: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn a_task_cannot_widen_its_devices() {
+        let env = task_environment(
+            pairs(&[("RINGMASTER_TASK_ID", "t1"), ("HOME", "/nonexistent")]),
+            pairs(&[
+                ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+                ("RINGMASTER_DEVICES", "all"),
+                ("HOME", "/tmp"),
+                ("MINE", "x"),
+            ]),
+            pairs(&[
+                ("CUDA_VISIBLE_DEVICES", "1"),
+                ("RINGMASTER_DEVICES", "1:500"),
+            ]),
+        );
+        assert_eq!(seen(&env, "CUDA_VISIBLE_DEVICES"), Some("1"));
+        assert_eq!(seen(&env, "RINGMASTER_DEVICES"), Some("1:500"));
+        assert_eq!(
+            env.iter()
+                .filter(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+                .count(),
+            1
+        );
+        // The task's own variables still apply, and may override the agent's other ones.
+        assert_eq!(seen(&env, "MINE"), Some("x"));
+        assert_eq!(seen(&env, "HOME"), Some("/tmp"));
+        assert_eq!(seen(&env, "RINGMASTER_TASK_ID"), Some("t1"));
+        assert_eq!(env.last().unwrap().0, "RINGMASTER_DEVICES");
+    }
+
+    #[test]
+    fn without_devices_the_task_env_is_kept() {
+        let env = task_environment(
+            pairs(&[("A", "1")]),
+            pairs(&[("CUDA_VISIBLE_DEVICES", "0")]),
+            Vec::new(),
+        );
+        assert_eq!(env, pairs(&[("A", "1"), ("CUDA_VISIBLE_DEVICES", "0")]));
+    }
 }

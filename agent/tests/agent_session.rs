@@ -203,6 +203,8 @@ fn config(master: &str, work_dir: &Path, resources: &str) -> AgentConfig {
         kill_grace: Duration::from_millis(500),
         reconnect_max_backoff: Duration::from_millis(200),
         security: Default::default(),
+        task_user: ringmaster_agent::users::default_task_user(),
+        allow_root_tasks: false,
     }
 }
 
@@ -383,7 +385,7 @@ async fn updates_are_resent_until_acknowledged_and_run_tasks_is_idempotent() {
     let dir = tempfile::tempdir().unwrap();
     let agent = RunningAgent::start(config(&master.addr, dir.path(), "cpus:4;mem:1024"));
     let (mut link, _) = master.accept("a1", 60_000).await;
-    let once = task("once", "echo ran >> ../once.runs", "cpus:1");
+    let once = task("once", "echo ran >> once.runs", "cpus:1");
     link.run(vec![once.clone()]).await;
     let running = link.next_update().await;
     let finished = link.next_update().await;
@@ -402,7 +404,7 @@ async fn updates_are_resent_until_acknowledged_and_run_tasks_is_idempotent() {
     assert_eq!(resent.update_id, running.update_id);
     let resent = link.next_update().await;
     assert_eq!(resent.update_id, finished.update_id);
-    let runs = std::fs::read_to_string(dir.path().join("sandboxes/fw/once.runs")).unwrap();
+    let runs = std::fs::read_to_string(dir.path().join("sandboxes/fw/once/once.runs")).unwrap();
     assert_eq!(runs, "ran\n", "the task ran once");
 
     link.ack(&running).await;

@@ -26,6 +26,8 @@ fn config(work_dir: &std::path::Path, spec: &str, selection: DeviceSelection) ->
         kill_grace: Duration::from_millis(500),
         reconnect_max_backoff: Duration::from_millis(200),
         security: Default::default(),
+        task_user: ringmaster_agent::users::default_task_user(),
+        allow_root_tasks: false,
     }
 }
 
@@ -157,4 +159,42 @@ async fn spread_policy_and_the_masters_binding() {
         .collect();
     assert_eq!(free, [(0, 700, 16384), (1, 300, 16384), (2, 600, 12768)]);
     assert_eq!(state.register_message().devices.len(), 3);
+}
+
+#[tokio::test]
+async fn a_task_cannot_widen_its_devices_through_its_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "cpus:8;mem:1024;gpus:2x16384",
+        DeviceSelection::LeastUsed,
+    );
+    let (mut state, mut exits) = AgentState::new(cfg, "a1".into());
+    let mut info = task("greedy", "cpus:1;gpu_milli:500");
+    info.env = ["CUDA_VISIBLE_DEVICES", "RINGMASTER_DEVICES"]
+        .into_iter()
+        .map(|key| ringmaster_proto::Attribute {
+            key: key.into(),
+            value: "0,1".into(),
+        })
+        .collect();
+    let s = run_one(&mut state, info);
+    assert_eq!(s.state, TaskState::TaskRunning as i32, "{s:?}");
+    let (key, outcome) = timeout(Duration::from_secs(15), exits.recv())
+        .await
+        .expect("the task ends in time")
+        .expect("exit channel open");
+    state.process_exited(key, outcome);
+    let seen = std::fs::read_to_string(
+        ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "greedy").join("stdout"),
+    )
+    .unwrap();
+    assert_eq!(
+        seen,
+        format!(
+            "[{}] [{}]\n",
+            bound(&s).split(':').nth(1).unwrap(),
+            bound(&s)
+        )
+    );
 }

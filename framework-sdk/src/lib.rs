@@ -77,7 +77,8 @@ pub use session::{run, LAUNCH_DROPPED};
 ///
 /// The task's name is its id; the master fills in the framework and agent ids. Set
 /// [`TaskInfo::env`] on the result for extra environment variables, and
-/// [`TaskInfo::priority_class`] to `"base"` for a task that should run at base priority (never
+/// [`TaskInfo::user`] to the Unix user it should run as on the agent (empty: the agent's
+/// `--task-user`), [`TaskInfo::priority_class`] to `"base"` for a task that should run at base priority (never
 /// counted against the user's priority quota); the partition is the framework's
 /// ([`FrameworkConfig::partition`]).
 pub fn task(id: &str, command: &str, resources: &Resources) -> TaskInfo {

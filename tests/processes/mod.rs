@@ -164,3 +164,15 @@ pub fn exec(master: &str, args: &[&str]) -> (i32, String) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Real Unix users for `ringmaster-exec --user`, which is also the user its tasks run as on the
+/// agent (docs/security.md, "Task users"): two distinct system users when the tests run as
+/// root (a root agent switches to them), else only the tests' own user (an agent that is not
+/// root runs tasks only as itself).
+pub fn exec_users() -> Vec<String> {
+    if ringmaster_agent::users::agent_uid() == 0 {
+        vec!["daemon".to_string(), "bin".to_string()]
+    } else {
+        vec![ringmaster_agent::users::default_task_user()]
+    }
+}

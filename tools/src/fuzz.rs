@@ -311,6 +311,11 @@ impl FrameFuzzer {
             } else {
                 vec![self.wild_string(&[])]
             },
+            user: if self.chance(90) {
+                String::new()
+            } else {
+                self.wild_string(&[])
+            },
         }
     }
 

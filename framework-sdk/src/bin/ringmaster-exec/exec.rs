@@ -48,7 +48,9 @@ pub struct ExecArgs {
     /// How many copies of the command to run.
     #[arg(long, default_value_t = 1)]
     pub instances: u32,
-    /// The user to run as (default: $USER, else root).
+    /// The Unix user every task runs as on its agent, and the framework's user (priorities).
+    /// Without it, tasks run as each agent's `--task-user` and the framework user is $USER,
+    /// else root.
     #[arg(long)]
     pub user: Option<String>,
     /// The partition to run in: agents whose `partition` attribute is PARTITION (default:
@@ -107,6 +109,8 @@ pub struct ExecPlan {
     pub priority_class: String,
     /// `TaskInfo::gpu_models` of every task: `gpu_model:A|B` of `--resources` (docs/devices.md).
     pub gpu_models: Vec<String>,
+    /// `TaskInfo::user` of every task: `--user`, else empty (the agent's `--task-user`).
+    pub task_user: String,
     /// How long tasks LOST with their agent may take to come back (`--lost-grace`).
     pub lost_grace: Duration,
 }
@@ -135,6 +139,10 @@ impl ExecArgs {
             plan.unit = Resources::new();
             plan.command = String::new();
             plan.instances = batch.tasks.len() as u32;
+            let mut batch = batch;
+            for info in batch.tasks.iter_mut().filter_map(|t| t.task.as_mut()) {
+                info.user = plan.task_user.clone();
+            }
             plan.batch = Some(batch);
             return Ok(plan);
         }
@@ -225,6 +233,7 @@ impl ExecArgs {
             batch: None,
             priority_class,
             gpu_models,
+            task_user: self.user.clone().unwrap_or_default(),
             lost_grace,
         })
     }
@@ -266,6 +275,7 @@ pub struct ExecScheduler<W> {
     command: String,
     priority_class: String,
     gpu_models: Vec<String>,
+    task_user: String,
     /// The last state of each task by index.
     book: TaskBook,
     index_of: HashMap<String, usize>,
@@ -287,6 +297,7 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
             command: plan.command.clone(),
             priority_class: plan.priority_class.clone(),
             gpu_models: plan.gpu_models.clone(),
+            task_user: plan.task_user.clone(),
             book: TaskBook::new(plan.instances as usize),
             index_of,
             launched: 0,
@@ -391,6 +402,7 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
                     let mut info = task(&format!("{}-{i}", self.name), &self.command, &self.unit);
                     info.priority_class = self.priority_class.clone();
                     info.gpu_models = self.gpu_models.clone();
+                    info.user = self.task_user.clone();
                     info
                 })
                 .collect();
@@ -585,11 +597,21 @@ mod tests {
         assert_eq!(plan.instances, 3);
         assert_eq!(plan.unit, Resources::parse("mem:128;cpus:1").unwrap());
         assert_eq!(plan.config.user, "ann");
+        assert_eq!(plan.task_user, "ann");
         assert_eq!(plan.config.weight, 2.0);
         assert_eq!(plan.config.failover_timeout, Duration::from_secs(5));
         assert_eq!(plan.config.name, "job");
         assert_eq!(plan.config.partition, "gpu");
         assert_eq!(plan.priority_class, "base");
+    }
+
+    #[test]
+    fn tasks_carry_a_user_only_when_one_is_given() {
+        let plan = args(&["--resources", "cpus:1", "--", "true"])
+            .unwrap()
+            .plan()
+            .unwrap();
+        assert_eq!(plan.task_user, "", "no --user: the agent's --task-user");
     }
 
     #[test]
