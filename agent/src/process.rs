@@ -129,7 +129,14 @@ pub fn launch<T: Send + 'static>(
     })?;
     let stdout = create_output(&spec.sandbox, "stdout")?;
     let stderr = create_output(&spec.sandbox, "stderr")?;
-    if let Some(user) = &spec.user {
+    // Only root switches users. A non-root agent runs tasks as itself (user resolution refuses
+    // any other user there): setgroups needs CAP_SETGID even for the groups it already has.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let switch_user = spec
+        .user
+        .as_ref()
+        .filter(|_| unsafe { libc::geteuid() } == 0);
+    if let Some(user) = switch_user {
         hand_sandbox_to(&spec.sandbox, user).map_err(|source| LaunchError::SandboxOwner {
             path: spec.sandbox.clone(),
             user: user.name.clone(),
@@ -149,7 +156,7 @@ pub fn launch<T: Send + 'static>(
         .stderr(stderr)
         .process_group(0)
         .kill_on_drop(false);
-    if let Some(user) = &spec.user {
+    if let Some(user) = switch_user {
         let (uid, gid, groups) = (user.uid, user.gid, user.groups.clone());
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe calls (setgroups, setgid, setuid) on data owned by the closure.
