@@ -20,7 +20,7 @@ use ringmaster_core::placement::fragmentation::{ShapeWindow, TargetWorkload, Tas
 use ringmaster_core::placement::PlacerKind;
 use ringmaster_proto::convert::{BindingWire, ResourcesWire};
 use ringmaster_proto::devices::DeviceBinding;
-use ringmaster_proto::{Message, RegisterAgent, TaskInfo};
+use ringmaster_proto::{RegisterAgent, TaskInfo};
 
 /// Every `NODE_STRIDE`-th node of the trace (its node types are listed in blocks, so a stride
 /// mixes CPU-only nodes with 2-, 4- and 8-GPU nodes of several models).
@@ -162,23 +162,18 @@ async fn replay(
     let mut by_id: HashMap<String, usize> = HashMap::new();
     for (i, n) in nodes.iter().enumerate() {
         let (total, devices) = openb_node(n.cpu_milli, n.memory_mib, n.gpus, &n.model).unwrap();
-        let mut c = Client::connect(master.addr()).await;
-        c.send(Message::RegisterAgent(RegisterAgent {
-            agent_id: n.name.clone(),
-            hostname: n.name.clone(),
-            total: Some(total.to_wire()),
-            attributes: vec![],
-            tasks: vec![],
-            devices: devices.iter().map(Into::into).collect(),
-        }))
+        let c = Client::register(
+            master.addr(),
+            RegisterAgent {
+                agent_id: n.name.clone(),
+                hostname: n.name.clone(),
+                total: Some(total.to_wire()),
+                attributes: vec![],
+                tasks: vec![],
+                devices: devices.iter().map(Into::into).collect(),
+            },
+        )
         .await;
-        c.id = c
-            .expect("AgentRegistered", |m| match m {
-                Message::AgentRegistered(r) => Some(r.agent_id.clone()),
-                Message::Error(e) => panic!("registration refused: {}", e.message),
-                _ => None,
-            })
-            .await;
         by_id.insert(c.id.clone(), i);
         agents.push(c);
     }

@@ -27,9 +27,14 @@ fn trim_read(buffer: &mut BytesMut) {
     }
 }
 
-/// Gives back an empty write buffer's memory; the next message allocates what it needs.
+/// A written buffer larger than this is given back; a smaller one is kept, so the usual small
+/// bursts (acks, updates) do not allocate anew after every flush.
+const KEEP_WRITE_BUFFER_BYTES: usize = 4 * 1024;
+
+/// Gives back an empty write buffer's memory once it grew past [`KEEP_WRITE_BUFFER_BYTES`]
+/// (tokio-util starts it at 8 KiB); the next message allocates what it needs.
 fn trim_write(buffer: &mut BytesMut) {
-    if buffer.is_empty() && buffer.capacity() > 0 {
+    if buffer.is_empty() && buffer.capacity() > KEEP_WRITE_BUFFER_BYTES {
         *buffer = BytesMut::new();
     }
 }

@@ -233,18 +233,26 @@ impl Client {
         resources: &str,
         tasks: Vec<TaskStatus>,
     ) -> Client {
-        let mut c = Client::connect(addr).await;
         // Agent text may declare GPU devices (`gpus:2x16384`, docs/devices.md).
         let (total, devices) = ringmaster_proto::devices::parse_agent_resources(resources).unwrap();
-        c.send(Message::RegisterAgent(RegisterAgent {
-            agent_id: id.into(),
-            hostname: format!("host-{id}"),
-            total: Some(total.to_wire()),
-            attributes: vec![],
-            tasks,
-            devices: devices.iter().map(Into::into).collect(),
-        }))
-        .await;
+        Self::register(
+            addr,
+            RegisterAgent {
+                agent_id: id.into(),
+                hostname: format!("host-{id}"),
+                total: Some(total.to_wire()),
+                attributes: vec![],
+                tasks,
+                devices: devices.iter().map(Into::into).collect(),
+            },
+        )
+        .await
+    }
+
+    /// Registers an agent with a full `RegisterAgent`; returns once `AgentRegistered` came.
+    pub async fn register(addr: std::net::SocketAddr, register: RegisterAgent) -> Client {
+        let mut c = Client::connect(addr).await;
+        c.send(Message::RegisterAgent(register)).await;
         c.id = c
             .expect("AgentRegistered", |m| match m {
                 Message::AgentRegistered(r) => Some(r.agent_id.clone()),

@@ -234,6 +234,20 @@ impl TargetWorkload {
         shape: &TaskShape,
         before: u64,
     ) -> Option<(i64, u64)> {
+        self.least_cost(cpu_free, gpu_free, model, shape, before, |growth| growth)
+    }
+
+    /// The way to place `shape` on the node's GPUs ([`select_shares_by_cost`]'s ways, equal
+    /// costs keep the earlier) with the least `cost` of its growth: that cost and the GPUs.
+    fn least_cost(
+        &self,
+        cpu_free: u64,
+        gpu_free: &[u32],
+        model: Option<u32>,
+        shape: &TaskShape,
+        before: u64,
+        cost: impl Fn(i64) -> i64,
+    ) -> Option<(i64, u64)> {
         if gpu_free.len() > MAX_PICK_GPUS {
             return None;
         }
@@ -242,6 +256,7 @@ impl TargetWorkload {
             positions.clear();
             positions.extend((0..MAX_PICK_GPUS).filter(|&i| pick & (1 << i) != 0));
             self.growth(cpu_free, gpu_free, model, shape, &positions, before)
+                .map(&cost)
         })
     }
 }
@@ -278,15 +293,8 @@ impl TargetWorkload {
         shape: &TaskShape,
         before: u64,
     ) -> Option<(i64, u64)> {
-        if gpu_free.len() > MAX_PICK_GPUS {
-            return None;
-        }
-        let mut positions = Vec::with_capacity(shape.num_gpu as usize);
-        select_shares_by_cost(gpu_free, shape.num_gpu, shape.gpu_milli, |pick| {
-            positions.clear();
-            positions.extend((0..MAX_PICK_GPUS).filter(|&i| pick & (1 << i) != 0));
-            self.growth(cpu_free, gpu_free, model, shape, &positions, before)
-                .map(|growth| -self.quantised_score(growth))
+        self.least_cost(cpu_free, gpu_free, model, shape, before, |growth| {
+            -self.quantised_score(growth)
         })
         .map(|(cost, pick)| (-cost, pick))
     }
