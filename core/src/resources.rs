@@ -9,13 +9,19 @@
 use std::fmt;
 use std::str::FromStr;
 
+use compact_str::CompactString;
+
 /// Scalars carry three decimal places.
 pub const MILLI: u64 = 1000;
 
 /// A bundle of named scalar resources, each at most once, sorted by name, none zero.
+///
+/// Names are short (`cpus`, `mem`, `gpu_milli`) and kept inline ([`CompactString`] holds up
+/// to 24 bytes without allocating): a bundle of any number of dimensions costs one allocation,
+/// and bundles are cloned per offer, task and launch.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Resources {
-    entries: Vec<(String, u64)>,
+    entries: Vec<(CompactString, u64)>,
 }
 
 /// Why resource text or arithmetic was refused. Each variant names the offending part.
@@ -83,14 +89,14 @@ impl Resources {
     pub fn from_milli<N: Into<String>>(
         pairs: impl IntoIterator<Item = (N, u64)>,
     ) -> Result<Self, ResourceError> {
-        let mut entries: Vec<(String, u64)> = Vec::new();
+        let mut entries: Vec<(CompactString, u64)> = Vec::new();
         for (name, milli) in pairs {
-            let name = name.into();
+            let name: String = name.into();
             check_name(&name)?;
             if entries.iter().any(|(n, _)| *n == name) {
                 return Err(ResourceError::Duplicate { name });
             }
-            entries.push((name, milli));
+            entries.push((CompactString::from(name), milli));
         }
         entries.retain(|(_, m)| *m > 0);
         entries.sort_by(|a, b| a.0.cmp(&b.0));
@@ -124,7 +130,7 @@ impl Resources {
             }
             Ok(i) => self.entries[i].1 = milli,
             Err(_) if milli == 0 => {}
-            Err(i) => self.entries.insert(i, (name.to_string(), milli)),
+            Err(i) => self.entries.insert(i, (CompactString::from(name), milli)),
         }
     }
 

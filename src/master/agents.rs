@@ -13,7 +13,9 @@ use ringmaster_proto::{
 use tokio::time::Instant;
 
 use super::events::ConnId;
-use super::state::{AgentRecord, MasterState, Peer, TaskKey};
+use compact_str::CompactString;
+
+use super::state::{make_task_key, AgentRecord, MasterState, Peer, TaskKey};
 
 impl MasterState {
     pub(crate) fn register_agent(
@@ -155,7 +157,7 @@ impl MasterState {
     ) {
         let mut still_running: HashSet<TaskKey> = HashSet::new();
         for status in reported {
-            let task_key = (status.framework_id.clone(), status.task_id.clone());
+            let task_key = make_task_key(&status.framework_id, &status.task_id);
             let reported_state =
                 TaskState::try_from(status.state).unwrap_or(TaskState::TaskRunning);
             if reported_state.is_terminal() {
@@ -181,7 +183,7 @@ impl MasterState {
                 && self.tasks.get(&task_key).is_some_and(|t| {
                     t.agent == agent_id
                         && (!t.state.is_terminal()
-                            || (t.state == TaskState::TaskLost && t.reason == "agent_lost"))
+                            || (t.state == TaskState::TaskLost && &*t.reason == "agent_lost"))
                 });
             if !adoptable {
                 tracing::warn!(agent = %agent_id, task = %status.task_id, framework = %status.framework_id,
@@ -214,7 +216,7 @@ impl MasterState {
                     let (user, partition) = (task.user.clone(), task.partition.clone());
                     self.alloc.start_quota(&user, &partition, &resources);
                 }
-                if let Some(fw) = self.frameworks.get_mut(&task_key.0) {
+                if let Some(fw) = self.frameworks.get_mut(task_key.0.as_str()) {
                     fw.tasks.insert(task_key.1.clone());
                 }
             }
@@ -329,18 +331,26 @@ impl MasterState {
     /// The framework of the task `task_id` placed on `agent_id`, when exactly one framework
     /// has a task of that id there.
     fn framework_of_agent_task(&self, agent_id: &str, task_id: &str) -> Option<String> {
-        let mut frameworks = self
-            .tasks
-            .iter()
-            .filter(|((_, t), task)| t == task_id && task.agent == agent_id)
-            .map(|((f, _), _)| f);
+        // The agent's live tasks first; only an update about an ended task (an old agent
+        // repeating itself) searches every task.
+        let live = self.agents.get(agent_id).map(|a| &a.tasks);
+        let mut frameworks: Box<dyn Iterator<Item = &CompactString>> =
+            match live.filter(|tasks| tasks.iter().any(|(_, t)| t == task_id)) {
+                Some(tasks) => Box::new(tasks.iter().filter(|(_, t)| t == task_id).map(|(f, _)| f)),
+                None => Box::new(
+                    self.tasks
+                        .iter()
+                        .filter(|((_, t), task)| t == task_id && task.agent == agent_id)
+                        .map(|((f, _), _)| f),
+                ),
+            };
         let first = frameworks.next()?;
-        frameworks.next().is_none().then(|| first.clone())
+        frameworks.next().is_none().then(|| first.to_string())
     }
 
     /// A status update from an agent: apply it and pass it on to the framework.
     fn agent_status(&mut self, agent_id: &str, status: TaskStatus, now: Instant) {
-        let task_key = (status.framework_id.clone(), status.task_id.clone());
+        let task_key = make_task_key(&status.framework_id, &status.task_id);
         let state = TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified);
         let Some(task) = self.tasks.get(&task_key) else {
             tracing::debug!(task = %status.task_id, "status for an unknown task ignored");

@@ -6,6 +6,7 @@
 //! "this framework / agent / task changed" and never build records themselves.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use ringmaster_proto::devices::DeviceBinding;
 use ringmaster_proto::resources::Resources;
@@ -16,7 +17,9 @@ use super::ids::IdMint;
 use super::registry::{
     AgentEntry, FrameworkEntry, Recovered, Registry, RegistryBatch, RegistryError, TaskEntry,
 };
-use super::state::{AgentRecord, Durable, FrameworkRecord, MasterState, Peer, TaskKey, TaskRecord};
+use super::state::{
+    make_task_key, AgentRecord, Durable, FrameworkRecord, MasterState, Peer, TaskKey, TaskRecord,
+};
 
 impl MasterState {
     /// The attached registry, if any (tests read it back).
@@ -113,7 +116,9 @@ impl MasterState {
         }
         for key in durable.tasks.drain() {
             let entry = self.tasks.get(&key).map(|t| task_entry(&key, t));
-            batch.tasks.push((key, entry));
+            batch
+                .tasks
+                .push(((key.0.to_string(), key.1.to_string()), entry));
         }
         if batch.is_empty() {
             return Ok(());
@@ -168,8 +173,8 @@ impl MasterState {
                     id: f.id,
                     key,
                     name: f.name,
-                    user: f.user,
-                    partition: f.partition,
+                    user: f.user.into(),
+                    partition: f.partition.into(),
                     weight,
                     failover_timeout,
                     conn: None,
@@ -221,7 +226,7 @@ impl MasterState {
         let mut to_retell = Vec::new();
         let mut completed = Vec::new();
         for t in tasks {
-            let key: TaskKey = (t.framework_id.clone(), t.task_id.clone());
+            let key: TaskKey = make_task_key(&t.framework_id, &t.task_id);
             let state = TaskState::try_from(t.state).unwrap_or(TaskState::TaskLost);
             let resources = Resources::parse(&t.resources).unwrap_or_else(|e| {
                 tracing::error!(task = %t.task_id, error = %e, "registry: bad task resources");
@@ -236,24 +241,25 @@ impl MasterState {
             let terminal_unacked =
                 t.terminal_unacked && self.frameworks.contains_key(&t.framework_id);
             let record = TaskRecord {
-                agent: t.agent_id.clone(),
-                name: t.name,
+                agent: t.agent_id.as_str().into(),
+                name: t.name.into(),
                 resources: resources.clone(),
                 state,
-                reason: t.reason,
-                message: t.message,
+                reason: t.reason.into(),
+                message: t.message.into(),
                 holds_resources: false,
                 priority: t.priority,
                 at_user_priority: t.at_user_priority,
-                user: t.user.clone(),
-                partition: t.partition.clone(),
+                user: shared(&self.frameworks, &key.0, &t.user, |f| &f.user),
+                partition: shared(&self.frameworks, &key.0, &t.partition, |f| &f.partition),
                 started: t.started,
                 preempted: t.preempted,
                 exit_code: t.exit_code,
                 terminal_unacked,
                 devices,
+                pending_update: None,
             };
-            self.tasks.insert(key.clone(), Box::new(record));
+            self.tasks.insert(key.clone(), record);
             if state.is_terminal() {
                 if terminal_unacked {
                     to_retell.push(key);
@@ -269,7 +275,7 @@ impl MasterState {
                 self.alloc.start_quota(&t.user, &t.partition, &resources);
             }
             if let Some(fw) = self.frameworks.get_mut(&t.framework_id) {
-                fw.tasks.insert(t.task_id.clone());
+                fw.tasks.insert(t.task_id.as_str().into());
             }
             match self.agents.get_mut(&t.agent_id) {
                 Some(agent) if !agent.lost => {
@@ -310,9 +316,9 @@ fn framework_entry(f: &FrameworkRecord, principal: String) -> FrameworkEntry {
     FrameworkEntry {
         id: f.id.clone(),
         name: f.name.clone(),
-        user: f.user.clone(),
+        user: f.user.to_string(),
         weight: f.weight,
-        partition: f.partition.clone(),
+        partition: f.partition.to_string(),
         failover_timeout_secs: f.failover_timeout.as_secs_f64(),
         principal,
     }
@@ -331,22 +337,36 @@ fn agent_entry(a: &AgentRecord, principal: String) -> AgentEntry {
 
 fn task_entry(key: &TaskKey, t: &TaskRecord) -> TaskEntry {
     TaskEntry {
-        framework_id: key.0.clone(),
-        task_id: key.1.clone(),
-        agent_id: t.agent.clone(),
-        name: t.name.clone(),
+        framework_id: key.0.to_string(),
+        task_id: key.1.to_string(),
+        agent_id: t.agent.to_string(),
+        name: t.name.to_string(),
         resources: t.resources.to_string(),
         devices: t.devices.to_string(),
         state: t.state as i32,
-        reason: t.reason.clone(),
-        message: t.message.clone(),
+        reason: t.reason.to_string(),
+        message: t.message.to_string(),
         exit_code: t.exit_code,
         priority: t.priority,
         at_user_priority: t.at_user_priority,
-        user: t.user.clone(),
-        partition: t.partition.clone(),
+        user: t.user.to_string(),
+        partition: t.partition.to_string(),
         started: t.started,
         preempted: t.preempted,
         terminal_unacked: t.terminal_unacked,
+    }
+}
+
+/// A recovered task's user or partition: its framework's shared copy when they match, so the
+/// tasks of a framework do not hold one allocation each.
+fn shared(
+    frameworks: &HashMap<String, FrameworkRecord>,
+    framework_id: &str,
+    value: &str,
+    field: impl Fn(&FrameworkRecord) -> &Arc<str>,
+) -> Arc<str> {
+    match frameworks.get(framework_id).map(&field) {
+        Some(own) if **own == *value => own.clone(),
+        _ => Arc::from(value),
     }
 }

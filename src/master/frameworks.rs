@@ -11,7 +11,7 @@ use ringmaster_proto::{
 use tokio::time::{Duration, Instant};
 
 use super::events::ConnId;
-use super::state::{FrameworkRecord, MasterState, Peer, TaskKey};
+use super::state::{make_task_key, FrameworkRecord, MasterState, Peer, TaskKey};
 use ringmaster_core::placement::DEFAULT_PARTITION;
 
 /// The longest failover timeout a framework may ask for: one week.
@@ -89,8 +89,8 @@ impl MasterState {
                 fw.conn = Some(conn);
                 fw.disconnected_at = None;
                 fw.name = subscribe.name.clone();
-                fw.user = subscribe.user.clone();
-                fw.partition = partition.clone();
+                fw.user = subscribe.user.as_str().into();
+                fw.partition = partition.as_str().into();
                 fw.failover_timeout = failover_timeout;
                 if fw.weight != weight {
                     fw.weight = weight;
@@ -107,8 +107,8 @@ impl MasterState {
                         id: id.clone(),
                         key,
                         name: subscribe.name.clone(),
-                        user: subscribe.user.clone(),
-                        partition: partition.clone(),
+                        user: subscribe.user.as_str().into(),
+                        partition: partition.as_str().into(),
                         weight,
                         failover_timeout,
                         conn: Some(conn),
@@ -218,7 +218,7 @@ impl MasterState {
     }
 
     fn kill_task(&mut self, framework_id: &str, task_id: &str, now: Instant) {
-        let task_key: TaskKey = (framework_id.to_string(), task_id.to_string());
+        let task_key: TaskKey = make_task_key(framework_id, task_id);
         let Some(task) = self.tasks.get(&task_key) else {
             let status = TaskStatus {
                 task_id: task_id.to_string(),
@@ -234,7 +234,7 @@ impl MasterState {
             let status = self.status_of(&task_key, None, now);
             return self.deliver_update(framework_id, status, now);
         }
-        let agent_conn = self.agents.get(&task.agent).and_then(|a| a.conn);
+        let agent_conn = self.agents.get(task.agent.as_str()).and_then(|a| a.conn);
         match agent_conn {
             Some(conn) => {
                 tracing::info!(framework = %framework_id, task = %task_id, "kill requested");
@@ -261,7 +261,7 @@ impl MasterState {
             let mut ids: Vec<String> = self.frameworks[framework_id]
                 .tasks
                 .iter()
-                .cloned()
+                .map(|id| id.to_string())
                 .collect();
             ids.sort();
             ids
@@ -269,7 +269,7 @@ impl MasterState {
             task_ids
         };
         for task_id in ids {
-            let task_key: TaskKey = (framework_id.to_string(), task_id.clone());
+            let task_key: TaskKey = make_task_key(framework_id, &task_id);
             let status = if self.tasks.contains_key(&task_key) {
                 self.status_of(&task_key, None, now)
             } else {
@@ -333,19 +333,19 @@ impl MasterState {
         let Some(fw) = self.frameworks.get(framework_id) else {
             return;
         };
-        let tasks: Vec<String> = fw.tasks.iter().cloned().collect();
+        let tasks: Vec<_> = fw.tasks.iter().cloned().collect();
         for task_id in tasks {
-            let task_key: TaskKey = (framework_id.to_string(), task_id.clone());
+            let task_key: TaskKey = make_task_key(framework_id, &task_id);
             let agent_conn = self
                 .tasks
                 .get(&task_key)
-                .and_then(|t| self.agents.get(&t.agent))
+                .and_then(|t| self.agents.get(t.agent.as_str()))
                 .and_then(|a| a.conn);
             if let Some(conn) = agent_conn {
                 self.send(
                     conn,
                     Message::KillTask(KillTask {
-                        task_id: task_id.clone(),
+                        task_id: task_id.to_string(),
                         framework_id: framework_id.to_string(),
                         reason: reason.to_string(),
                     }),
@@ -365,8 +365,9 @@ impl MasterState {
             self.alloc.remove_framework(fw.key);
             // Terminal updates nobody is left to acknowledge: those tasks are completed.
             for pending in fw.unacked.into_values() {
-                let key: TaskKey = (framework_id.to_string(), pending.status.task_id);
+                let key: TaskKey = make_task_key(framework_id, &pending.task_id);
                 if let Some(task) = self.tasks.get_mut(&key) {
+                    task.pending_update = None;
                     if task.state.is_terminal() && task.terminal_unacked {
                         task.terminal_unacked = false;
                         self.task_changed(&key);

@@ -518,7 +518,7 @@ impl Harness {
     pub fn task_state(&self, fw: &Fw, task_id: &str) -> Option<TaskState> {
         self.state
             .tasks
-            .get(&(fw.id.clone(), task_id.to_string()))
+            .get(&crate::master::state::make_task_key(&fw.id, task_id))
             .map(|t| t.state)
     }
 }

@@ -45,13 +45,21 @@ impl IdMint {
         self.mint("O")
     }
     /// Update ids carry their sequence number, so an acknowledgement finds its update
-    /// without a search: see [`IdMint::update_seq`].
+    /// without a search: see [`IdMint::minted_update_seq`].
     pub fn update(&self, seq: u64) -> String {
         format!("{}-U{seq}", self.epoch)
     }
 
-    /// The sequence number of an update id minted by [`IdMint::update`].
-    pub fn update_seq(update_id: &str) -> Option<u64> {
-        update_id.rsplit_once("-U")?.1.parse().ok()
+    /// The sequence number of an update id minted by [`IdMint::update`] of this mint (this
+    /// epoch); `None` for anything else.
+    pub fn minted_update_seq(&self, update_id: &str) -> Option<u64> {
+        let seq = update_id
+            .strip_prefix(self.epoch.as_str())?
+            .strip_prefix("-U")?;
+        // The canonical form only: `-U007` is not the id of update 7.
+        if seq.starts_with('0') || seq.starts_with('+') {
+            return None;
+        }
+        seq.parse().ok()
     }
 }

@@ -73,6 +73,7 @@ mod pending;
 pub mod registry;
 mod server;
 mod state;
+mod task_table;
 mod tasks;
 
 use std::net::SocketAddr;

@@ -14,7 +14,7 @@ use tokio::time::{Duration, Instant};
 
 use super::allocator::CycleFacts;
 use super::pending::agent_feasible;
-use super::state::{FrameworkRecord, MasterState, OfferRecord, TaskKey, TaskRecord};
+use super::state::{make_task_key, FrameworkRecord, MasterState, OfferRecord, TaskKey, TaskRecord};
 use super::ConnId;
 use ringmaster_core::placement::fragmentation::TaskShape;
 use ringmaster_core::placement::FrameworkKey;
@@ -90,7 +90,7 @@ impl MasterState {
                 .filter_map(|(key, t)| {
                     Some(RunningTask {
                         id: key.clone(),
-                        agent: agents.get(&t.agent)?.key?,
+                        agent: agents.get(t.agent.as_str())?.key?,
                         priority: t.priority,
                         started: t.started,
                         resources: t.resources.clone(),
@@ -303,8 +303,8 @@ impl MasterState {
                 self.send(
                     conn,
                     Message::KillTask(KillTask {
-                        task_id: victim.1.clone(),
-                        framework_id: victim.0.clone(),
+                        task_id: victim.1.to_string(),
+                        framework_id: victim.0.to_string(),
                         reason: PREEMPTED.into(),
                     }),
                 );
@@ -529,18 +529,18 @@ impl MasterState {
                 self.alloc.start_quota(&user, &partition, &resources);
             }
             self.launches += 1;
-            let task_key: TaskKey = (framework_id.to_string(), info.task_id.clone());
+            let task_key: TaskKey = make_task_key(framework_id, &info.task_id);
             info.framework_id = framework_id.to_string();
             info.agent_id = agent_id.clone();
             self.tasks.insert(
                 task_key.clone(),
-                Box::new(TaskRecord {
-                    agent: agent_id.clone(),
-                    name: info.name.clone(),
+                TaskRecord {
+                    agent: agent_id.as_str().into(),
+                    name: info.name.as_str().into(),
                     resources: resources.clone(),
                     state: TaskState::TaskStaging,
-                    reason: String::new(),
-                    message: String::new(),
+                    reason: Box::default(),
+                    message: Box::default(),
                     holds_resources: false,
                     priority,
                     at_user_priority,
@@ -551,14 +551,15 @@ impl MasterState {
                     exit_code: None,
                     terminal_unacked: false,
                     devices,
-                }),
+                    pending_update: None,
+                },
             );
             self.hold_task_resources(&task_key, &agent_id, &resources);
             if let Some(agent) = self.agents.get_mut(&agent_id) {
                 agent.tasks.insert(task_key.clone());
             }
             if let Some(fw) = self.frameworks.get_mut(framework_id) {
-                fw.tasks.insert(info.task_id.clone());
+                fw.tasks.insert(info.task_id.as_str().into());
             }
             self.counters.tasks_launched += 1;
             tracing::info!(framework = %framework_id, task = %info.task_id, agent = %agent_id,
@@ -674,7 +675,7 @@ impl MasterState {
         }
         if self
             .tasks
-            .get(&(framework_id.to_string(), id.clone()))
+            .get(&make_task_key(framework_id, id))
             .is_some_and(|t| !t.state.is_terminal())
         {
             return Err(format!("task id {id} is already in use by this framework"));

@@ -8,6 +8,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use compact_str::CompactString;
+
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Error as ProtoError, ErrorCode, Message, TaskState, TaskStatus};
 use tokio::sync::{mpsc, watch};
@@ -23,8 +25,15 @@ use super::server::limits::{OutboundSender, SendRefused};
 use crate::config::Config;
 use ringmaster_core::placement::{AgentKey, FrameworkKey, Priority, DEFAULT_PARTITION};
 
-/// A task is named by its framework and its framework-chosen id.
-pub(crate) type TaskKey = (String, String);
+/// A task is named by its framework and its framework-chosen id. Both are short (a framework
+/// id is about 12 bytes) and kept inline: a key costs no allocation, and a task's key is held
+/// by its record, its agent's and its framework's sets.
+pub(crate) type TaskKey = (CompactString, CompactString);
+
+/// The key of a framework's task.
+pub(crate) fn make_task_key(framework_id: &str, task_id: &str) -> TaskKey {
+    (framework_id.into(), task_id.into())
+}
 
 pub(crate) struct AgentRecord {
     pub id: String,
@@ -61,9 +70,9 @@ pub(crate) struct FrameworkRecord {
     pub id: String,
     pub key: FrameworkKey,
     pub name: String,
-    pub user: String,
+    pub user: Arc<str>,
     /// The partition its tasks run in (`default` when the Subscribe named none).
-    pub partition: String,
+    pub partition: Arc<str>,
     pub weight: f64,
     pub failover_timeout: Duration,
     pub conn: Option<ConnId>,
@@ -72,15 +81,24 @@ pub(crate) struct FrameworkRecord {
     pub demand_count: u32,
     pub suppressed: bool,
     pub offers: HashSet<String>,
-    pub tasks: HashSet<String>,
+    pub tasks: HashSet<CompactString>,
     /// Agents declined by this framework, not offered to it again before the instant.
     pub filters: HashMap<String, Instant>,
     /// Status updates sent and not yet acknowledged, by update id, in send order.
     pub unacked: BTreeMap<u64, Box<PendingUpdate>>,
 }
 
+/// An update sent to a framework and not acknowledged yet. It holds what the task record
+/// cannot rebuild (the update's time and state); a resend rebuilds the rest from the record,
+/// so custody costs a few dozen bytes per task, not a second copy of its status. An update
+/// that no record backs (about an unknown task) is held whole. A task has at most one
+/// pending update: a newer one supersedes it (see `deliver_update`).
 pub(crate) struct PendingUpdate {
-    pub status: TaskStatus,
+    pub task_id: CompactString,
+    pub state: TaskState,
+    pub timestamp_ms: u64,
+    /// The whole update, when no task record backs it.
+    pub whole: Option<Box<TaskStatus>>,
     pub last_sent: Instant,
     /// Time from `last_sent` to the next resend: `status_retry_interval`, doubled after each
     /// resend up to [`MAX_RETRY_BACKOFF`] times it, back to the start when the framework
@@ -103,20 +121,21 @@ pub(crate) struct OfferRecord {
 }
 
 pub(crate) struct TaskRecord {
-    pub agent: String,
-    pub name: String,
+    pub agent: CompactString,
+    pub name: CompactString,
     pub resources: Resources,
     pub state: TaskState,
-    pub reason: String,
-    pub message: String,
+    pub reason: Box<str>,
+    pub message: Box<str>,
     /// Whether the task's resources are currently counted as used on its agent.
     pub holds_resources: bool,
     /// The priority set at accept time (docs/priorities.md).
     pub priority: Priority,
     /// Runs at its user's priority, so it counts against the quota of (user, partition).
     pub at_user_priority: bool,
-    pub user: String,
-    pub partition: String,
+    /// Shared with its framework's record (one allocation per framework, not per task).
+    pub user: Arc<str>,
+    pub partition: Arc<str>,
     /// Launch order, for choosing preemption victims (most recent first).
     pub started: u64,
     /// Killed to make room for a higher-priority demand: ends KILLED with reason `preempted`.
@@ -128,6 +147,34 @@ pub(crate) struct TaskRecord {
     pub terminal_unacked: bool,
     /// The GPU devices the master bound it to (docs/devices.md); empty without a GPU request.
     pub devices: ringmaster_proto::devices::DeviceBinding,
+    /// The sequence number of its update awaiting acknowledgement, if any.
+    pub pending_update: Option<u64>,
+}
+
+#[cfg(test)]
+impl TaskRecord {
+    /// A running task on `agent`, for tests of the structures that hold records.
+    pub fn for_tests(agent: &str) -> Self {
+        TaskRecord {
+            agent: agent.into(),
+            name: CompactString::default(),
+            resources: Resources::default(),
+            state: TaskState::TaskRunning,
+            reason: Box::default(),
+            message: Box::default(),
+            holds_resources: false,
+            priority: 0,
+            at_user_priority: false,
+            user: Arc::from("u"),
+            partition: Arc::from(DEFAULT_PARTITION),
+            started: 0,
+            preempted: false,
+            exit_code: None,
+            terminal_unacked: false,
+            devices: Default::default(),
+            pending_update: None,
+        }
+    }
 }
 
 /// The durable registry (`--work-dir`) and what the current actor turn changed in it. Held by
@@ -180,10 +227,10 @@ pub struct MasterState {
     /// The newest `max_removed_frameworks` are remembered.
     pub(crate) removed_frameworks: super::history::History,
     pub(crate) offers: HashMap<String, OfferRecord>,
-    pub(crate) tasks: HashMap<TaskKey, Box<TaskRecord>>,
+    pub(crate) tasks: super::task_table::TaskTable,
     /// Ended tasks whose terminal update was acknowledged, by framework, oldest first: kept
     /// for reconciliation and state, up to `max_completed_tasks_per_framework` each.
-    pub(crate) finished: HashMap<String, VecDeque<String>>,
+    pub(crate) finished: HashMap<String, VecDeque<CompactString>>,
     pub(crate) conns: HashMap<ConnId, ConnRecord>,
     pub(crate) next_update: u64,
     /// When set, an allocation run is due at this instant (events are batched).
@@ -218,7 +265,7 @@ impl MasterState {
             frameworks: HashMap::new(),
             removed_frameworks: Default::default(),
             offers: HashMap::new(),
-            tasks: HashMap::new(),
+            tasks: Default::default(),
             finished: HashMap::new(),
             conns: HashMap::new(),
             next_update: 0,

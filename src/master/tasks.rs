@@ -6,8 +6,7 @@ use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
 use tokio::time::Instant;
 
-use super::ids::IdMint;
-use super::state::{MasterState, PendingUpdate, TaskKey, MAX_RETRY_BACKOFF};
+use super::state::{make_task_key, MasterState, PendingUpdate, TaskKey, MAX_RETRY_BACKOFF};
 
 impl MasterState {
     /// Counts a task's resources as used on its agent and allocated to its framework.
@@ -20,7 +19,7 @@ impl MasterState {
         let Some(key) = self.agents.get(agent_id).and_then(|a| a.key) else {
             return;
         };
-        let framework = self.frameworks.get(&task_key.0).map(|f| f.key);
+        let framework = self.frameworks.get(task_key.0.as_str()).map(|f| f.key);
         let binding = self.tasks.get(task_key).map(|t| &t.devices);
         let problems = self.alloc.hold(key, framework, resources, binding);
         if let Some(e) = problems.clamped {
@@ -48,8 +47,8 @@ impl MasterState {
         let resources = task.resources.clone();
         let agent_id = task.agent.clone();
         let devices = task.devices.clone();
-        let agent = self.agents.get(&agent_id).and_then(|a| a.key);
-        let framework = self.frameworks.get(&task_key.0).map(|f| f.key);
+        let agent = self.agents.get(agent_id.as_str()).and_then(|a| a.key);
+        let framework = self.frameworks.get(task_key.0.as_str()).map(|f| f.key);
         self.alloc.release(agent, framework, &resources, &devices);
     }
 
@@ -66,8 +65,8 @@ impl MasterState {
             return;
         };
         task.state = state;
-        task.reason = reason.to_string();
-        task.message = message.to_string();
+        task.reason = reason.into();
+        task.message = message.into();
         tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %task.agent,
             state = state.short_name(), reason, "task state");
         self.task_changed(task_key);
@@ -108,18 +107,18 @@ impl MasterState {
             self.alloc.end_quota(&user, &partition, &resources);
         }
         self.release_task_resources(task_key);
-        if let Some(agent) = self.agents.get_mut(&agent_id) {
+        if let Some(agent) = self.agents.get_mut(agent_id.as_str()) {
             agent.tasks.remove(task_key);
         }
-        if let Some(fw) = self.frameworks.get_mut(&task_key.0) {
+        if let Some(fw) = self.frameworks.get_mut(task_key.0.as_str()) {
             fw.tasks.remove(&task_key.1);
         }
         let task = self.tasks.get_mut(task_key).expect("checked above");
         task.state = state;
-        task.reason = reason.to_string();
-        task.message = message.to_string();
+        task.reason = reason.into();
+        task.message = message.into();
         task.exit_code = exit_code;
-        task.terminal_unacked = self.frameworks.contains_key(&task_key.0);
+        task.terminal_unacked = self.frameworks.contains_key(task_key.0.as_str());
         self.task_changed(task_key);
         tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %agent_id,
             state = state.short_name(), reason, "task ended");
@@ -138,7 +137,7 @@ impl MasterState {
     /// beyond `max_completed_tasks_per_framework` are forgotten, in memory and in the registry.
     pub(crate) fn remember_completed(&mut self, task_key: &TaskKey) {
         let bound = self.config.master.max_completed_tasks_per_framework;
-        let list = self.finished.entry(task_key.0.clone()).or_default();
+        let list = self.finished.entry(task_key.0.to_string()).or_default();
         // Every caller completes a task once (on its transition out of `terminal_unacked`, or at
         // its end when nobody is to be told), so no search for duplicates: a task id reused after
         // it ended is listed twice and forgotten when its older entry leaves the list.
@@ -149,10 +148,10 @@ impl MasterState {
             forgotten.push(old);
         }
         if list.is_empty() {
-            self.finished.remove(&task_key.0);
+            self.finished.remove(task_key.0.as_str());
         }
         for task_id in forgotten {
-            let old: TaskKey = (task_key.0.clone(), task_id);
+            let old: TaskKey = make_task_key(&task_key.0, &task_id);
             // The id may have been reused by a live task since.
             if self
                 .tasks
@@ -171,7 +170,7 @@ impl MasterState {
             return;
         };
         for task_id in list {
-            let key: TaskKey = (framework_id.to_string(), task_id);
+            let key: TaskKey = make_task_key(framework_id, &task_id);
             if self
                 .tasks
                 .get(&key)
@@ -192,12 +191,12 @@ impl MasterState {
     ) -> TaskStatus {
         let task = &self.tasks[task_key];
         TaskStatus {
-            task_id: task_key.1.clone(),
-            framework_id: task_key.0.clone(),
-            agent_id: task.agent.clone(),
+            task_id: task_key.1.to_string(),
+            framework_id: task_key.0.to_string(),
+            agent_id: task.agent.to_string(),
             state: task.state as i32,
-            reason: task.reason.clone(),
-            message: task.message.clone(),
+            reason: task.reason.to_string(),
+            message: task.message.to_string(),
             exit_code,
             update_id: String::new(),
             timestamp_ms: self.started_unix_ms
@@ -208,6 +207,11 @@ impl MasterState {
 
     /// Sends a status update to a framework and keeps it until acknowledged. A framework
     /// that is disconnected gets it when it re-subscribes.
+    ///
+    /// An update about a task supersedes the task's update still awaiting acknowledgement:
+    /// that one is not sent again (it was sent once already, or the framework is away and
+    /// hears the newer state when it comes back). So the master holds at most one update per
+    /// task, and what it holds is rebuilt from the task's record when resent.
     pub(crate) fn deliver_update(
         &mut self,
         framework_id: &str,
@@ -219,16 +223,33 @@ impl MasterState {
         }
         let (seq, update_id) = self.fresh_update_id();
         status.update_id = update_id;
+        let key: TaskKey = make_task_key(framework_id, &status.task_id);
+        // Backed by the record when the record says what the update says; a completed task's
+        // record may be forgotten while a re-told update is out, so that one is held whole.
+        let backed = self.tasks.get_mut(&key).filter(|t| {
+            t.state as i32 == status.state && (!t.state.is_terminal() || t.terminal_unacked)
+        });
+        let superseded = backed.and_then(|t| t.pending_update.replace(seq));
+        let state = TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified);
+        let whole = self
+            .tasks
+            .get(&key)
+            .is_none_or(|t| t.pending_update != Some(seq))
+            .then(|| Box::new(status.clone()));
         let fw = self
             .frameworks
             .get_mut(framework_id)
             .expect("checked above");
-        // Boxed: the map's nodes hold 11 entries each and are often half empty, so a large
-        // inline value would waste more than it stores.
+        if let Some(old) = superseded {
+            fw.unacked.remove(&old);
+        }
         fw.unacked.insert(
             seq,
             Box::new(PendingUpdate {
-                status: status.clone(),
+                task_id: key.1,
+                state,
+                timestamp_ms: status.timestamp_ms,
+                whole,
                 last_sent: now,
                 backoff: self.config.master.status_retry_interval,
             }),
@@ -243,21 +264,36 @@ impl MasterState {
         }
     }
 
+    /// The update held under `seq` as it was first sent, rebuilt from the task's record
+    /// unless held whole; `None` when its record is gone.
+    fn pending_status(
+        &self,
+        framework_id: &str,
+        seq: u64,
+        pending: &PendingUpdate,
+    ) -> Option<TaskStatus> {
+        if let Some(whole) = &pending.whole {
+            return Some(TaskStatus::clone(whole));
+        }
+        let key: TaskKey = make_task_key(framework_id, &pending.task_id);
+        let exit_code = self.tasks.get(&key)?.exit_code;
+        let mut status = self.status_of(&key, exit_code, self.started);
+        status.state = pending.state as i32;
+        status.update_id = self.ids.update(seq);
+        status.timestamp_ms = pending.timestamp_ms;
+        Some(status)
+    }
+
     /// The framework acknowledged an update.
     pub(crate) fn acknowledge(&mut self, framework_id: &str, update_id: &str, now: Instant) {
         let Some(fw) = self.frameworks.get_mut(framework_id) else {
             return;
         };
-        let Some(seq) = IdMint::update_seq(update_id) else {
+        // Only ids this incarnation minted: an older master's update id may carry the same
+        // sequence number.
+        let Some(seq) = self.ids.minted_update_seq(update_id) else {
             return;
         };
-        if fw
-            .unacked
-            .get(&seq)
-            .is_none_or(|p| p.status.update_id != update_id)
-        {
-            return;
-        }
         let Some(acked) = fw.unacked.remove(&seq) else {
             return;
         };
@@ -265,16 +301,17 @@ impl MasterState {
         if fw.unacked.len() + 1 == self.config.master.max_unacked_updates {
             self.request_allocation(now);
         }
-        let state = TaskState::try_from(acked.status.state).unwrap_or(TaskState::Unspecified);
-        if state.is_terminal() {
-            let task_key: TaskKey = (framework_id.to_string(), acked.status.task_id);
-            if let Some(task) = self.tasks.get_mut(&task_key) {
-                if task.state.is_terminal() && task.terminal_unacked {
-                    task.terminal_unacked = false;
-                    self.task_changed(&task_key);
-                    self.remember_completed(&task_key);
-                }
-            }
+        let task_key: TaskKey = make_task_key(framework_id, &acked.task_id);
+        let Some(task) = self.tasks.get_mut(&task_key) else {
+            return;
+        };
+        if task.pending_update == Some(seq) {
+            task.pending_update = None;
+        }
+        if acked.state.is_terminal() && task.state.is_terminal() && task.terminal_unacked {
+            task.terminal_unacked = false;
+            self.task_changed(&task_key);
+            self.remember_completed(&task_key);
         }
     }
 
@@ -282,24 +319,43 @@ impl MasterState {
     /// after `status_retry_interval`, then doubling; see [`MAX_RETRY_BACKOFF`]).
     pub(crate) fn retry_updates(&mut self, now: Instant) {
         let cap = self.config.master.status_retry_interval * MAX_RETRY_BACKOFF;
-        let mut resend = Vec::new();
-        for fw in self.frameworks.values_mut() {
+        let mut due = Vec::new();
+        for (id, fw) in self.frameworks.iter_mut() {
             let Some(conn) = fw.conn else { continue };
-            for pending in fw.unacked.values_mut() {
+            for (seq, pending) in fw.unacked.iter_mut() {
                 if now.duration_since(pending.last_sent) >= pending.backoff {
                     pending.last_sent = now;
                     pending.backoff = (pending.backoff * 2).min(cap);
-                    resend.push((conn, pending.status.clone()));
+                    due.push((conn, id.clone(), *seq));
                 }
             }
         }
-        for (conn, status) in resend {
-            self.send(
+        for (conn, framework_id, seq) in due {
+            self.resend(conn, &framework_id, seq);
+        }
+    }
+
+    /// Sends the update held under `seq` again; one whose record is gone is dropped.
+    fn resend(&mut self, conn: super::events::ConnId, framework_id: &str, seq: u64) {
+        let Some(pending) = self
+            .frameworks
+            .get(framework_id)
+            .and_then(|f| f.unacked.get(&seq))
+        else {
+            return;
+        };
+        match self.pending_status(framework_id, seq, pending) {
+            Some(status) => self.send(
                 conn,
                 Message::Update(Update {
                     status: Some(status),
                 }),
-            );
+            ),
+            None => {
+                if let Some(fw) = self.frameworks.get_mut(framework_id) {
+                    fw.unacked.remove(&seq);
+                }
+            }
         }
     }
 
@@ -310,22 +366,17 @@ impl MasterState {
             return;
         };
         let Some(conn) = fw.conn else { return };
-        let statuses: Vec<TaskStatus> = fw
+        let seqs: Vec<u64> = fw
             .unacked
-            .values_mut()
-            .map(|p| {
+            .iter_mut()
+            .map(|(seq, p)| {
                 p.last_sent = now;
                 p.backoff = retry;
-                p.status.clone()
+                *seq
             })
             .collect();
-        for status in statuses {
-            self.send(
-                conn,
-                Message::Update(Update {
-                    status: Some(status),
-                }),
-            );
+        for seq in seqs {
+            self.resend(conn, framework_id, seq);
         }
     }
 }

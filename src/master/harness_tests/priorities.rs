@@ -18,7 +18,7 @@ fn harness() -> Harness {
 }
 
 fn priority_of(h: &Harness, fw: &Fw, task_id: &str) -> i64 {
-    h.state.tasks[&(fw.id.clone(), task_id.to_string())].priority
+    h.state.tasks[&crate::master::state::make_task_key(&fw.id, task_id)].priority
 }
 
 #[test]
@@ -225,7 +225,7 @@ fn a_whole_gpu_demand_preempts_the_slices_that_free_a_device() {
     let bound: Vec<String> = ["s1", "s2"]
         .iter()
         .map(|t| {
-            h.state.tasks[&(bob.id.clone(), t.to_string())]
+            h.state.tasks[&crate::master::state::make_task_key(&bob.id, t)]
                 .devices
                 .to_string()
         })

@@ -103,7 +103,7 @@ fn an_unacknowledged_terminal_task_is_kept_and_resent_until_acknowledged() {
         h.ack(&fw, &done);
     }
     assert_eq!(h.task_state(&fw, "t0"), Some(TaskState::TaskFinished));
-    assert!(h.state.tasks[&(fw.id.clone(), "t0".to_string())].terminal_unacked);
+    assert!(h.state.tasks[&crate::master::state::make_task_key(&fw.id, "t0")].terminal_unacked);
     // Still re-sent on the retry timer...
     h.advance_and_tick(Duration::from_secs(2));
     assert_eq!(h.expect_update(&fw), t0);
@@ -125,7 +125,7 @@ fn an_unacknowledged_terminal_task_is_kept_and_resent_until_acknowledged() {
     assert_eq!(h.task_state(&fw, "t4"), Some(TaskState::TaskFinished));
     let list: Vec<&str> = h.state.finished[&fw.id]
         .iter()
-        .map(String::as_str)
+        .map(|id| id.as_str())
         .collect();
     assert_eq!(list, ["t4", "t0"]);
     h.advance_and_tick(Duration::from_secs(10));

@@ -476,3 +476,82 @@ fn a_task_adopted_after_agent_loss_belongs_to_its_framework_again() {
         }))]
     );
 }
+
+#[test]
+fn a_newer_update_supersedes_the_unacknowledged_one() {
+    // The agent stays registered without heartbeats over these seconds.
+    let mut h = Harness::configured(|c| c.master.agent_timeout = Duration::from_secs(3600));
+    let agent = h.agent("a1", "cpus:4;mem:1024");
+    let fw = h.framework("web");
+    h.launch(&fw, "t1", "cpus:1;mem:128");
+    h.status(agent, &fw, "t1", TaskState::TaskRunning);
+    let running = h.expect_update(&fw);
+    h.status(agent, &fw, "t1", TaskState::TaskFinished);
+    let finished = h.expect_update(&fw);
+    assert_eq!(finished.state, TaskState::TaskFinished as i32);
+    // One update held per task: the newest.
+    assert_eq!(h.state.frameworks[&fw.id].unacked.len(), 1);
+    h.advance_and_tick(Duration::from_secs(2));
+    assert_eq!(
+        h.sent(fw.conn),
+        vec![update(finished.clone())],
+        "only the newest update is resent, the same as first sent"
+    );
+    // Acknowledging the superseded update changes nothing...
+    h.ack(&fw, &running);
+    assert_eq!(h.state.frameworks[&fw.id].unacked.len(), 1);
+    assert!(h.state.tasks[&crate::master::state::make_task_key(&fw.id, "t1")].terminal_unacked);
+    // ...the newest completes the task.
+    h.ack(&fw, &finished);
+    assert!(h.state.frameworks[&fw.id].unacked.is_empty());
+    let task = &h.state.tasks[&crate::master::state::make_task_key(&fw.id, "t1")];
+    assert!(!task.terminal_unacked);
+    assert_eq!(task.pending_update, None);
+    h.advance_and_tick(Duration::from_secs(10));
+    h.expect_nothing(fw.conn);
+}
+
+#[test]
+fn an_update_about_an_unknown_task_is_held_whole_and_resent_unchanged() {
+    let mut h = Harness::configured(|c| c.master.agent_timeout = Duration::from_secs(3600));
+    let fw = h.framework("web");
+    h.send(
+        fw.conn,
+        Message::Kill(Kill {
+            task_id: "nope".into(),
+        }),
+    );
+    let lost = h.expect_update(&fw);
+    assert_eq!(lost.reason, "unknown_task");
+    h.advance_and_tick(Duration::from_secs(2));
+    assert_eq!(h.sent(fw.conn), vec![update(lost.clone())]);
+    h.ack(&fw, &lost);
+    assert!(h.state.frameworks[&fw.id].unacked.is_empty());
+}
+
+#[test]
+fn an_update_id_of_another_master_incarnation_is_not_an_acknowledgement() {
+    let mut h = Harness::configured(|c| c.master.agent_timeout = Duration::from_secs(3600));
+    let agent = h.agent("a1", "cpus:4;mem:1024");
+    let fw = h.framework("web");
+    h.launch(&fw, "t1", "cpus:1;mem:128");
+    h.status(agent, &fw, "t1", TaskState::TaskRunning);
+    let running = h.expect_update(&fw);
+    let seq = running.update_id.rsplit_once("-U").unwrap().1.to_string();
+    for forged in [
+        format!("ffff-U{seq}"),
+        format!("0-U0{seq}"),
+        format!("0-U+{seq}"),
+    ] {
+        h.ack(
+            &fw,
+            &TaskStatus {
+                update_id: forged,
+                ..running.clone()
+            },
+        );
+        assert_eq!(h.state.frameworks[&fw.id].unacked.len(), 1);
+    }
+    h.ack(&fw, &running);
+    assert!(h.state.frameworks[&fw.id].unacked.is_empty());
+}

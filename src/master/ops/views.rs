@@ -81,7 +81,7 @@ impl MasterState {
             .map(|f| FrameworkView {
                 id: f.id.clone(),
                 name: f.name.clone(),
-                user: f.user.clone(),
+                user: f.user.to_string(),
                 weight: f.weight,
                 connected: f.conn.is_some(),
                 share: self.alloc.drf().share(f.key, &total),
@@ -101,7 +101,7 @@ impl MasterState {
             .collect();
         frameworks.sort_by(|a, b| a.id.cmp(&b.id));
         let mut tasks_by_state: BTreeMap<String, usize> = BTreeMap::new();
-        for ((fw, _), t) in &self.tasks {
+        for ((fw, _), t) in self.tasks.iter() {
             let state = t.state.short_name();
             *tasks_by_state.entry(state.to_string()).or_default() += 1;
             if let Ok(i) = frameworks.binary_search_by(|f| f.id.as_str().cmp(fw)) {
@@ -115,13 +115,13 @@ impl MasterState {
             .tasks
             .iter()
             .map(|((fw, id), t)| TaskView {
-                id: id.clone(),
-                framework: fw.clone(),
-                agent: t.agent.clone(),
-                name: t.name.clone(),
+                id: id.to_string(),
+                framework: fw.to_string(),
+                agent: t.agent.to_string(),
+                name: t.name.to_string(),
                 resources: t.resources.to_string(),
                 state: t.state.short_name().to_string(),
-                reason: t.reason.clone(),
+                reason: t.reason.to_string(),
                 priority: Some(t.priority),
                 devices: t
                     .devices

@@ -236,45 +236,22 @@ impl ConnectionTask {
             metrics,
             shutdown,
         } = self;
-        let mut stopping = shutdown.clone();
+        let stopping = shutdown.clone();
         let max_frame = config.master.max_frame_bytes;
         let handshake_max = config.limits.max_handshake_frame_bytes.min(max_frame);
         let mut connection = Connection::with_max_frame(stream, handshake_max);
         // Boxed, like `secure` above: the handshake's futures are large and live only until
-        // registration, and inline they would size every connection's task for its whole life.
-        let handshake = Box::pin(handshake(
+        // registration; inline they would size every connection's task for its whole life.
+        let opening = Box::pin(open(
             &mut connection,
             &config.auth,
             max_frame,
             &metrics,
             peer,
+            shutdown.clone(),
         ));
-        let handshake = tokio::select! {
-            done = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => done,
-            _ = super::stopping(&mut stopping) => return,
-        };
-        let (opened, principal) = match handshake {
-            Ok(Ok(Some(opened))) => opened,
-            Ok(Ok(None)) => return,
-            Ok(Err(error)) => {
-                tracing::warn!(%peer, message = %error.message, "handshake refused");
-                metrics.message_sent("Error");
-                let _ =
-                    tokio::time::timeout(FAREWELL_TIMEOUT, connection.send(Message::Error(error)))
-                        .await;
-                return;
-            }
-            Err(_) => {
-                let error = ringmaster_proto::Error::new(
-                    ErrorCode::NotRegistered,
-                    "no Hello and RegisterAgent/Subscribe within 10 s",
-                );
-                metrics.message_sent("Error");
-                let _ =
-                    tokio::time::timeout(FAREWELL_TIMEOUT, connection.send(Message::Error(error)))
-                        .await;
-                return;
-            }
+        let Some((opened, principal)) = opening.await else {
+            return;
         };
         let role = role_of(&opened).expect("handshake returns a role message");
         // Registered: full-size frames from now on (the handshake raised the limit before
@@ -283,16 +260,18 @@ impl ConnectionTask {
         let limits: &LimitsConfig = &config.limits;
         let (outbound_tx, mut outbound_rx) =
             outbound_queue(limits.outbound_queue, limits.outbound_queue_bytes);
-        if events
-            .send(Event::Opened {
+        if !forward(
+            &events,
+            Event::Opened {
                 conn,
                 peer,
                 outbound: outbound_tx,
                 first: opened,
                 principal,
-            })
-            .await
-            .is_err()
+            },
+        )
+        .delivered()
+        .await
         {
             return;
         }
@@ -319,11 +298,81 @@ impl ConnectionTask {
         if let Some(error) = close_reason {
             tracing::warn!(%peer, conn, message = %error.message, "closing connection");
             metrics.message_sent("Error");
-            let _ =
-                tokio::time::timeout(FAREWELL_TIMEOUT, writer.send(Message::Error(error))).await;
+            let _ = tokio::time::timeout(
+                FAREWELL_TIMEOUT,
+                Box::pin(writer.send(Message::Error(error))),
+            )
+            .await;
         }
-        let _ = events.send(Event::Closed { conn }).await;
+        forward(&events, Event::Closed { conn }).delivered().await;
     }
+}
+
+/// Hands an event to the actor: at once when its queue has room (the common case), else
+/// through a boxed wait. `Sender::send`'s future holds the event and a semaphore wait (about
+/// 750 bytes); awaited inline, it and the event would size every connection's task for its
+/// whole life. `false`: the actor is gone.
+fn forward(events: &mpsc::Sender<Event>, event: Event) -> Forward<'_> {
+    match events.try_send(event) {
+        Ok(()) => Forward::Done(true),
+        Err(mpsc::error::TrySendError::Closed(_)) => Forward::Done(false),
+        Err(mpsc::error::TrySendError::Full(event)) => {
+            let send = events.send(event);
+            Forward::Wait(Box::pin(async move { send.await.is_ok() }))
+        }
+    }
+}
+
+enum Forward<'a> {
+    Done(bool),
+    Wait(std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>),
+}
+
+impl Forward<'_> {
+    async fn delivered(self) -> bool {
+        match self {
+            Forward::Done(delivered) => delivered,
+            Forward::Wait(wait) => wait.await,
+        }
+    }
+}
+
+/// The handshake phase of a connection: `Hello`, authentication and the role message within
+/// [`HANDSHAKE_TIMEOUT`], or the error that refuses the peer. `None`: the connection ends.
+async fn open<S>(
+    connection: &mut Connection<S>,
+    auth: &AuthConfig,
+    max_frame: usize,
+    metrics: &Metrics,
+    peer: SocketAddr,
+    mut stopping: watch::Receiver<bool>,
+) -> Option<(Message, Option<String>)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let handshake = handshake(connection, auth, max_frame, metrics, peer);
+    let handshake = tokio::select! {
+        done = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => done,
+        _ = super::stopping(&mut stopping) => return None,
+    };
+    let error = match handshake {
+        Ok(Ok(opened)) => return opened,
+        Ok(Err(error)) => {
+            tracing::warn!(%peer, message = %error.message, "handshake refused");
+            error
+        }
+        Err(_) => ringmaster_proto::Error::new(
+            ErrorCode::NotRegistered,
+            "no Hello and RegisterAgent/Subscribe within 10 s",
+        ),
+    };
+    metrics.message_sent("Error");
+    let _ = tokio::time::timeout(
+        FAREWELL_TIMEOUT,
+        Box::pin(connection.send(Message::Error(error))),
+    )
+    .await;
+    None
 }
 
 /// How a burst of outbound messages ended.
@@ -636,7 +685,10 @@ where
                     format!("{}: {what}", message.kind()),
                 ));
             }
-            if events.send(Event::Inbound { conn, message }).await.is_err() {
+            if !forward(events, Event::Inbound { conn, message })
+                .delivered()
+                .await
+            {
                 return None;
             }
         }
@@ -644,7 +696,10 @@ where
     let write_side = async {
         loop {
             let first = outbound.recv().await?;
-            match write_burst(writer, first, outbound, metrics).await {
+            // Boxed: a burst's futures (a message being fed, the next one waiting) are large
+            // and live only while it is written; inline they would size every connection's
+            // task for its whole life. One allocation per burst, not per message.
+            match Box::pin(write_burst(writer, first, outbound, metrics)).await {
                 Burst::Written => {}
                 Burst::Broken => return None,
                 Burst::Close(error) => return Some(error),

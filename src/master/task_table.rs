@@ -1,0 +1,137 @@
+//! The master's task table: every task it knows, by (framework, task id).
+//!
+//! A table of boxed entries that carry their own key, not a `HashMap<TaskKey, Box<_>>`: a slot
+//! is one pointer (8 bytes) instead of the key and the pointer (56), and a table sized for a
+//! few hundred thousand tasks has twice as many slots as entries right after it grows. At
+//! 10,000 agents under load that is tens of megabytes (docs/benchmarks.md, "Memory at scale").
+
+use std::hash::{BuildHasher, RandomState};
+use std::ops::Index;
+
+use hashbrown::hash_table::{Entry, HashTable};
+
+use super::state::{TaskKey, TaskRecord};
+
+/// 256 bytes, a jemalloc size class: see the test below before growing [`TaskRecord`].
+struct Slot {
+    key: TaskKey,
+    record: TaskRecord,
+}
+
+/// Tasks by key; the subset of `HashMap`'s interface the master uses.
+#[derive(Default)]
+pub(crate) struct TaskTable {
+    table: HashTable<Box<Slot>>,
+    hasher: RandomState,
+}
+
+impl TaskTable {
+    fn hash(&self, key: &TaskKey) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    pub fn get(&self, key: &TaskKey) -> Option<&TaskRecord> {
+        self.table
+            .find(self.hash(key), |slot| slot.key == *key)
+            .map(|slot| &slot.record)
+    }
+
+    pub fn get_mut(&mut self, key: &TaskKey) -> Option<&mut TaskRecord> {
+        let hash = self.hash(key);
+        self.table
+            .find_mut(hash, |slot| slot.key == *key)
+            .map(|slot| &mut slot.record)
+    }
+
+    pub fn contains_key(&self, key: &TaskKey) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Adds or replaces the task under `key`; returns the record it replaced.
+    pub fn insert(&mut self, key: TaskKey, record: TaskRecord) -> Option<TaskRecord> {
+        let hash = self.hash(&key);
+        let hasher = &self.hasher;
+        match self.table.entry(
+            hash,
+            |slot| slot.key == key,
+            |slot| hasher.hash_one(&slot.key),
+        ) {
+            Entry::Occupied(mut occupied) => {
+                Some(std::mem::replace(&mut occupied.get_mut().record, record))
+            }
+            Entry::Vacant(vacant) => {
+                vacant.insert(Box::new(Slot { key, record }));
+                None
+            }
+        }
+    }
+
+    pub fn remove(&mut self, key: &TaskKey) -> Option<TaskRecord> {
+        let hash = self.hash(key);
+        match self.table.find_entry(hash, |slot| slot.key == *key) {
+            Ok(occupied) => Some(occupied.remove().0.record),
+            Err(_) => None,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Every task, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&TaskKey, &TaskRecord)> + '_ {
+        self.table.iter().map(|slot| (&slot.key, &slot.record))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &TaskRecord> + '_ {
+        self.table.iter().map(|slot| &slot.record)
+    }
+}
+
+impl Index<&TaskKey> for TaskTable {
+    type Output = TaskRecord;
+
+    fn index(&self, key: &TaskKey) -> &TaskRecord {
+        self.get(key).expect("no task under this key")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::master::state::make_task_key;
+
+    #[test]
+    fn a_slot_fills_an_allocator_size_class() {
+        // jemalloc rounds 257..=320 bytes up to 320: a field more costs 64 bytes per task.
+        assert!(
+            std::mem::size_of::<Slot>() <= 256,
+            "{}",
+            std::mem::size_of::<Slot>()
+        );
+    }
+
+    #[test]
+    fn insert_get_replace_remove() {
+        let mut table = TaskTable::default();
+        let record = |agent: &str| TaskRecord::for_tests(agent);
+        assert!(table
+            .insert(make_task_key("f", "t1"), record("a1"))
+            .is_none());
+        assert!(table
+            .insert(make_task_key("f", "t2"), record("a2"))
+            .is_none());
+        assert_eq!(table[&make_task_key("f", "t1")].agent, "a1");
+        let old = table.insert(make_task_key("f", "t1"), record("a3"));
+        assert_eq!(old.map(|r| r.agent), Some("a1".into()));
+        assert_eq!(table.get(&make_task_key("f", "t1")).unwrap().agent, "a3");
+        table.get_mut(&make_task_key("f", "t2")).unwrap().agent = "a4".into();
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.remove(&make_task_key("f", "t2")).unwrap().agent, "a4");
+        assert!(!table.contains_key(&make_task_key("f", "t2")));
+        assert!(table.remove(&make_task_key("f", "t2")).is_none());
+        let keys: Vec<_> = table.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(keys, vec![make_task_key("f", "t1")]);
+    }
+}
