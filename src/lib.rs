@@ -17,6 +17,7 @@ pub mod certs;
 pub mod config;
 pub mod dry_run;
 pub mod dry_run_batch;
+pub mod jobs;
 pub mod local;
 pub mod master;
 pub mod security;

@@ -1,0 +1,6 @@
+//! Jobs (`ringmaster job ...`): declarative specs for services and batch jobs, run by a
+//! framework built into the master. [`spec`] reads and checks spec files; [`engine`] decides,
+//! without I/O, which instances to launch, restart or kill.
+
+pub mod engine;
+pub mod spec;
