@@ -3,4 +3,5 @@
 //! without I/O, which instances to launch, restart or kill.
 
 pub mod engine;
+pub mod runner;
 pub mod spec;

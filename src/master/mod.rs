@@ -78,7 +78,7 @@ mod tasks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -106,6 +106,11 @@ pub struct Master {
     join: tokio::task::JoinHandle<()>,
     /// Becomes true when the master stops, asked to or not (e.g. its registry failed).
     stopping: watch::Receiver<bool>,
+    /// The built-in jobs framework, once started ([`Master::start_jobs`]).
+    jobs: Arc<OnceLock<crate::jobs::runner::JobsHandle>>,
+    /// Why the jobs framework cannot run here, if it cannot.
+    jobs_blocked: Option<&'static str>,
+    shutdown_rx: watch::Receiver<bool>,
 }
 
 impl Master {
@@ -187,14 +192,24 @@ impl Master {
             // However the actor ended, the rest of the master stops with it.
             let _ = stop_all.send(true);
         });
+        let jobs = Arc::new(OnceLock::new());
+        let jobs_blocked = if config.tls.is_some() {
+            Some("the master serves TLS")
+        } else if config.auth.required {
+            Some("the master requires authentication")
+        } else {
+            None
+        };
         let http_task = http_listener.map(|listener| {
             tokio::spawn(http::serve(
                 listener,
                 events_tx.clone(),
                 metrics.clone(),
+                jobs.clone(),
                 shutdown_rx.clone(),
             ))
         });
+        let jobs_shutdown = shutdown_rx.clone();
         let tls_on = tls.is_some();
         let accept_task = tokio::spawn(
             server::Listener::new(
@@ -225,7 +240,31 @@ impl Master {
             shutdown: shutdown_tx,
             join,
             stopping,
+            jobs,
+            jobs_blocked,
+            shutdown_rx: jobs_shutdown,
         })
+    }
+
+    /// Starts the built-in jobs framework (docs/jobs.md): it subscribes to this master over
+    /// loopback; with `work_dir` its jobs survive a restart. Not yet with TLS or required
+    /// authentication (it would need a credential of its own).
+    pub fn start_jobs(&self, work_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+        if let Some(why) = self.jobs_blocked {
+            anyhow::bail!("jobs are not available: {why} (docs/jobs.md)");
+        }
+        let master = std::net::SocketAddr::new(
+            if self.addr.ip().is_unspecified() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                self.addr.ip()
+            },
+            self.addr.port(),
+        );
+        let handle =
+            crate::jobs::runner::start(master.to_string(), work_dir, self.shutdown_rx.clone())?;
+        let _ = self.jobs.set(handle);
+        Ok(())
     }
 
     /// The address the master listens on.

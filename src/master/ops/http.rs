@@ -6,18 +6,21 @@
 //! request always sees a consistent picture. A master too busy to answer within
 //! [`ACTOR_TIMEOUT`] gets a 503, never a hung request.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
+use axum::extract::{Path, Query};
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
+use crate::jobs::runner::JobsHandle;
+use crate::jobs::spec::JobSpec;
 use crate::master::events::Event;
 
 /// How long a request waits for the actor's answer.
@@ -33,6 +36,7 @@ const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0;
 struct HttpState {
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
+    jobs: Arc<OnceLock<JobsHandle>>,
 }
 
 /// Serves the routes on `listener` until `shutdown` turns true.
@@ -40,6 +44,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
+    jobs: Arc<OnceLock<JobsHandle>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let app = Router::new()
@@ -47,8 +52,16 @@ pub(crate) async fn serve(
         .route("/state", get(state))
         .route("/metrics", get(metrics_text))
         .route("/health", get(health))
+        .route("/jobs", get(jobs_list).post(job_put))
+        .route("/jobs/{name}", get(job_get))
+        .route("/jobs/{name}/stop", post(job_stop))
+        .route("/jobs/{name}/scale", post(job_scale))
         .fallback(not_found)
-        .with_state(HttpState { events, metrics });
+        .with_state(HttpState {
+            events,
+            metrics,
+            jobs,
+        });
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
@@ -116,10 +129,119 @@ async fn health(State(http): State<HttpState>) -> Response {
     }
 }
 
+/// The jobs framework, or the answer saying it is not running.
+fn jobs_of(http: &HttpState) -> Result<&JobsHandle, Response> {
+    http.jobs.get().ok_or_else(|| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this master runs no jobs framework (see its log and docs/jobs.md)\n",
+        )
+            .into_response()
+    })
+}
+
+fn no_such_job(name: &str) -> Response {
+    (StatusCode::NOT_FOUND, format!("no job named `{name}`\n")).into_response()
+}
+
+fn refused(why: String) -> Response {
+    (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response()
+}
+
+/// `GET /jobs`: every job with its instances.
+async fn jobs_list(State(http): State<HttpState>) -> Response {
+    match jobs_of(&http) {
+        Ok(jobs) => Json(jobs.jobs()).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// `GET /jobs/{name}`.
+async fn job_get(State(http): State<HttpState>, Path(name): Path<String>) -> Response {
+    let jobs = match jobs_of(&http) {
+        Ok(jobs) => jobs,
+        Err(response) => return response,
+    };
+    match jobs.jobs().into_iter().find(|j| j.spec.name == name) {
+        Some(job) => Json(job).into_response(),
+        None => no_such_job(&name),
+    }
+}
+
+/// `POST /jobs` with a [`JobSpec`] as JSON: creates or updates the job.
+async fn job_put(State(http): State<HttpState>, body: String) -> Response {
+    let jobs = match jobs_of(&http) {
+        Ok(jobs) => jobs,
+        Err(response) => return response,
+    };
+    let spec: JobSpec = match serde_json::from_str(&body) {
+        Ok(spec) => spec,
+        Err(e) => return refused(format!("not a job spec: {e}")),
+    };
+    let name = spec.name.clone();
+    match jobs.put(spec) {
+        Ok(created) => Json(serde_json::json!({
+            "job": name,
+            "created": created,
+        }))
+        .into_response(),
+        Err(why) => refused(why),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct StopQuery {
+    #[serde(default)]
+    purge: bool,
+}
+
+/// `POST /jobs/{name}/stop[?purge=true]`.
+async fn job_stop(
+    State(http): State<HttpState>,
+    Path(name): Path<String>,
+    Query(query): Query<StopQuery>,
+) -> Response {
+    let jobs = match jobs_of(&http) {
+        Ok(jobs) => jobs,
+        Err(response) => return response,
+    };
+    match jobs.stop(&name, query.purge) {
+        Ok(true) => Json(serde_json::json!({"job": name, "stopped": true})).into_response(),
+        Ok(false) => no_such_job(&name),
+        Err(why) => refused(why),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ScaleBody {
+    count: u32,
+}
+
+/// `POST /jobs/{name}/scale` with `{"count": N}`.
+async fn job_scale(
+    State(http): State<HttpState>,
+    Path(name): Path<String>,
+    body: String,
+) -> Response {
+    let jobs = match jobs_of(&http) {
+        Ok(jobs) => jobs,
+        Err(response) => return response,
+    };
+    let scale: ScaleBody = match serde_json::from_str(&body) {
+        Ok(scale) => scale,
+        Err(e) => return refused(format!("expected {{\"count\": N}}: {e}")),
+    };
+    match jobs.scale(&name, scale.count) {
+        Ok(true) => Json(serde_json::json!({"job": name, "count": scale.count})).into_response(),
+        Ok(false) => no_such_job(&name),
+        Err(why) => refused(why),
+    }
+}
+
 async fn not_found() -> (StatusCode, &'static str) {
     (
         StatusCode::NOT_FOUND,
-        "not found; this master serves / (dashboard), /state, /metrics and /health\n",
+        "not found; this master serves / (dashboard), /state, /metrics, /health and /jobs\n",
     )
 }
 

@@ -1,0 +1,332 @@
+//! The jobs framework: a framework built into the master process. It subscribes to its own
+//! master like any framework (the same offer cycle, DRF and priorities; it appears in `/state`
+//! as `ringmaster-jobs`), feeds the [`Engine`] offers and status updates, and carries out what
+//! the engine decides. The master's HTTP API reaches it through a [`JobsHandle`].
+//!
+//! With a `--work-dir`, the job specs and the framework id are kept in `<work-dir>/jobs.json`
+//! (written atomically at each change): a restarted master resubscribes with the same id, learns
+//! by reconciliation which instances still run, and adopts them instead of launching them again.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ringmaster_core::resources::Resources;
+use ringmaster_proto::convert::ResourcesWire;
+use ringmaster_proto::v1::{Attribute, Offer, TaskInfo, TaskState, TaskStatus};
+use ringmaster_sdk::{Driver, FrameworkConfig, Scheduler};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::engine::{Engine, Job, OfferView};
+use super::spec::JobSpec;
+
+/// The jobs framework's name in `/state`.
+pub const FRAMEWORK_NAME: &str = "ringmaster-jobs";
+/// How long the master keeps the jobs framework's tasks while it is away (a master restart).
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often restart delays and rolling updates are looked at.
+const TICK: Duration = Duration::from_millis(250);
+/// The file of jobs and framework id in the master's work dir.
+pub const JOBS_FILE: &str = "jobs.json";
+
+#[derive(Default, Serialize, Deserialize)]
+struct Stored {
+    framework_id: Option<String>,
+    jobs: Vec<JobSpec>,
+}
+
+struct Shared {
+    engine: Engine,
+    driver: Option<Driver>,
+    framework_id: Option<String>,
+    store: Option<PathBuf>,
+    demand: Option<(Resources, u32)>,
+}
+
+/// A handle on the jobs framework for the HTTP API: create, stop, scale, read.
+#[derive(Clone)]
+pub struct JobsHandle {
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl JobsHandle {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Creates or updates a job. `Ok(true)`: created.
+    pub fn put(&self, spec: JobSpec) -> Result<bool, String> {
+        spec.check()?;
+        let mut shared = self.lock();
+        let created = shared.engine.job(&spec.name).is_none();
+        let kill = shared.engine.put(spec);
+        shared.after_change(kill)?;
+        Ok(created)
+    }
+
+    /// Stops a job (`purge`: and forgets it). `Ok(false)`: no such job.
+    pub fn stop(&self, name: &str, purge: bool) -> Result<bool, String> {
+        let mut shared = self.lock();
+        let Some(kill) = shared.engine.stop(name, purge) else {
+            return Ok(false);
+        };
+        shared.after_change(kill)?;
+        Ok(true)
+    }
+
+    /// Sets a job's instance count. `Ok(false)`: no such job.
+    pub fn scale(&self, name: &str, count: u32) -> Result<bool, String> {
+        if count > super::spec::MAX_COUNT {
+            return Err(format!("count {count} is above {}", super::spec::MAX_COUNT));
+        }
+        let mut shared = self.lock();
+        let Some(kill) = shared.engine.scale(name, count) else {
+            return Ok(false);
+        };
+        shared.after_change(kill)?;
+        Ok(true)
+    }
+
+    /// Every job with its instances.
+    pub fn jobs(&self) -> Vec<Job> {
+        self.lock().engine.jobs().cloned().collect()
+    }
+}
+
+impl Shared {
+    /// Persists the specs, kills what the change stopped, restates the demand.
+    fn after_change(&mut self, kill: Vec<String>) -> Result<(), String> {
+        self.save()?;
+        self.kill(kill);
+        self.sync_demand(Instant::now());
+        Ok(())
+    }
+
+    fn kill(&self, tasks: Vec<String>) {
+        if let Some(driver) = &self.driver {
+            for task in tasks {
+                let _ = driver.kill(&task);
+            }
+        }
+    }
+
+    fn sync_demand(&mut self, now: Instant) {
+        let demand = self.engine.demand(now);
+        if demand == self.demand {
+            return;
+        }
+        let Some(driver) = &self.driver else { return };
+        let _ = match &demand {
+            Some((shape, count)) => driver.request(shape, *count),
+            None => driver.request(&Resources::new(), 0),
+        };
+        self.demand = demand;
+    }
+
+    fn save(&self) -> Result<(), String> {
+        let Some(path) = &self.store else {
+            return Ok(());
+        };
+        let stored = Stored {
+            framework_id: self.framework_id.clone(),
+            jobs: self.engine.jobs().map(|j| j.spec.clone()).collect(),
+        };
+        let text = serde_json::to_string_pretty(&stored).map_err(|e| e.to_string())?;
+        write_atomically(path, &text)
+            .map_err(|e| format!("cannot save the jobs to {}: {e}", path.display()))
+    }
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Starts the jobs framework against the master at `master` (its own protocol address).
+/// With `work_dir`, jobs survive a restart (see the module docs). Ends at `shutdown`.
+pub fn start(
+    master: String,
+    work_dir: Option<&Path>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<JobsHandle> {
+    let store = work_dir.map(|dir| dir.join(JOBS_FILE));
+    let stored: Stored = match &store {
+        Some(path) if path.exists() => {
+            let text = std::fs::read_to_string(path)?;
+            serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{}: not a jobs file: {e}", path.display()))?
+        }
+        _ => Stored::default(),
+    };
+    let mut engine = Engine::default();
+    for spec in stored.jobs {
+        engine.put(spec);
+    }
+    let shared = Arc::new(Mutex::new(Shared {
+        engine,
+        driver: None,
+        framework_id: stored.framework_id.clone(),
+        store,
+        demand: None,
+    }));
+    let handle = JobsHandle {
+        shared: shared.clone(),
+    };
+    let mut config = FrameworkConfig::new(master, FRAMEWORK_NAME);
+    config.user = "jobs".into();
+    config.failover_timeout = FAILOVER_TIMEOUT;
+    config.framework_id = stored.framework_id;
+    let scheduler = JobsScheduler {
+        handle: handle.clone(),
+    };
+    let ticker = handle.clone();
+    tokio::spawn(async move {
+        let run = ringmaster_sdk::run(config, scheduler);
+        tokio::pin!(run);
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                result = &mut run => {
+                    if let Err(e) = result {
+                        tracing::error!(error = %e, "the jobs framework stopped");
+                    }
+                    return;
+                }
+                _ = tick.tick() => {
+                    let mut shared = ticker.lock();
+                    let kill = shared.engine.tick();
+                    shared.kill(kill);
+                    shared.sync_demand(Instant::now());
+                }
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+        }
+    });
+    Ok(handle)
+}
+
+struct JobsScheduler {
+    handle: JobsHandle,
+}
+
+impl JobsScheduler {
+    fn subscribed(&self, driver: &Driver, framework_id: &str) {
+        let mut shared = self.handle.lock();
+        shared.driver = Some(driver.clone());
+        shared.demand = None;
+        if shared.framework_id.as_deref() != Some(framework_id) {
+            shared.framework_id = Some(framework_id.to_string());
+            if let Err(e) = shared.save() {
+                tracing::error!("{e}");
+            }
+        }
+        // Every task the master knows of ours: running instances are adopted.
+        let _ = driver.reconcile(&[]);
+        shared.sync_demand(Instant::now());
+    }
+}
+
+#[async_trait::async_trait]
+impl Scheduler for JobsScheduler {
+    async fn registered(&mut self, driver: &Driver, framework_id: &str) {
+        tracing::info!(framework = %framework_id, "jobs framework subscribed");
+        self.subscribed(driver, framework_id);
+    }
+
+    async fn reregistered(&mut self, driver: &Driver, framework_id: &str) {
+        self.subscribed(driver, framework_id);
+    }
+
+    async fn offers(&mut self, driver: &Driver, offers: Vec<Offer>) {
+        let now = Instant::now();
+        let resources: Vec<Resources> = offers
+            .iter()
+            .map(|o| Resources::from_wire(o.resources.as_ref()).unwrap_or_default())
+            .collect();
+        let views: Vec<OfferView<'_>> = offers
+            .iter()
+            .zip(&resources)
+            .map(|(o, r)| OfferView {
+                id: &o.offer_id,
+                agent: &o.agent_id,
+                resources: r,
+            })
+            .collect();
+        let mut shared = self.handle.lock();
+        let placed = shared.engine.place(&views, now);
+        let mut decline = Vec::new();
+        for (offer_id, launches) in placed {
+            if launches.is_empty() {
+                decline.push(offer_id);
+                continue;
+            }
+            let tasks: Vec<TaskInfo> = launches
+                .iter()
+                .filter_map(|l| {
+                    let job = shared.engine.job(&l.job)?;
+                    Some(task_info(&job.spec, &l.task_id))
+                })
+                .collect();
+            for launch in &launches {
+                tracing::info!(job = %launch.job, task = %launch.task_id, "launching instance");
+            }
+            let _ = driver.accept(&offer_id, tasks);
+        }
+        if !decline.is_empty() {
+            let _ = driver.decline(&decline, Duration::from_secs(1));
+        }
+        shared.sync_demand(now);
+    }
+
+    async fn status_update(&mut self, _driver: &Driver, status: TaskStatus) {
+        let state = TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified);
+        let terminal = state.is_terminal();
+        let success = state == TaskState::TaskFinished && status.exit_code.unwrap_or(0) == 0;
+        let mut shared = self.handle.lock();
+        let kill = shared.engine.update(
+            &status.task_id,
+            state == TaskState::TaskRunning,
+            terminal,
+            success,
+            status.exit_code,
+            &status.message,
+            &status.agent_id,
+            Instant::now(),
+        );
+        shared.kill(kill);
+        shared.sync_demand(Instant::now());
+    }
+
+    async fn disconnected(&mut self, _driver: &Driver) {
+        self.handle.lock().demand = None;
+    }
+}
+
+/// The task an instance runs.
+fn task_info(spec: &JobSpec, task_id: &str) -> TaskInfo {
+    let mut info = ringmaster_sdk::task(task_id, &spec.task.command, &spec.resources());
+    info.name = format!("{} ({})", spec.name, task_id);
+    info.user = spec.task.user.clone().unwrap_or_default();
+    info.priority_class = spec.task.priority_class.clone();
+    info.gpu_models = spec.task.gpu_models.clone();
+    info.env = spec
+        .task
+        .env
+        .iter()
+        .map(|(k, v)| Attribute {
+            key: k.clone(),
+            value: v.clone(),
+        })
+        .collect();
+    info
+}
