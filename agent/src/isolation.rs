@@ -634,6 +634,9 @@ impl TaskCgroup {
     /// agent's cgroup is removed too once it holds no other task (it is made again with the
     /// next task), so an agent that stops abruptly leaves at most the cgroups of running tasks.
     pub fn remove(&self) -> Result<(), String> {
+        if !self.cgroup.exists() {
+            return Ok(());
+        }
         self.cgroup
             .delete()
             .map_err(|e| format!("cannot remove cgroup {}: {e}", self.path))?;
