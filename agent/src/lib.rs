@@ -35,9 +35,14 @@
 //!    heartbeats `free_devices`; a spawn failure → `FAILED` `launch_failed`. When the
 //!    process ends (and its whole group is gone): exit 0 → `FINISHED` (`exit_code` 0); non-zero
 //!    → `FAILED` `exit_status` with `exit_code`; a signal the agent did not send → `FAILED`
-//!    `signal` (message names it). `KillTask` → SIGTERM to the group, SIGKILL after the grace
-//!    (3 s), then `KILLED` with the kill's reason (`killed` when empty); an unknown task →
-//!    `LOST` `unknown_task`. `StatusAck{update_id}` removes that update from the queue.
+//!    `signal` (message names it). With cgroup isolation ([`isolation`], `--isolation`) each
+//!    task runs in its own cgroup limited by its `cpus`, `mem` and `--pids-per-task`; a task
+//!    the kernel OOM-killed that did not exit 0 → `FAILED` `memory_limit` ("memory limit N MiB
+//!    exceeded"), and a task ends only once its cgroup is empty. `KillTask` → SIGTERM to the
+//!    group (and every process of its cgroup), SIGKILL after the grace (`TaskInfo.kill_grace_ms`,
+//!    else `--kill-grace`, 3 s), then `KILLED` with the kill's reason (`killed` when empty); an
+//!    unknown task → `LOST` `unknown_task`. `StatusAck{update_id}` removes that update from the
+//!    queue.
 //! 5. **Reliable updates.** Every `StatusUpdate` has a unique `update_id`
 //!    (`<agent_id>-<incarnation ms>-<counter>`) and `timestamp_ms`; it is resent every 2 s
 //!    until acknowledged. A terminal task is forgotten once no update of it awaits an ack.
