@@ -99,6 +99,32 @@ async fn one_run(mode: IsolationMode, tasks: usize) -> Result<(f64, f64), String
     ))
 }
 
+/// Mean time to make and limit one task cgroup, and to remove it again, without processes.
+fn cgroup_cost(tasks: usize) -> Result<(Duration, Duration), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let isolation = Isolation::setup(
+        &IsolationConfig {
+            mode: IsolationMode::Cgroups,
+            ..Default::default()
+        },
+        dir.path(),
+    )
+    .map_err(|e| format!("{e:#}"))?;
+    let resources = Resources::parse("cpus:0.1;mem:32").unwrap();
+    let started = Instant::now();
+    let cgroups = (0..tasks)
+        .map(|i| isolation.create_task_cgroup("bench", &format!("t{i}"), &resources))
+        .collect::<Result<Vec<_>, _>>()?;
+    let created = started.elapsed();
+    let started = Instant::now();
+    for cgroup in cgroups.into_iter().flatten() {
+        cgroup.remove()?;
+    }
+    let removed = started.elapsed();
+    let n = u32::try_from(tasks.max(1)).unwrap_or(u32::MAX);
+    Ok((created / n, removed / n))
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -133,6 +159,14 @@ async fn main() {
                 }
             }
         }
+    }
+    match cgroup_cost(tasks) {
+        Ok((create, remove)) => println!(
+            "one task cgroup alone: {:.0} µs to make and limit, {:.0} µs to remove",
+            create.as_secs_f64() * 1e6,
+            remove.as_secs_f64() * 1e6
+        ),
+        Err(e) => println!("cgroup cost: skipped ({e})"),
     }
     for (mode, rates) in modes.iter().zip(rates) {
         if !rates.is_empty() {
