@@ -89,7 +89,8 @@ impl ExitOutcome {
 #[derive(Debug)]
 pub struct ProcessHandle {
     pid: u32,
-    kill: mpsc::UnboundedSender<()>,
+    /// A kill request: `None` uses the task's grace, `Some(d)` at most `d`.
+    kill: mpsc::UnboundedSender<Option<Duration>>,
 }
 
 impl ProcessHandle {
@@ -101,7 +102,14 @@ impl ProcessHandle {
     /// Asks the watcher to end the whole group: SIGTERM now, SIGKILL after the grace period.
     /// Harmless when the process already ended or was already asked.
     pub fn kill(&self) {
-        let _ = self.kill.send(());
+        let _ = self.kill.send(None);
+    }
+
+    /// As [`ProcessHandle::kill`], with SIGKILL at most `grace` from now even when the task's
+    /// own grace is longer (or a kill with a longer grace is under way): the agent's shutdown
+    /// is bounded by its own `--kill-grace`.
+    pub fn kill_within(&self, grace: Duration) {
+        let _ = self.kill.send(Some(grace));
     }
 }
 
@@ -322,7 +330,7 @@ async fn watch_adopted<T>(
     sandbox: PathBuf,
     cgroup: Option<Arc<TaskCgroup>>,
     grace: Duration,
-    mut kill_rx: mpsc::UnboundedReceiver<()>,
+    mut kill_rx: mpsc::UnboundedReceiver<Option<Duration>>,
     tag: T,
     exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
 ) {
@@ -335,9 +343,8 @@ async fn watch_adopted<T>(
     while ours() {
         tokio::select! {
             _ = poll.tick() => {}
-            Some(()) = kill_rx.recv(), if kill_deadline.is_none() => {
-                tree.signal(libc::SIGTERM);
-                kill_deadline = Some(Instant::now() + grace);
+            Some(limit) = kill_rx.recv(), if !sigkilled => {
+                kill_deadline = Some(next_deadline(&tree, kill_deadline, grace, limit));
             }
             _ = sleep_until_opt(kill_deadline), if !sigkilled && kill_deadline.is_some() => {
                 tree.signal(libc::SIGKILL);
@@ -413,7 +420,7 @@ async fn watch<T>(
     mut child: Child,
     tree: Tree,
     grace: Duration,
-    mut kill_rx: mpsc::UnboundedReceiver<()>,
+    mut kill_rx: mpsc::UnboundedReceiver<Option<Duration>>,
     tag: T,
     exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
 ) {
@@ -427,9 +434,8 @@ async fn watch<T>(
                     Err(e) => ExitOutcome::WaitFailed(e.to_string()),
                 };
             }
-            Some(()) = kill_rx.recv(), if kill_deadline.is_none() => {
-                tree.signal(libc::SIGTERM);
-                kill_deadline = Some(Instant::now() + grace);
+            Some(limit) = kill_rx.recv(), if !sigkilled => {
+                kill_deadline = Some(next_deadline(&tree, kill_deadline, grace, limit));
             }
             _ = sleep_until_opt(kill_deadline), if !sigkilled => {
                 tree.signal(libc::SIGKILL);
@@ -451,6 +457,25 @@ async fn watch<T>(
     }
     let outcome = tree.finish(outcome).await;
     let _ = exits.send((tag, outcome));
+}
+
+/// A kill request arrived: the first one sends SIGTERM; the SIGKILL deadline is the grace (at
+/// most `limit`) from now, or an earlier deadline already set.
+fn next_deadline(
+    tree: &Tree,
+    current: Option<Instant>,
+    grace: Duration,
+    limit: Option<Duration>,
+) -> Instant {
+    let grace = limit.map_or(grace, |limit| limit.min(grace));
+    let deadline = Instant::now() + grace;
+    match current {
+        Some(current) => current.min(deadline),
+        None => {
+            tree.signal(libc::SIGTERM);
+            deadline
+        }
+    }
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
@@ -694,14 +719,21 @@ mod tests {
         assert!(!group_has_live_members(handle.pid()));
     }
 
-    #[tokio::test]
-    async fn sigterm_ignorers_get_sigkill_after_the_grace() {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = spec(
-            dir.path(),
+    /// Launches a task that ignores SIGTERM (with `grace`) and waits until it says so.
+    async fn launch_term_ignorer(
+        dir: &Path,
+        grace: Duration,
+    ) -> (
+        LaunchSpec,
+        ProcessHandle,
+        mpsc::UnboundedReceiver<((), ExitOutcome)>,
+    ) {
+        let mut spec = spec(
+            dir,
             "trap '' TERM; echo ready > ready; while :; do sleep 0.05; done",
         );
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        spec.kill_grace = grace;
+        let (tx, rx) = mpsc::unbounded_channel();
         let handle = launch(&spec, (), tx).unwrap();
         let ready = spec.sandbox.join("ready");
         timeout(WAIT, async {
@@ -711,12 +743,38 @@ mod tests {
         })
         .await
         .unwrap();
+        (spec, handle, rx)
+    }
+
+    #[tokio::test]
+    async fn sigterm_ignorers_get_sigkill_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, handle, mut rx) =
+            launch_term_ignorer(dir.path(), Duration::from_millis(500)).await;
         let started = std::time::Instant::now();
         handle.kill();
         let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
         assert_eq!(outcome, ExitOutcome::Signal(libc::SIGKILL));
         assert!(started.elapsed() >= spec.kill_grace);
         assert!(!group_has_live_members(handle.pid()));
+    }
+
+    #[tokio::test]
+    async fn kill_within_shortens_a_long_task_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_spec, handle, mut rx) =
+            launch_term_ignorer(dir.path(), Duration::from_secs(60)).await;
+        let started = std::time::Instant::now();
+        handle.kill(); // the task's own 60 s grace...
+        handle.kill_within(Duration::from_millis(200)); // ... cut short, as at shutdown
+        let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(outcome, ExitOutcome::Signal(libc::SIGKILL));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]

@@ -725,7 +725,8 @@ impl AgentState {
                     record.kill_reason = Some(reason::AGENT_SHUTDOWN.to_string());
                 }
                 tracing::info!(task = %key.task_id, pid = process.pid(), "killing task for shutdown");
-                process.kill();
+                // Within the agent's grace, whatever the task's own: shutdown is bounded.
+                process.kill_within(self.config.kill_grace);
                 count += 1;
             }
         }
