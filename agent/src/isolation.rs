@@ -328,18 +328,15 @@ impl Isolation {
             task_cgroup_name(framework_id, task_id)
         );
         let limits = task_limits(resources, self.pids_per_task);
-        let cgroup = root.load(&path);
-        if cgroup.exists() {
+        let task = TaskCgroup::new(root.load(&path), path.clone(), Some(limits))?;
+        if task.exists() {
             // Left by an earlier launch of the same task id that was never cleaned up.
-            let old = TaskCgroup::new(cgroup, path.clone(), None)?;
-            old.kill_all_blocking();
-            old.remove()?;
+            task.kill_all_blocking();
+            task.remove()?;
         }
-        let cgroup = root.load(&path);
-        cgroup
+        task.cgroup
             .create()
             .map_err(|e| format!("cannot create cgroup {path}: {e}"))?;
-        let task = TaskCgroup::new(cgroup, path, Some(limits))?;
         if let Err(e) = task.apply(&limits) {
             let _ = task.remove();
             return Err(e);

@@ -265,10 +265,14 @@ impl Tree {
         }
     }
 
-    /// True while a live process is in the group or any process is in the cgroup.
+    /// True while any process is in the cgroup or, without one, a live process is in the
+    /// group. (Every member of the group descends from the task's first process, so it is in
+    /// the cgroup too; the cgroup is the cheaper check, no scan of `/proc`.)
     fn alive(&self) -> bool {
-        (self.pgid > 1 && group_has_live_members(self.pgid))
-            || self.cgroup.as_ref().is_some_and(|c| !c.is_empty())
+        match &self.cgroup {
+            Some(cgroup) => !cgroup.is_empty(),
+            None => self.pgid > 1 && group_has_live_members(self.pgid),
+        }
     }
 
     /// Once everything is gone: reads whether the memory limit killed the task, then removes
