@@ -12,6 +12,9 @@ use ringmaster_proto::resources::Resources;
 use ringmaster_proto::transport::ClientSecurity;
 
 use crate::detect::{detect_gpus, detect_hostname, detect_resources};
+use crate::isolation::{
+    IsolationConfig, IsolationMode, DEFAULT_PIDS_PER_TASK, PIDS_PER_TASK_RANGE,
+};
 use crate::users::default_task_user;
 
 /// Grace between SIGTERM and SIGKILL when a task is killed.
@@ -79,6 +82,19 @@ pub struct AgentArgs {
     /// Let tasks run as root (uid 0); without it a task whose user is root fails.
     #[arg(long)]
     pub allow_root_tasks: bool,
+    /// How tasks are isolated: `auto` (cgroups when the agent runs as root and the cgroup
+    /// hierarchy is writable, else none with a warning), `cgroups` (each task in its own cgroup
+    /// with cpu, memory and process limits; the agent does not start without them) or `none`
+    /// (process groups only). See docs/security.md.
+    #[arg(long, value_name = "LEVEL", default_value = "auto")]
+    pub isolation: String,
+    /// With cgroups: the most processes (and threads) one task may have at once (16 - 4194304).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PIDS_PER_TASK)]
+    pub pids_per_task: u64,
+    /// Grace between SIGTERM and SIGKILL when a task is killed, unless the task sets its own
+    /// (`TaskInfo.kill_grace_ms`): `500ms`, `3s`, `2m`, `1h` (100ms - 1 day).
+    #[arg(long, value_name = "DURATION", default_value = "3s")]
+    pub kill_grace: String,
 }
 
 /// The validated configuration of one agent.
@@ -178,6 +194,14 @@ impl AgentConfig {
             args.secret_file.as_deref(),
         )
         .map_err(anyhow::Error::msg)?;
+        let kill_grace = parse_duration(&args.kill_grace)
+            .with_context(|| format!("--kill-grace `{}`", args.kill_grace))?;
+        if !(Duration::from_millis(100)..=Duration::from_secs(24 * 3600)).contains(&kill_grace) {
+            bail!(
+                "--kill-grace `{}` is out of range: must be from 100ms to 1 day",
+                args.kill_grace
+            );
+        }
         let task_user = match args.task_user {
             Some(u) if u.trim().is_empty() => bail!("--task-user must not be empty"),
             Some(u) => u,
@@ -192,13 +216,57 @@ impl AgentConfig {
             device_selection,
             attributes,
             work_dir: args.work_dir,
-            kill_grace: DEFAULT_KILL_GRACE,
+            kill_grace,
             reconnect_max_backoff: DEFAULT_RECONNECT_MAX_BACKOFF,
             security,
             task_user,
             allow_root_tasks: args.allow_root_tasks,
         })
     }
+}
+
+/// Validates `--isolation` and `--pids-per-task`.
+pub fn isolation_from_args(args: &AgentArgs) -> anyhow::Result<IsolationConfig> {
+    let mode: IsolationMode = args
+        .isolation
+        .parse()
+        .map_err(anyhow::Error::msg)
+        .with_context(|| "--isolation".to_string())?;
+    if !PIDS_PER_TASK_RANGE.contains(&args.pids_per_task) {
+        bail!(
+            "--pids-per-task {} is out of range: must be from {} to {}",
+            args.pids_per_task,
+            PIDS_PER_TASK_RANGE.start(),
+            PIDS_PER_TASK_RANGE.end()
+        );
+    }
+    Ok(IsolationConfig {
+        mode,
+        pids_per_task: args.pids_per_task,
+    })
+}
+
+/// `500ms`, `3s`, `2m`, `1h`: a whole number and a unit.
+fn parse_duration(text: &str) -> anyhow::Result<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let Ok(number) = number.parse::<u64>() else {
+        bail!("expected a whole number and a unit (ms, s, m, h), e.g. `3s`");
+    };
+    let millis_per_unit = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => bail!("unknown unit `{unit}` (expected ms, s, m or h, e.g. `3s`)"),
+    };
+    number
+        .checked_mul(millis_per_unit)
+        .map(Duration::from_millis)
+        .context("too long")
 }
 
 fn check_master_address(master: &str) -> anyhow::Result<()> {
@@ -370,8 +438,8 @@ mod tests {
         }
     }
 
-    /// The agent has no duration or size flags; its fixed timers stay within the ranges the
-    /// master's own timers are held to (docs/operations.md, "Allowed ranges").
+    /// The agent's default and fixed timers stay within the ranges the master's own timers are
+    /// held to (docs/operations.md, "Allowed ranges").
     #[test]
     fn fixed_timers_are_in_sane_ranges() {
         let config = AgentConfig::from_args(args(&["--resources", "cpus:1;mem:64"])).unwrap();
@@ -383,6 +451,56 @@ mod tests {
                 (Duration::from_millis(100)..=Duration::from_secs(24 * 3600)).contains(&value),
                 "{name} = {value:?}"
             );
+        }
+    }
+
+    #[test]
+    fn isolation_flags() {
+        let iso = isolation_from_args(&args(&[])).unwrap();
+        assert_eq!(iso, IsolationConfig::default());
+        assert_eq!(iso.mode, IsolationMode::Auto);
+        assert_eq!(iso.pids_per_task, 4096);
+        let iso = isolation_from_args(&args(&["--isolation", "cgroups", "--pids-per-task", "16"]))
+            .unwrap();
+        assert_eq!(iso.mode, IsolationMode::Cgroups);
+        assert_eq!(iso.pids_per_task, 16);
+        let iso = isolation_from_args(&args(&["--isolation", "none"])).unwrap();
+        assert_eq!(iso.mode, IsolationMode::None);
+        let err = format!(
+            "{:#}",
+            isolation_from_args(&args(&["--isolation", "strict"])).unwrap_err()
+        );
+        assert!(err.contains("--isolation"), "{err}");
+        assert!(err.contains("expected auto, cgroups or none"), "{err}");
+        for n in ["15", "4194305"] {
+            let err = format!(
+                "{:#}",
+                isolation_from_args(&args(&["--pids-per-task", n])).unwrap_err()
+            );
+            assert!(err.contains("--pids-per-task"), "{err}");
+            assert!(err.contains("16 to 4194304"), "{err}");
+        }
+        assert!(
+            AgentArgs::try_parse_from(["x", "--master", "h:1", "--pids-per-task", "lots"]).is_err()
+        );
+    }
+
+    #[test]
+    fn kill_grace_flag() {
+        let config = AgentConfig::from_args(args(&["--kill-grace", "500ms"])).unwrap();
+        assert_eq!(config.kill_grace, Duration::from_millis(500));
+        let config = AgentConfig::from_args(args(&["--kill-grace", "2m"])).unwrap();
+        assert_eq!(config.kill_grace, Duration::from_secs(120));
+        for (bad, expected) in [
+            ("50ms", "out of range"),
+            ("2d", "unknown unit `d`"),
+            ("s", "whole number"),
+            ("25h", "out of range"),
+            ("99999999999999999h", "too long"),
+        ] {
+            let err = error_of(&["--kill-grace", bad]);
+            assert!(err.contains("--kill-grace"), "{err}");
+            assert!(err.contains(expected), "{bad}: {err}");
         }
     }
 

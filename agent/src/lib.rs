@@ -35,9 +35,14 @@
 //!    heartbeats `free_devices`; a spawn failure → `FAILED` `launch_failed`. When the
 //!    process ends (and its whole group is gone): exit 0 → `FINISHED` (`exit_code` 0); non-zero
 //!    → `FAILED` `exit_status` with `exit_code`; a signal the agent did not send → `FAILED`
-//!    `signal` (message names it). `KillTask` → SIGTERM to the group, SIGKILL after the grace
-//!    (3 s), then `KILLED` with the kill's reason (`killed` when empty); an unknown task →
-//!    `LOST` `unknown_task`. `StatusAck{update_id}` removes that update from the queue.
+//!    `signal` (message names it). With cgroup isolation ([`isolation`], `--isolation`) each
+//!    task runs in its own cgroup limited by its `cpus`, `mem` and `--pids-per-task`; a task
+//!    the kernel OOM-killed that did not exit 0 → `FAILED` `memory_limit` ("memory limit N MiB
+//!    exceeded"), and a task ends only once its cgroup is empty. `KillTask` → SIGTERM to the
+//!    group (and every process of its cgroup), SIGKILL after the grace (`TaskInfo.kill_grace_ms`,
+//!    else `--kill-grace`, 3 s), then `KILLED` with the kill's reason (`killed` when empty); an
+//!    unknown task → `LOST` `unknown_task`. `StatusAck{update_id}` removes that update from the
+//!    queue.
 //! 5. **Reliable updates.** Every `StatusUpdate` has a unique `update_id`
 //!    (`<agent_id>-<incarnation ms>-<counter>`) and `timestamp_ms`; it is resent every 2 s
 //!    until acknowledged. A terminal task is forgotten once no update of it awaits an ack.
@@ -52,6 +57,7 @@
 
 mod config;
 mod detect;
+pub mod isolation;
 pub mod process;
 pub mod sandbox;
 mod session;
@@ -66,28 +72,40 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 pub use config::{
-    parse_attributes, AgentArgs, AgentConfig, DEFAULT_KILL_GRACE, DEFAULT_RECONNECT_MAX_BACKOFF,
-    DEFAULT_WORK_DIR,
+    isolation_from_args, parse_attributes, AgentArgs, AgentConfig, DEFAULT_KILL_GRACE,
+    DEFAULT_RECONNECT_MAX_BACKOFF, DEFAULT_WORK_DIR,
 };
 pub use detect::{detect_gpus, detect_hostname, detect_resources};
+pub use isolation::{IsolationConfig, IsolationMode};
 
 /// The file in the work dir that keeps the agent id between runs.
 pub const AGENT_ID_FILE: &str = "agent_id";
 
-/// Runs one agent until `shutdown` completes (then kills its tasks and returns `Ok`). Returns
-/// an error only for what retrying cannot fix: an unusable work dir or a protocol version the
-/// master does not speak.
+/// Runs one agent with the default isolation (`auto`) until `shutdown` completes; see
+/// [`run_with_isolation`].
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    run_with_isolation(config, IsolationConfig::default(), shutdown).await
+}
+
+/// Runs one agent until `shutdown` completes (then kills its tasks and returns `Ok`). Returns
+/// an error only for what retrying cannot fix: an unusable work dir, `--isolation cgroups`
+/// without usable cgroups, or a protocol version the master does not speak.
+pub async fn run_with_isolation(
+    config: AgentConfig,
+    isolation: IsolationConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.work_dir)
         .with_context(|| format!("cannot create work dir {}", config.work_dir.display()))?;
+    let isolation = isolation::Isolation::setup(&isolation, &config.work_dir)?;
     let agent_id = match &config.id {
         Some(id) => id.clone(),
         None => saved_agent_id(&config)?,
     };
     tracing::info!(master = %config.master, hostname = %config.hostname,
         resources = %config.resources, work_dir = %config.work_dir.display(),
-        agent_id = %agent_id, "agent starting");
-    let (mut state, exits) = state::AgentState::new(config, agent_id);
+        agent_id = %agent_id, isolation = %isolation.describe(), "agent starting");
+    let (mut state, exits) = state::AgentState::with_isolation(config, isolation, agent_id);
     let recovered = state.recover_tasks();
     if recovered > 0 {
         tracing::info!(
@@ -95,8 +113,21 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             "recovered tasks left by an earlier run in the work dir"
         );
     }
+    // Cgroups of tasks not recovered were left by an earlier run: kill what is in them and
+    // remove them (blocking file-system work, off the async threads).
+    let keep = state.cgroups_in_use();
+    let isolation = state.isolation().clone();
+    let stale = tokio::task::spawn_blocking(move || isolation.clean_stale(&keep))
+        .await
+        .unwrap_or(0);
+    if stale > 0 {
+        tracing::info!(stale, "removed cgroups left by an earlier run");
+    }
+    let isolation = state.isolation().clone();
     let shutdown = std::pin::pin!(shutdown);
-    session::run_sessions(state, exits, shutdown).await
+    let result = session::run_sessions(state, exits, shutdown).await;
+    let _ = tokio::task::spawn_blocking(move || isolation.remove_agent_cgroup()).await;
+    result
 }
 
 /// The id saved by an earlier registration, or empty.
@@ -120,14 +151,18 @@ fn saved_agent_id(config: &AgentConfig) -> anyhow::Result<String> {
 /// The binary's body: validates the flags, runs until Ctrl-C or SIGTERM, and maps the result
 /// to an exit code (2 for bad flags, 1 for a fatal error).
 pub async fn main_with_args(args: AgentArgs) -> ExitCode {
-    let config = match AgentConfig::from_args(args) {
-        Ok(config) => config,
+    let flags = isolation_from_args(&args).and_then(|isolation| {
+        let config = AgentConfig::from_args(args)?;
+        Ok((config, isolation))
+    });
+    let (config, isolation) = match flags {
+        Ok(flags) => flags,
         Err(e) => {
             eprintln!("ringmaster-agent: {e:#}");
             return ExitCode::from(2);
         }
     };
-    match run(config, shutdown_signal()).await {
+    match run_with_isolation(config, isolation, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("agent stopped: {e:#}");

@@ -1,27 +1,34 @@
 //! Running one task as a real process: sandbox, spawn, watch, kill.
 //!
 //! Each task is `sh -c COMMAND` in its own process group, so a kill reaches everything the
-//! command started (pipelines, background jobs), not just the shell. A watcher (one tokio task
-//! per process) owns the child; it reports the exit on a channel only once the whole group is
-//! gone, so "task ended" also means "its processes are gone". Nothing here knows about the
-//! master, which keeps this part testable on its own.
+//! command started (pipelines, background jobs), not just the shell. With cgroups
+//! ([`crate::isolation`]) the task also runs in its own cgroup, joined before the command is
+//! exec'd, and a kill reaches every process in it, also those that left the process group
+//! (`setsid`). A watcher (one tokio task per process) owns the child; it reports the exit on a
+//! channel only once the whole group (and cgroup) is empty, so "task ended" also means "its
+//! processes are gone"; it then removes the cgroup. Nothing here knows about the master, which
+//! keeps this part testable on its own.
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::isolation::TaskCgroup;
 use crate::users::TaskUser;
 
 /// How often a killed group is checked for survivors during the grace period.
 const GROUP_POLL: Duration = Duration::from_millis(20);
 /// How often a task adopted after an agent restart (not our child) is checked for its end.
 const ADOPTED_POLL: Duration = Duration::from_millis(100);
+/// How long after the SIGKILL deadline survivors are waited for before they are given up on.
+const GIVE_UP_AFTER_SIGKILL: Duration = Duration::from_secs(5);
 
 /// The file in the sandbox where the task's wrapper records the command's exit status, so an
 /// agent that restarted (and so cannot wait for the process) still learns how it ended.
@@ -48,6 +55,9 @@ pub struct LaunchSpec {
     /// The user to run as (`None`: the agent's own). The sandbox is then owned by this user and
     /// made 0700; the process gets the user's uid, gid and supplementary groups.
     pub user: Option<TaskUser>,
+    /// The task's cgroup (`None`: no cgroup isolation). The process joins it before exec; the
+    /// watcher removes it once it is empty.
+    pub cgroup: Option<Arc<TaskCgroup>>,
 }
 
 /// How a task's main process ended.
@@ -59,6 +69,9 @@ pub enum ExitOutcome {
     Signal(i32),
     /// Waiting for the process failed; it is not known how it ended.
     WaitFailed(String),
+    /// The kernel killed a process of the task for exceeding the task's memory limit (its
+    /// cgroup counted an OOM kill); the task then ended as `then` says.
+    MemoryLimit(Box<ExitOutcome>),
 }
 
 impl ExitOutcome {
@@ -76,7 +89,8 @@ impl ExitOutcome {
 #[derive(Debug)]
 pub struct ProcessHandle {
     pid: u32,
-    kill: mpsc::UnboundedSender<()>,
+    /// A kill request: `None` uses the task's grace, `Some(d)` at most `d`.
+    kill: mpsc::UnboundedSender<Option<Duration>>,
 }
 
 impl ProcessHandle {
@@ -88,7 +102,14 @@ impl ProcessHandle {
     /// Asks the watcher to end the whole group: SIGTERM now, SIGKILL after the grace period.
     /// Harmless when the process already ended or was already asked.
     pub fn kill(&self) {
-        let _ = self.kill.send(());
+        let _ = self.kill.send(None);
+    }
+
+    /// As [`ProcessHandle::kill`], with SIGKILL at most `grace` from now even when the task's
+    /// own grace is longer (or a kill with a longer grace is under way): the agent's shutdown
+    /// is bounded by its own `--kill-grace`.
+    pub fn kill_within(&self, grace: Duration) {
+        let _ = self.kill.send(Some(grace));
     }
 }
 
@@ -109,6 +130,10 @@ pub enum LaunchError {
     },
     #[error("cannot spawn `sh -c`: {0}")]
     Spawn(io::Error),
+    #[error(
+        "cannot start the task in cgroup {cgroup} (join the cgroup, then switch user): {source}"
+    )]
+    SpawnInCgroup { cgroup: String, source: io::Error },
 }
 
 /// Starts `sh -c COMMAND` in its own process group inside the sandbox. When the group is gone,
@@ -156,41 +181,134 @@ pub fn launch<T: Send + 'static>(
         .stderr(stderr)
         .process_group(0)
         .kill_on_drop(false);
-    if let Some(user) = switch_user {
-        let (uid, gid, groups) = (user.uid, user.gid, user.groups.clone());
+    let ids = switch_user.map(|user| (user.uid, user.gid, user.groups.clone()));
+    let procs_files: Vec<std::ffi::CString> = spec
+        .cgroup
+        .as_ref()
+        .map(|c| c.procs_files().to_vec())
+        .unwrap_or_default();
+    if ids.is_some() || !procs_files.is_empty() {
         // SAFETY: the closure runs in the forked child before exec and only makes
-        // async-signal-safe calls (setgroups, setgid, setuid) on data owned by the closure.
-        // Groups first, then gid, then uid: after setuid the others are no longer allowed.
+        // async-signal-safe calls (open, write, close, setgroups, setgid, setuid) on data the
+        // closure owns, prepared before the fork; it allocates nothing.
+        // Order: join the cgroup first, while still root (writing `0` to `cgroup.procs` moves
+        // the writing process); then groups, gid, uid (after setuid the others are refused).
         unsafe {
             command.pre_exec(move || {
-                if libc::setgroups(groups.len() as _, groups.as_ptr()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(io::Error::last_os_error());
+                for file in &procs_files {
+                    join_cgroup(file)?;
+                }
+                if let Some((uid, gid, groups)) = &ids {
+                    if libc::setgroups(groups.len() as _, groups.as_ptr()) != 0
+                        || libc::setgid(*gid) != 0
+                        || libc::setuid(*uid) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
         }
     }
-    let child = command.spawn().map_err(LaunchError::Spawn)?;
+    let child = command.spawn().map_err(|source| match &spec.cgroup {
+        Some(cgroup) => LaunchError::SpawnInCgroup {
+            cgroup: cgroup.path().to_string(),
+            source,
+        },
+        None => LaunchError::Spawn(source),
+    })?;
     let pid = child.id().ok_or_else(|| {
         LaunchError::Spawn(io::Error::other("child exited before its pid was read"))
     })?;
     let (kill_tx, kill_rx) = mpsc::unbounded_channel();
-    tokio::spawn(watch(child, pid, spec.kill_grace, kill_rx, tag, exits));
+    let tree = Tree {
+        pgid: pid,
+        cgroup: spec.cgroup.clone(),
+    };
+    tokio::spawn(watch(child, tree, spec.kill_grace, kill_rx, tag, exits));
     Ok(ProcessHandle { pid, kill: kill_tx })
+}
+
+/// In the forked child: moves the calling process into the cgroup whose `cgroup.procs` file is
+/// `file` (writing `0` means "me"). Async-signal-safe and allocation-free.
+fn join_cgroup(file: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: `file` is a valid NUL-terminated path; open, write and close are
+    // async-signal-safe; the buffer is a static byte string.
+    unsafe {
+        let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let error = (written != 1).then(io::Error::last_os_error);
+        libc::close(fd);
+        match error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Everything a task runs: its process group and, with cgroups, its cgroup.
+struct Tree {
+    pgid: u32,
+    cgroup: Option<Arc<TaskCgroup>>,
+}
+
+impl Tree {
+    /// Signals the whole group and every process in the cgroup (which includes processes that
+    /// left the group).
+    fn signal(&self, signal: libc::c_int) {
+        signal_group(self.pgid, signal);
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.signal_all(signal);
+        }
+    }
+
+    /// True while any process is in the cgroup or, without one, a live process is in the
+    /// group. (Every member of the group descends from the task's first process, so it is in
+    /// the cgroup too; the cgroup is the cheaper check, no scan of `/proc`.)
+    fn alive(&self) -> bool {
+        match &self.cgroup {
+            Some(cgroup) => !cgroup.is_empty(),
+            None => self.pgid > 1 && group_has_live_members(self.pgid),
+        }
+    }
+
+    /// Once everything is gone: reads whether the memory limit killed the task, then removes
+    /// the cgroup (off the async threads: the crate retries with short sleeps).
+    async fn finish(self, outcome: ExitOutcome) -> ExitOutcome {
+        let Some(cgroup) = self.cgroup else {
+            return outcome;
+        };
+        let result = tokio::task::spawn_blocking(move || {
+            let oom = cgroup.hit_memory_limit(&outcome);
+            if let Err(e) = cgroup.remove() {
+                tracing::warn!(cgroup = %cgroup.path(), "{e}");
+            }
+            if oom {
+                ExitOutcome::MemoryLimit(Box::new(outcome))
+            } else {
+                outcome
+            }
+        })
+        .await;
+        result.unwrap_or_else(|e| ExitOutcome::WaitFailed(format!("cgroup cleanup failed: {e}")))
+    }
 }
 
 /// Takes over a task started by an earlier run of the agent (the process is not our child):
 /// `pid` is its group leader, trusted only while its start time (from `/proc`) is
 /// `start_ticks`, so a reused pid is never signalled. Its end is found by polling, its exit
 /// status read from the sandbox's [`EXIT_STATUS_FILE`]; `(tag, outcome)` is sent on `exits`
-/// once the group is gone. Kill works as for [`launch`]. Must be called within a runtime.
+/// once the group is gone. With `cgroup` (the task's cgroup, re-attached after the restart),
+/// kill and the end of the task work as for [`launch`]. Must be called within a runtime.
+#[allow(clippy::too_many_arguments)]
 pub fn adopt<T: Send + 'static>(
     pid: u32,
     start_ticks: u64,
     sandbox: PathBuf,
+    cgroup: Option<Arc<TaskCgroup>>,
     kill_grace: Duration,
     tag: T,
     exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
@@ -200,6 +318,7 @@ pub fn adopt<T: Send + 'static>(
         pid,
         start_ticks,
         sandbox,
+        cgroup,
         kill_grace,
         kill_rx,
         tag,
@@ -208,12 +327,14 @@ pub fn adopt<T: Send + 'static>(
     ProcessHandle { pid, kill: kill_tx }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn watch_adopted<T>(
     pid: u32,
     start_ticks: u64,
     sandbox: PathBuf,
+    cgroup: Option<Arc<TaskCgroup>>,
     grace: Duration,
-    mut kill_rx: mpsc::UnboundedReceiver<()>,
+    mut kill_rx: mpsc::UnboundedReceiver<Option<Duration>>,
     tag: T,
     exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
 ) {
@@ -221,15 +342,16 @@ async fn watch_adopted<T>(
     let mut poll = tokio::time::interval(ADOPTED_POLL);
     let mut kill_deadline: Option<Instant> = None;
     let mut sigkilled = false;
+    // The group is only ours while the leader is; the cgroup is ours regardless.
+    let tree = Tree { pgid: pid, cgroup };
     while ours() {
         tokio::select! {
             _ = poll.tick() => {}
-            Some(()) = kill_rx.recv(), if kill_deadline.is_none() => {
-                signal_group(pid, libc::SIGTERM);
-                kill_deadline = Some(Instant::now() + grace);
+            Some(limit) = kill_rx.recv(), if !sigkilled => {
+                kill_deadline = Some(next_deadline(&tree, kill_deadline, grace, limit));
             }
             _ = sleep_until_opt(kill_deadline), if !sigkilled && kill_deadline.is_some() => {
-                signal_group(pid, libc::SIGKILL);
+                tree.signal(libc::SIGKILL);
                 sigkilled = true;
             }
         }
@@ -237,11 +359,16 @@ async fn watch_adopted<T>(
     // The leader is gone. Whatever is left in its group goes with it, unless the pid now
     // belongs to another process (then the group, which held the pid, is gone too).
     let reused = process_start_ticks(pid).is_some_and(|t| t != start_ticks);
-    if !reused && group_has_live_members(pid) {
-        signal_group(pid, libc::SIGKILL);
-        drain_group(pid, Instant::now() + grace).await;
+    let tree = Tree {
+        pgid: if reused { 0 } else { pid },
+        ..tree
+    };
+    if tree.alive() {
+        tree.signal(libc::SIGKILL);
+        drain(&tree, Instant::now() + grace).await;
     }
-    let _ = exits.send((tag, recorded_outcome(&sandbox)));
+    let outcome = tree.finish(recorded_outcome(&sandbox)).await;
+    let _ = exits.send((tag, outcome));
 }
 
 /// How the task ended, from the exit status its wrapper wrote in the sandbox.
@@ -295,9 +422,9 @@ fn create_output(sandbox: &Path, name: &str) -> Result<File, LaunchError> {
 
 async fn watch<T>(
     mut child: Child,
-    pgid: u32,
+    tree: Tree,
     grace: Duration,
-    mut kill_rx: mpsc::UnboundedReceiver<()>,
+    mut kill_rx: mpsc::UnboundedReceiver<Option<Duration>>,
     tag: T,
     exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
 ) {
@@ -311,29 +438,48 @@ async fn watch<T>(
                     Err(e) => ExitOutcome::WaitFailed(e.to_string()),
                 };
             }
-            Some(()) = kill_rx.recv(), if kill_deadline.is_none() => {
-                signal_group(pgid, libc::SIGTERM);
-                kill_deadline = Some(Instant::now() + grace);
+            Some(limit) = kill_rx.recv(), if !sigkilled => {
+                kill_deadline = Some(next_deadline(&tree, kill_deadline, grace, limit));
             }
             _ = sleep_until_opt(kill_deadline), if !sigkilled => {
-                signal_group(pgid, libc::SIGKILL);
+                tree.signal(libc::SIGKILL);
                 sigkilled = true;
             }
         }
     };
     match kill_deadline {
-        // Killed: the rest of the group got SIGTERM too; give it the rest of the grace.
-        Some(deadline) if !sigkilled => drain_group(pgid, deadline).await,
-        Some(_) => drain_group(pgid, Instant::now()).await,
-        // Ended on its own: whatever it left behind in its group goes with it.
+        // Killed: the rest of the tree got SIGTERM too; give it the rest of the grace.
+        Some(deadline) if !sigkilled => drain(&tree, deadline).await,
+        Some(_) => drain(&tree, Instant::now()).await,
+        // Ended on its own: whatever it left behind goes with it.
         None => {
-            if group_has_live_members(pgid) {
-                signal_group(pgid, libc::SIGKILL);
-                drain_group(pgid, Instant::now() + grace).await;
+            if tree.alive() {
+                tree.signal(libc::SIGKILL);
+                drain(&tree, Instant::now() + grace).await;
             }
         }
     }
+    let outcome = tree.finish(outcome).await;
     let _ = exits.send((tag, outcome));
+}
+
+/// A kill request arrived: the first one sends SIGTERM; the SIGKILL deadline is the grace (at
+/// most `limit`) from now, or an earlier deadline already set.
+fn next_deadline(
+    tree: &Tree,
+    current: Option<Instant>,
+    grace: Duration,
+    limit: Option<Duration>,
+) -> Instant {
+    let grace = limit.map_or(grace, |limit| limit.min(grace));
+    let deadline = Instant::now() + grace;
+    match current {
+        Some(current) => current.min(deadline),
+        None => {
+            tree.signal(libc::SIGTERM);
+            deadline
+        }
+    }
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
@@ -343,16 +489,24 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
-/// Waits until no live process is left in the group, SIGKILLing it at `deadline`.
-async fn drain_group(pgid: u32, deadline: Instant) {
+/// Waits until no live process is left in the group and the cgroup is empty, SIGKILLing
+/// everything at `deadline`.
+async fn drain(tree: &Tree, deadline: Instant) {
     let mut killed = false;
-    while group_has_live_members(pgid) {
+    while tree.alive() {
         if Instant::now() >= deadline {
             if killed {
-                tracing::warn!(pgid, "process group survives SIGKILL; giving up on it");
-                return;
+                // Give processes stuck in the kernel (D state) a little longer before giving
+                // up on them; SIGKILL is resent meanwhile.
+                if Instant::now() >= deadline + GIVE_UP_AFTER_SIGKILL {
+                    tracing::warn!(
+                        pgid = tree.pgid,
+                        "processes survive SIGKILL; giving up on them"
+                    );
+                    return;
+                }
             }
-            signal_group(pgid, libc::SIGKILL);
+            tree.signal(libc::SIGKILL);
             killed = true;
         }
         tokio::time::sleep(GROUP_POLL).await;
@@ -460,6 +614,7 @@ mod tests {
             env: vec![("GREETING".into(), "hello there".into())],
             kill_grace: Duration::from_millis(500),
             user: None,
+            cgroup: None,
         }
     }
 
@@ -511,7 +666,7 @@ mod tests {
         let real = process_start_ticks(pid).expect("a live process has a start time");
         let (tx, mut rx) = mpsc::unbounded_channel();
         // As if the task's pid had been reused by `other`.
-        let handle = adopt(pid, real + 1, dir.path().to_path_buf(), WAIT, (), tx);
+        let handle = adopt(pid, real + 1, dir.path().to_path_buf(), None, WAIT, (), tx);
         handle.kill();
         let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
         assert!(matches!(outcome, ExitOutcome::WaitFailed(_)), "{outcome:?}");
@@ -568,14 +723,21 @@ mod tests {
         assert!(!group_has_live_members(handle.pid()));
     }
 
-    #[tokio::test]
-    async fn sigterm_ignorers_get_sigkill_after_the_grace() {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = spec(
-            dir.path(),
+    /// Launches a task that ignores SIGTERM (with `grace`) and waits until it says so.
+    async fn launch_term_ignorer(
+        dir: &Path,
+        grace: Duration,
+    ) -> (
+        LaunchSpec,
+        ProcessHandle,
+        mpsc::UnboundedReceiver<((), ExitOutcome)>,
+    ) {
+        let mut spec = spec(
+            dir,
             "trap '' TERM; echo ready > ready; while :; do sleep 0.05; done",
         );
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        spec.kill_grace = grace;
+        let (tx, rx) = mpsc::unbounded_channel();
         let handle = launch(&spec, (), tx).unwrap();
         let ready = spec.sandbox.join("ready");
         timeout(WAIT, async {
@@ -585,12 +747,38 @@ mod tests {
         })
         .await
         .unwrap();
+        (spec, handle, rx)
+    }
+
+    #[tokio::test]
+    async fn sigterm_ignorers_get_sigkill_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, handle, mut rx) =
+            launch_term_ignorer(dir.path(), Duration::from_millis(500)).await;
         let started = std::time::Instant::now();
         handle.kill();
         let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
         assert_eq!(outcome, ExitOutcome::Signal(libc::SIGKILL));
         assert!(started.elapsed() >= spec.kill_grace);
         assert!(!group_has_live_members(handle.pid()));
+    }
+
+    #[tokio::test]
+    async fn kill_within_shortens_a_long_task_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_spec, handle, mut rx) =
+            launch_term_ignorer(dir.path(), Duration::from_secs(60)).await;
+        let started = std::time::Instant::now();
+        handle.kill(); // the task's own 60 s grace...
+        handle.kill_within(Duration::from_millis(200)); // ... cut short, as at shutdown
+        let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(outcome, ExitOutcome::Signal(libc::SIGKILL));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 
 use ringmaster_proto::convert::{BindingWire, DeviceStateWire, ResourcesWire};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ringmaster_proto::devices::{
@@ -19,6 +20,7 @@ use ringmaster_proto::{
 use tokio::sync::mpsc;
 
 use crate::config::AgentConfig;
+use crate::isolation::{self, Isolation};
 use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
 use crate::sandbox::sandbox_dir;
 use crate::task_files::{self, TaskFile};
@@ -43,6 +45,22 @@ pub mod reason {
     pub const AGENT_SHUTDOWN: &str = "agent_shutdown";
     /// KillTask for a task this agent does not know.
     pub const UNKNOWN_TASK: &str = "unknown_task";
+    /// The kernel killed the task for exceeding its memory limit (`mem`, with cgroups); the
+    /// message says "memory limit N MiB exceeded".
+    pub const MEMORY_LIMIT: &str = "memory_limit";
+}
+
+/// The longest kill grace a task may ask for (`TaskInfo.kill_grace_ms`); more counts as this.
+pub const MAX_KILL_GRACE: Duration = Duration::from_secs(24 * 3600);
+
+/// The SIGTERM-to-SIGKILL grace of a task: its own `kill_grace_ms` (at most
+/// [`MAX_KILL_GRACE`]), or the agent's default when it asks for 0.
+pub fn kill_grace_for(kill_grace_ms: u64, agent_default: Duration) -> Duration {
+    if kill_grace_ms == 0 {
+        agent_default
+    } else {
+        Duration::from_millis(kill_grace_ms).min(MAX_KILL_GRACE)
+    }
 }
 
 /// A task is identified by its framework and its id within the framework.
@@ -67,6 +85,8 @@ struct TaskRecord {
     /// the task file so a restarted agent can adopt the process.
     pid: u32,
     start_ticks: u64,
+    /// `TaskInfo.kill_grace_ms` (0: the agent's default), kept for a restarted agent.
+    kill_grace_ms: u64,
 }
 
 impl TaskRecord {
@@ -90,12 +110,23 @@ pub struct AgentState {
     tasks: BTreeMap<TaskKey, TaskRecord>,
     updates: StatusQueue,
     exits_tx: mpsc::UnboundedSender<(TaskKey, ExitOutcome)>,
+    isolation: Isolation,
 }
 
 impl AgentState {
-    /// A state with no tasks; exits of launched processes arrive on the returned receiver and
-    /// must be fed back through [`AgentState::process_exited`].
+    /// A state with no tasks and no cgroup isolation; exits of launched processes arrive on
+    /// the returned receiver and must be fed back through [`AgentState::process_exited`].
     pub fn new(config: AgentConfig, agent_id: String) -> (Self, ExitReceiver) {
+        Self::with_isolation(config, Isolation::disabled(), agent_id)
+    }
+
+    /// As [`AgentState::new`], with tasks isolated as `isolation` says (see
+    /// [`Isolation::setup`]).
+    pub fn with_isolation(
+        config: AgentConfig,
+        isolation: Isolation,
+        agent_id: String,
+    ) -> (Self, ExitReceiver) {
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let state = AgentState {
             config,
@@ -103,8 +134,24 @@ impl AgentState {
             tasks: BTreeMap::new(),
             updates: StatusQueue::new(unix_ms()),
             exits_tx,
+            isolation,
         };
         (state, exits_rx)
+    }
+
+    /// How tasks are isolated.
+    pub fn isolation(&self) -> &Isolation {
+        &self.isolation
+    }
+
+    /// The cgroup names (under the agent's cgroup) of the tasks whose processes this agent
+    /// runs or adopted: every other cgroup there was left by an earlier run.
+    pub fn cgroups_in_use(&self) -> Vec<String> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.process.is_some())
+            .map(|(k, _)| isolation::task_cgroup_name(&k.framework_id, &k.task_id))
+            .collect()
     }
 
     pub fn config(&self) -> &AgentConfig {
@@ -408,12 +455,23 @@ impl AgentState {
             .iter()
             .map(|a| (a.key.clone(), a.value.clone()))
             .collect();
+        let cgroup =
+            match self
+                .isolation
+                .create_task_cgroup(&key.framework_id, &key.task_id, &resources)
+            {
+                Ok(cgroup) => cgroup.map(Arc::new),
+                Err(message) => {
+                    return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
+                }
+            };
         let spec = LaunchSpec {
             command: info.command.clone(),
             sandbox: sandbox.clone(),
             env: task_environment(agent_env, task_env, device_env),
-            kill_grace: self.config.kill_grace,
+            kill_grace: kill_grace_for(info.kill_grace_ms, self.config.kill_grace),
             user: Some(user),
+            cgroup: cgroup.clone(),
         };
         match process::launch(&spec, key.clone(), self.exits_tx.clone()) {
             Ok(handle) => {
@@ -438,11 +496,17 @@ impl AgentState {
                         process: Some(handle),
                         pid,
                         start_ticks: process::process_start_ticks(pid).unwrap_or(0),
+                        kill_grace_ms: info.kill_grace_ms,
                     },
                 );
                 self.save_task_file(&key);
             }
             Err(e) => {
+                if let Some(cgroup) = &cgroup {
+                    if let Err(e) = cgroup.remove() {
+                        tracing::warn!(task = %key.task_id, "{e}");
+                    }
+                }
                 let message = e.to_string();
                 self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
             }
@@ -478,6 +542,7 @@ impl AgentState {
                 process: None,
                 pid: 0,
                 start_ticks: 0,
+                kill_grace_ms: 0,
             },
         );
     }
@@ -575,15 +640,20 @@ impl AgentState {
             ..record.status.clone()
         };
         let how = match &outcome {
-            ExitOutcome::Code(code) => {
-                status.exit_code = Some(*code);
-                format!("exited with status {code}")
-            }
-            ExitOutcome::Signal(signal) => {
-                format!("killed by {} ({signal})", process::signal_name(*signal))
-            }
-            ExitOutcome::WaitFailed(e) => format!("waiting for the process failed: {e}"),
+            ExitOutcome::MemoryLimit(_) => format!(
+                "memory limit {} MiB exceeded ({})",
+                format_milli(record.resources.milli("mem")),
+                describe(&outcome)
+            ),
+            _ => describe(&outcome),
         };
+        let mut ended = &outcome;
+        if let ExitOutcome::MemoryLimit(then) = ended {
+            ended = then;
+        }
+        if let ExitOutcome::Code(code) = ended {
+            status.exit_code = Some(*code);
+        }
         let state = match (&record.kill_reason, &outcome) {
             (Some(why), _) => {
                 status.reason = why.clone();
@@ -600,6 +670,10 @@ impl AgentState {
             }
             (None, ExitOutcome::WaitFailed(_)) => {
                 status.reason = reason::WAIT_FAILED.to_string();
+                TaskState::TaskFailed
+            }
+            (None, ExitOutcome::MemoryLimit(_)) => {
+                status.reason = reason::MEMORY_LIMIT.to_string();
                 TaskState::TaskFailed
             }
         };
@@ -651,7 +725,8 @@ impl AgentState {
                     record.kill_reason = Some(reason::AGENT_SHUTDOWN.to_string());
                 }
                 tracing::info!(task = %key.task_id, pid = process.pid(), "killing task for shutdown");
-                process.kill();
+                // Within the agent's grace, whatever the task's own: shutdown is bounded.
+                process.kill_within(self.config.kill_grace);
                 count += 1;
             }
         }
@@ -675,6 +750,7 @@ impl AgentState {
             pid: record.pid,
             start_ticks: record.start_ticks,
             kill_reason: record.kill_reason.clone(),
+            kill_grace_ms: record.kill_grace_ms,
             ended,
         };
         let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
@@ -741,15 +817,22 @@ impl AgentState {
                         process: None,
                         pid: file.pid,
                         start_ticks: file.start_ticks,
+                        kill_grace_ms: file.kill_grace_ms,
                     },
                 );
                 continue;
             }
+            // Its cgroup, when it has one: kill and end-of-task go through it again.
+            let cgroup = self
+                .isolation
+                .existing_task_cgroup(&key.framework_id, &key.task_id, &resources)
+                .map(Arc::new);
             let handle = process::adopt(
                 file.pid,
                 file.start_ticks,
                 sandbox.clone(),
-                self.config.kill_grace,
+                cgroup,
+                kill_grace_for(file.kill_grace_ms, self.config.kill_grace),
                 key.clone(),
                 self.exits_tx.clone(),
             );
@@ -772,6 +855,7 @@ impl AgentState {
                     process: Some(handle),
                     pid: file.pid,
                     start_ticks: file.start_ticks,
+                    kill_grace_ms: file.kill_grace_ms,
                 },
             );
         }
@@ -783,6 +867,18 @@ impl AgentState {
         let issued = self.updates.issue(status);
         out.push(update(issued.clone()));
         issued
+    }
+}
+
+/// "exited with status 1", "killed by SIGKILL (9)": how a process ended, for messages.
+fn describe(outcome: &ExitOutcome) -> String {
+    match outcome {
+        ExitOutcome::Code(code) => format!("exited with status {code}"),
+        ExitOutcome::Signal(signal) => {
+            format!("killed by {} ({signal})", process::signal_name(*signal))
+        }
+        ExitOutcome::WaitFailed(e) => format!("waiting for the process failed: {e}"),
+        ExitOutcome::MemoryLimit(then) => describe(then),
     }
 }
 

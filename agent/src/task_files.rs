@@ -29,6 +29,8 @@ pub struct TaskFile {
     pub start_ticks: u64,
     /// Set once a kill was requested.
     pub kill_reason: Option<String>,
+    /// `TaskInfo.kill_grace_ms` (0: the agent's default grace).
+    pub kill_grace_ms: u64,
     /// The terminal status, once the task ended (until the master acknowledges it).
     pub ended: Option<TaskStatus>,
 }
@@ -76,6 +78,9 @@ impl TaskFile {
         if let Some(reason) = &self.kill_reason {
             lines.push(format!("kill_reason={}", escape(reason)));
         }
+        if self.kill_grace_ms != 0 {
+            lines.push(format!("kill_grace_ms={}", self.kill_grace_ms));
+        }
         if let Some(status) = &self.ended {
             lines.push(format!("ended_state={}", status.state));
             lines.push(format!("ended_reason={}", escape(&status.reason)));
@@ -97,6 +102,7 @@ impl TaskFile {
             pid: 0,
             start_ticks: 0,
             kill_reason: None,
+            kill_grace_ms: 0,
             ended: None,
         };
         let mut ended_state: Option<i32> = None;
@@ -114,6 +120,7 @@ impl TaskFile {
                 "pid" => file.pid = value.parse().map_err(|_| bad())?,
                 "start_ticks" => file.start_ticks = value.parse().map_err(|_| bad())?,
                 "kill_reason" => file.kill_reason = Some(value),
+                "kill_grace_ms" => file.kill_grace_ms = value.parse().map_err(|_| bad())?,
                 "ended_state" => ended_state = Some(value.parse().map_err(|_| bad())?),
                 "ended_reason" => ended.reason = value,
                 "ended_message" => ended.message = value,
@@ -200,6 +207,7 @@ mod tests {
             pid: 4242,
             start_ticks: 987654,
             kill_reason: Some("killed_by_framework".into()),
+            kill_grace_ms: 15_000,
             ended: None,
         }
     }
@@ -221,6 +229,16 @@ mod tests {
             ..file
         };
         assert_eq!(TaskFile::parse(&ended.render()).unwrap(), ended);
+        // Without a kill grace of its own the line is left out (files of older agents).
+        let default_grace = TaskFile {
+            kill_grace_ms: 0,
+            ..sample()
+        };
+        assert!(!default_grace.render().contains("kill_grace_ms"));
+        assert_eq!(
+            TaskFile::parse(&default_grace.render()).unwrap(),
+            default_grace
+        );
     }
 
     #[test]

@@ -316,6 +316,11 @@ impl FrameFuzzer {
             } else {
                 self.wild_string(&[])
             },
+            kill_grace_ms: if self.chance(90) {
+                0
+            } else {
+                self.rng.random()
+            },
         }
     }
 

@@ -1,0 +1,435 @@
+//! Task cgroups on the agent's real launch path (docs/security.md, "Isolation"): memory, cpu
+//! and process limits from the task's resources, a kill that reaches processes which left the
+//! task's process group, cgroups removed when tasks end, stale cgroups of an earlier run
+//! removed at startup, and task users still switched inside a cgroup. Needs root and a writable
+//! cgroup hierarchy (v1 or v2): skipped otherwise.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ringmaster_agent::isolation::{Isolation, IsolationConfig, IsolationMode};
+use ringmaster_agent::process::process_is_alive;
+use ringmaster_agent::state::{AgentState, ExitReceiver};
+use ringmaster_agent::users::{default_task_user, lookup_user};
+use ringmaster_agent::AgentConfig;
+use ringmaster_proto::convert::ResourcesWire;
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{KillTask, Message, RunTasks, TaskInfo, TaskState, TaskStatus};
+use tokio::time::timeout;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn config(work_dir: &Path) -> AgentConfig {
+    AgentConfig {
+        master: "127.0.0.1:1".into(),
+        id: None,
+        hostname: "isolation-host".into(),
+        resources: Resources::parse("cpus:2;mem:1024").unwrap(),
+        devices: Vec::new(),
+        device_selection: Default::default(),
+        attributes: Vec::new(),
+        work_dir: work_dir.to_path_buf(),
+        kill_grace: Duration::from_secs(3),
+        reconnect_max_backoff: Duration::from_millis(200),
+        security: Default::default(),
+        task_user: default_task_user(),
+        allow_root_tasks: false,
+    }
+}
+
+/// Cgroup isolation for an agent on `work_dir`, or `None` (test skipped) when not root or the
+/// cgroup hierarchy is not usable.
+fn cgroups(work_dir: &Path, pids_per_task: u64) -> Option<Isolation> {
+    if !is_root() {
+        println!("skipped: needs root");
+        return None;
+    }
+    let config = IsolationConfig {
+        mode: IsolationMode::Cgroups,
+        pids_per_task,
+    };
+    match Isolation::setup(&config, work_dir) {
+        Ok(isolation) => Some(isolation),
+        Err(e) => {
+            println!("skipped: needs root (and writable cgroups: {e:#})");
+            None
+        }
+    }
+}
+
+/// A work dir the task user can traverse (tempdirs are 0700).
+fn work_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    dir
+}
+
+fn task(id: &str, resources: &str, command: &str) -> TaskInfo {
+    TaskInfo {
+        task_id: id.into(),
+        name: id.into(),
+        command: command.into(),
+        resources: Some(Resources::parse(resources).unwrap().to_wire()),
+        framework_id: "fw".into(),
+        ..Default::default()
+    }
+}
+
+fn statuses(out: &[Message]) -> Vec<TaskStatus> {
+    out.iter()
+        .filter_map(|m| match m {
+            Message::StatusUpdate(u) => u.status.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+fn start(state: &mut AgentState, info: TaskInfo) {
+    let out = state.run_tasks(RunTasks { tasks: vec![info] });
+    let s = statuses(&out);
+    assert_eq!(s.len(), 1, "{out:?}");
+    assert_eq!(s[0].state, TaskState::TaskRunning as i32, "{:?}", s[0]);
+}
+
+/// Waits for the next task end and returns its final status.
+async fn next_end(state: &mut AgentState, exits: &mut ExitReceiver, id: &str) -> TaskStatus {
+    let (key, outcome) = timeout(WAIT, exits.recv())
+        .await
+        .expect("the task ends in time")
+        .expect("exit channel open");
+    assert_eq!(key.task_id, id);
+    let out = state.process_exited(key, outcome);
+    statuses(&out).last().cloned().expect("a final status")
+}
+
+fn sandbox(work_dir: &Path, id: &str) -> std::path::PathBuf {
+    ringmaster_agent::sandbox::sandbox_dir(work_dir, "fw", id)
+}
+
+fn sandbox_file(work_dir: &Path, id: &str, name: &str) -> String {
+    std::fs::read_to_string(sandbox(work_dir, id).join(name)).unwrap_or_default()
+}
+
+/// Waits until the task wrote `name` in its sandbox (a condition, not a fixed sleep).
+async fn wait_for_file(work_dir: &Path, id: &str, name: &str) -> String {
+    let path = sandbox(work_dir, id).join(name);
+    timeout(WAIT, async {
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                if text.ends_with('\n') {
+                    return text;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} never written", path.display()))
+}
+
+fn cgroup_exists(isolation: &Isolation, id: &str) -> bool {
+    let r = Resources::parse("cpus:1").unwrap();
+    isolation.existing_task_cgroup("fw", id, &r).is_some()
+}
+
+/// Removes the agent's cgroup once the test is done, so test runs leave nothing behind.
+struct Cleanup(Isolation);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.0.clean_stale(&[]);
+        self.0.remove_agent_cgroup();
+    }
+}
+
+/// One agent with cgroup isolation on a fresh work dir.
+struct Agent {
+    dir: tempfile::TempDir,
+    isolation: Isolation,
+    state: AgentState,
+    exits: ExitReceiver,
+    _cleanup: Cleanup,
+}
+
+impl Agent {
+    /// `None` (the test is skipped) when not root or cgroups are not usable.
+    fn new(pids_per_task: u64) -> Option<Agent> {
+        let dir = work_dir();
+        let isolation = cgroups(dir.path(), pids_per_task)?;
+        let (state, exits) =
+            AgentState::with_isolation(config(dir.path()), isolation.clone(), "a1".into());
+        Some(Agent {
+            _cleanup: Cleanup(isolation.clone()),
+            dir,
+            isolation,
+            state,
+            exits,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn start(&mut self, info: TaskInfo) {
+        start(&mut self.state, info);
+    }
+
+    async fn end(&mut self, id: &str) -> TaskStatus {
+        next_end(&mut self.state, &mut self.exits, id).await
+    }
+
+    fn kill(&mut self, id: &str) {
+        kill(&mut self.state, id);
+    }
+}
+
+fn kill(state: &mut AgentState, id: &str) {
+    state.kill_task(KillTask {
+        task_id: id.into(),
+        framework_id: "fw".into(),
+        reason: String::new(),
+    });
+}
+
+#[tokio::test]
+async fn a_task_over_its_memory_limit_fails_with_memory_limit() {
+    let Some(mut agent) = Agent::new(4096) else {
+        return;
+    };
+    // `tail` keeps the whole line it is reading: 200 MB of zeros without a newline.
+    agent.start(task(
+        "hog",
+        "cpus:1;mem:32",
+        "head -c 200M /dev/zero | tail > /dev/null",
+    ));
+    let end = agent.end("hog").await;
+    assert_eq!(end.state, TaskState::TaskFailed as i32, "{end:?}");
+    assert_eq!(end.reason, "memory_limit", "{end:?}");
+    assert!(
+        end.message.contains("memory limit 32 MiB exceeded"),
+        "{end:?}"
+    );
+    assert!(
+        !cgroup_exists(&agent.isolation, "hog"),
+        "the cgroup outlived the task"
+    );
+
+    // The same command within its limit finishes.
+    agent.start(task(
+        "fits",
+        "cpus:1;mem:512",
+        "head -c 20M /dev/zero | tail > /dev/null",
+    ));
+    let end = agent.end("fits").await;
+    assert_eq!(end.state, TaskState::TaskFinished as i32, "{end:?}");
+}
+
+#[tokio::test]
+async fn a_busy_task_with_half_a_cpu_gets_about_half_a_core() {
+    let Some(mut agent) = Agent::new(4096) else {
+        return;
+    };
+    agent.start(task(
+        "busy",
+        "cpus:0.5;mem:64",
+        "echo started > started; while :; do :; done",
+    ));
+    wait_for_file(agent.path(), "busy", "started").await;
+    let resources = Resources::parse("cpus:0.5;mem:64").unwrap();
+    let cgroup = agent
+        .isolation
+        .existing_task_cgroup("fw", "busy", &resources)
+        .expect("the task's cgroup");
+    let usage = || cgroup.cpu_usage().expect("cpu usage of the cgroup");
+    // A measurement over a fixed window (the assertion is on the rate, with a wide band).
+    let (u0, t0) = (usage(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (u1, t1) = (usage(), Instant::now());
+    let cores = (u1 - u0).as_secs_f64() / (t1 - t0).as_secs_f64();
+    println!("cpus:0.5 task used {cores:.3} cores");
+    assert!((0.3..=0.7).contains(&cores), "used {cores:.3} cores");
+    agent.kill("busy");
+    let end = agent.end("busy").await;
+    assert_eq!(end.state, TaskState::TaskKilled as i32, "{end:?}");
+    assert!(!cgroup.exists(), "the cgroup outlived the task");
+}
+
+#[tokio::test]
+async fn a_task_cannot_fork_past_its_process_limit() {
+    let Some(mut agent) = Agent::new(16) else {
+        return;
+    };
+    // 40 background sleeps; each one that started is recorded. The wrapper and the shell
+    // count against the limit of 16 too.
+    agent.start(task(
+        "forky",
+        "cpus:1;mem:128",
+        "for i in $(seq 1 40); do sleep 60 & echo $! >> started; done; echo done > done",
+    ));
+    let end = agent.end("forky").await;
+    let started = sandbox_file(agent.path(), "forky", "started")
+        .lines()
+        .count();
+    let stderr = sandbox_file(agent.path(), "forky", "stderr");
+    println!("started {started} of 40 under a limit of 16; {end:?}; stderr: {stderr}");
+    assert!(
+        started < 16,
+        "{started} processes started under a limit of 16"
+    );
+    assert!(started > 0, "nothing started at all: {stderr}");
+    assert!(
+        stderr.to_lowercase().contains("fork")
+            || stderr.contains("Resource temporarily unavailable"),
+        "{stderr}"
+    );
+    assert_ne!(end.state, TaskState::TaskRunning as i32);
+    // What it left running was killed with it.
+    assert!(!cgroup_exists(&agent.isolation, "forky"));
+}
+
+#[tokio::test]
+async fn a_process_that_leaves_its_group_is_killed_with_the_task() {
+    let Some(mut agent) = Agent::new(4096) else {
+        return;
+    };
+    // A new session (so a new process group) that ignores SIGTERM, and a per-task kill grace
+    // far shorter than the agent's 3 s.
+    let mut info = task(
+        "escapee",
+        "cpus:1;mem:64",
+        "setsid sh -c 'trap \"\" TERM; echo $$ > bg.pid; while :; do sleep 1; done' & \
+         sleep 1000",
+    );
+    info.kill_grace_ms = 300;
+    agent.start(info);
+    let bg: u32 = wait_for_file(agent.path(), "escapee", "bg.pid")
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(process_is_alive(bg));
+    // It really left the task's process group.
+    let stat = std::fs::read_to_string(format!("/proc/{bg}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    assert_eq!(fields[2], bg.to_string(), "the escapee leads its own group");
+
+    let killed_at = Instant::now();
+    agent.kill("escapee");
+    let end = agent.end("escapee").await;
+    let took = killed_at.elapsed();
+    assert_eq!(end.state, TaskState::TaskKilled as i32, "{end:?}");
+    assert!(
+        !process_is_alive(bg),
+        "the process that left its group survived"
+    );
+    assert!(
+        !cgroup_exists(&agent.isolation, "escapee"),
+        "cgroup not removed"
+    );
+    // SIGKILL came after the task's own grace, not the agent's 3 s.
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_task_user_cannot_read_an_agent_secret_inside_its_cgroup() {
+    let Some(mut agent) = Agent::new(4096) else {
+        return;
+    };
+    let nobody = lookup_user("nobody").expect("the nobody user exists");
+    let secret = agent.path().join("secret");
+    std::fs::write(&secret, "top secret\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let command = format!(
+        "cat /proc/self/cgroup > cgroup; id -u > uid; cat {}",
+        secret.display()
+    );
+    agent.start(task("peek", "cpus:0.5;mem:64", &command));
+    let end = agent.end("peek").await;
+    assert_eq!(end.state, TaskState::TaskFailed as i32, "{end:?}");
+    assert_eq!(sandbox_file(agent.path(), "peek", "stdout"), "");
+    let stderr = sandbox_file(agent.path(), "peek", "stderr");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    // It ran as nobody, inside its own cgroup (joined before exec, as root).
+    assert_eq!(
+        sandbox_file(agent.path(), "peek", "uid").trim(),
+        nobody.uid.to_string()
+    );
+    let path = agent.isolation.task_cgroup_path("fw", "peek").unwrap();
+    let cgroups = sandbox_file(agent.path(), "peek", "cgroup");
+    assert!(
+        cgroups.lines().any(|l| l.ends_with(&format!("/{path}"))),
+        "not in {path}: {cgroups}"
+    );
+}
+
+#[tokio::test]
+async fn stale_cgroups_of_an_earlier_run_are_removed_and_recovered_ones_kept() {
+    // The earlier run: one task it launched (and recorded in its task file)...
+    let Some(mut first) = Agent::new(4096) else {
+        return;
+    };
+    first.start(task(
+        "kept",
+        "cpus:0.5;mem:64",
+        "echo $$ > me.pid; sleep 1000",
+    ));
+    let (dir, isolation) = (first.path().to_path_buf(), first.isolation.clone());
+    let kept_pid: u32 = wait_for_file(&dir, "kept", "me.pid")
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    // ... and cgroups it left without a task file: one with a process still in it, one empty.
+    let r = Resources::parse("cpus:1;mem:64").unwrap();
+    let stale = isolation
+        .create_task_cgroup("fw", "stale", &r)
+        .unwrap()
+        .unwrap();
+    let mut orphan = std::process::Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .unwrap();
+    for file in stale.procs_files() {
+        std::fs::write(file.to_str().unwrap(), orphan.id().to_string()).unwrap();
+    }
+    assert_eq!(stale.pids(), vec![orphan.id()]);
+    isolation
+        .create_task_cgroup("fw", "empty", &r)
+        .unwrap()
+        .unwrap();
+
+    // The agent restarts on the same work dir: it recovers "kept" and re-attaches its cgroup,
+    // and removes the others (killing the orphan).
+    let again = cgroups(&dir, 4096).unwrap();
+    let (mut second, mut exits) =
+        AgentState::with_isolation(config(&dir), again.clone(), "a1".into());
+    assert_eq!(second.recover_tasks(), 1);
+    let keep = second.cgroups_in_use();
+    assert_eq!(keep, vec!["fw+kept".to_string()]);
+    assert_eq!(again.clean_stale(&keep), 2);
+    assert!(!cgroup_exists(&again, "stale"));
+    assert!(!cgroup_exists(&again, "empty"));
+    let status = timeout(WAIT, tokio::task::spawn_blocking(move || orphan.wait()))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!status.success(), "the orphan was killed: {status:?}");
+    assert!(cgroup_exists(&again, "kept"));
+    assert!(process_is_alive(kept_pid));
+
+    // The recovered task is killed through its cgroup, which then goes away.
+    kill(&mut second, "kept");
+    let end = next_end(&mut second, &mut exits, "kept").await;
+    assert_eq!(end.state, TaskState::TaskKilled as i32, "{end:?}");
+    assert!(!process_is_alive(kept_pid));
+    assert!(!cgroup_exists(&again, "kept"));
+}
