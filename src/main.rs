@@ -90,6 +90,11 @@ enum Command {
         #[arg(long, value_name = "ADDR|none")]
         http: Option<String>,
     },
+    /// Jobs: services and batch jobs from spec files, run by the master (docs/jobs.md).
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+    },
     /// Show a running master's state as tables (from its HTTP `/state`).
     Status {
         /// The master's HTTP address.
@@ -217,6 +222,72 @@ fn init_logging(default: &str) {
         .init();
 }
 
+/// `ringmaster job ...`; `--master` is the master's HTTP address, as for `ringmaster status`.
+#[derive(Debug, Subcommand)]
+enum JobCommand {
+    /// Create or update a job from a spec file (an update replaces instances one at a time).
+    Run {
+        /// The job spec (YAML, docs/jobs.md).
+        file: String,
+        /// For a batch job: wait until it is done; exit 0 iff every instance succeeded.
+        #[arg(long)]
+        wait: bool,
+        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        master: String,
+    },
+    /// Show jobs and their instances (state, agent, restarts, last exit code).
+    Status {
+        /// One job; default: every job.
+        name: Option<String>,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        master: String,
+    },
+    /// Stop a job: SIGTERM to its tasks, SIGKILL after its kill grace.
+    Stop {
+        name: String,
+        /// Also forget the job.
+        #[arg(long)]
+        purge: bool,
+        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        master: String,
+    },
+    /// Set a job's instance count.
+    Scale {
+        name: String,
+        count: u32,
+        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        master: String,
+    },
+}
+
+fn job_command(command: JobCommand) -> ExitCode {
+    use ringmaster::jobs::cli;
+    let result = match &command {
+        JobCommand::Run { file, wait, master } => cli::run(master, file, *wait),
+        JobCommand::Status { name, json, master } => cli::status(master, name.as_deref(), *json),
+        JobCommand::Stop {
+            name,
+            purge,
+            master,
+        } => cli::stop(master, name, *purge),
+        JobCommand::Scale {
+            name,
+            count,
+            master,
+        } => cli::scale(master, name, *count),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
+}
+
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -247,9 +318,12 @@ fn main() -> ExitCode {
                         &listen,
                         http.as_deref(),
                         config,
-                        work_dir,
+                        work_dir.clone(),
                     )
                     .await?;
+                    if let Err(e) = master.start_jobs(work_dir.as_deref()) {
+                        tracing::warn!("{e}");
+                    }
                     tokio::select! {
                         _ = shutdown_signal() => {}
                         _ = master.stopped() => {
@@ -296,6 +370,7 @@ fn main() -> ExitCode {
                 .and_then(|rt| rt.block_on(ringmaster::local::run(options)));
             finish(result)
         }
+        Command::Job { command } => job_command(command),
         Command::Status { master, view, json } => {
             let snapshot = match ringmaster::status::fetch(&master) {
                 Ok(s) => s,

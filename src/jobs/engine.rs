@@ -3,8 +3,10 @@
 //! every rule is unit-tested synchronously; the framework shell (`super::runner`) only feeds it
 //! offers and status updates and carries out what it returns.
 //!
-//! An instance's task id is `JOB.INDEX.ATTEMPT` (`web.0.3`): after a master restart the
-//! framework learns from reconciliation which instances still run and adopts them.
+//! An instance's task id is `JOB.INDEX.GENERATION-ATTEMPT` (`web.0.2-3`): the generation
+//! counts the framework's starts (kept with the jobs), so ids are never reused across master
+//! restarts, and after one the framework learns from reconciliation which instances still run
+//! and adopts them.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -49,6 +51,9 @@ pub struct Instance {
     pub index: u32,
     /// Incremented at each launch; part of the task id.
     pub attempt: u32,
+    /// The engine generation of its current or last task.
+    #[serde(skip)]
+    generation: u32,
     pub state: InstanceState,
     pub task_id: Option<String>,
     pub agent: Option<String>,
@@ -124,16 +129,31 @@ pub struct OfferView<'a> {
 #[derive(Default)]
 pub struct Engine {
     jobs: BTreeMap<String, Job>,
+    generation: u32,
 }
 
-/// Splits `web.0.3` into ("web", 0, 3).
-pub fn parse_task_id(task_id: &str) -> Option<(&str, u32, u32)> {
-    let (rest, attempt) = task_id.rsplit_once('.')?;
+/// Splits `web.0.2-3` into ("web", 0, 2, 3).
+pub fn parse_task_id(task_id: &str) -> Option<(&str, u32, u32, u32)> {
+    let (rest, run) = task_id.rsplit_once('.')?;
     let (job, index) = rest.rsplit_once('.')?;
-    Some((job, index.parse().ok()?, attempt.parse().ok()?))
+    let (generation, attempt) = run.split_once('-')?;
+    Some((
+        job,
+        index.parse().ok()?,
+        generation.parse().ok()?,
+        attempt.parse().ok()?,
+    ))
 }
 
 impl Engine {
+    /// An engine whose task ids carry `generation` (one more than the last start's).
+    pub fn with_generation(generation: u32) -> Self {
+        Engine {
+            jobs: BTreeMap::new(),
+            generation,
+        }
+    }
+
     pub fn jobs(&self) -> impl Iterator<Item = &Job> {
         self.jobs.values()
     }
@@ -298,6 +318,7 @@ impl Engine {
             .iter()
             .map(|o| (o.id.to_string(), Vec::new()))
             .collect();
+        let generation = self.generation;
         for (name, job) in self.jobs.iter_mut() {
             if job.stopped || job.failed.is_some() {
                 continue;
@@ -308,8 +329,15 @@ impl Engine {
                     break;
                 };
                 free[slot] = free[slot].saturating_sub(&resources);
+                if instance.generation != generation {
+                    instance.generation = generation;
+                    instance.attempt = 0;
+                }
                 instance.attempt += 1;
-                let task_id = format!("{name}.{}.{}", instance.index, instance.attempt);
+                let task_id = format!(
+                    "{name}.{}.{}-{}",
+                    instance.index, generation, instance.attempt
+                );
                 instance.state = InstanceState::Starting;
                 instance.task_id = Some(task_id.clone());
                 instance.agent = Some(offers[slot].agent.to_string());
@@ -338,7 +366,7 @@ impl Engine {
         agent: &str,
         now: Instant,
     ) -> Vec<String> {
-        let Some((name, index, attempt)) = parse_task_id(task_id) else {
+        let Some((name, index, generation, attempt)) = parse_task_id(task_id) else {
             return Vec::new();
         };
         let live = !terminal;
@@ -364,8 +392,9 @@ impl Engine {
             let adoptable = live
                 && !job.stopped
                 && matches!(instance.state, InstanceState::Pending)
-                && attempt >= instance.attempt;
+                && (generation, attempt) >= (instance.generation, instance.attempt);
             if adoptable {
+                instance.generation = generation;
                 instance.attempt = attempt;
                 instance.task_id = Some(task_id.to_string());
                 instance.agent = Some(agent.to_string());
@@ -376,6 +405,17 @@ impl Engine {
                 };
                 instance.running_since = running.then_some(now);
                 return Vec::new();
+            }
+            // A batch instance that already succeeded before the restart is done.
+            if terminal
+                && success
+                && job.spec.kind == JobKind::Batch
+                && instance.state == InstanceState::Pending
+                && instance.attempt == 0
+            {
+                instance.state = InstanceState::Succeeded;
+                instance.last_exit_code = exit_code;
+                instance.agent = Some(agent.to_string());
             }
             return if live {
                 vec![task_id.to_string()]
@@ -456,6 +496,7 @@ fn new_instance(index: u32) -> Instance {
     Instance {
         index,
         attempt: 0,
+        generation: 0,
         state: InstanceState::Pending,
         task_id: None,
         agent: None,
@@ -556,22 +597,22 @@ mod tests {
         let shape: Resources = "cpus:1;mem:100".parse().unwrap();
         assert_eq!(e.demand(t0), Some((shape.clone(), 2)));
         let tasks = launch_all(&mut e, t0);
-        assert_eq!(tasks, ["web.0.1", "web.1.1"]);
+        assert_eq!(tasks, ["web.0.0-1", "web.1.0-1"]);
         assert_eq!(e.demand(t0), None);
-        running(&mut e, "web.0.1", t0);
-        running(&mut e, "web.1.1", t0);
+        running(&mut e, "web.0.0-1", t0);
+        running(&mut e, "web.1.0-1", t0);
         assert_eq!(states(&e), [InstanceState::Running, InstanceState::Running]);
-        ended(&mut e, "web.1.1", false, t0);
+        ended(&mut e, "web.1.0-1", false, t0);
         assert_eq!(states(&e)[1], InstanceState::Pending);
         assert_eq!(e.demand(t0), None, "not before its delay");
         assert_eq!(e.next_due(), Some(t0 + Duration::from_secs(1)));
         let t1 = t0 + Duration::from_secs(1);
         assert_eq!(e.demand(t1), Some((shape, 1)));
-        assert_eq!(launch_all(&mut e, t1), ["web.1.2"]);
+        assert_eq!(launch_all(&mut e, t1), ["web.1.0-2"]);
         let instance = &e.job("web").unwrap().instances[1];
         assert_eq!((instance.restarts, instance.last_exit_code), (1, Some(1)));
         // A second end in a row doubles the delay.
-        ended(&mut e, "web.1.2", true, t1);
+        ended(&mut e, "web.1.0-2", true, t1);
         assert_eq!(e.next_due(), Some(t1 + Duration::from_secs(2)));
     }
 
@@ -583,8 +624,8 @@ mod tests {
         let mut now = t0;
         for attempt in 1..=3 {
             now += Duration::from_secs(5);
-            assert_eq!(launch_all(&mut e, now), [format!("web.0.{attempt}")]);
-            ended(&mut e, &format!("web.0.{attempt}"), false, now);
+            assert_eq!(launch_all(&mut e, now), [format!("web.0.0-{attempt}")]);
+            ended(&mut e, &format!("web.0.0-{attempt}"), false, now);
         }
         let job = e.job("web").unwrap();
         assert_eq!(states(&e), [InstanceState::Failed]);
@@ -603,16 +644,16 @@ mod tests {
         let mut e = Engine::default();
         e.put(spec("batch", 2, 1));
         launch_all(&mut e, t0);
-        ended(&mut e, "web.0.1", true, t0);
-        ended(&mut e, "web.1.1", false, t0);
+        ended(&mut e, "web.0.0-1", true, t0);
+        ended(&mut e, "web.1.0-1", false, t0);
         assert_eq!(
             states(&e),
             [InstanceState::Succeeded, InstanceState::Pending]
         );
         assert!(!e.job("web").unwrap().done());
         let t1 = t0 + Duration::from_secs(1);
-        assert_eq!(launch_all(&mut e, t1), ["web.1.2"]);
-        ended(&mut e, "web.1.2", false, t1);
+        assert_eq!(launch_all(&mut e, t1), ["web.1.0-2"]);
+        ended(&mut e, "web.1.0-2", false, t1);
         assert_eq!(
             states(&e),
             [InstanceState::Succeeded, InstanceState::Failed]
@@ -627,14 +668,14 @@ mod tests {
         let mut e = Engine::default();
         e.put(spec("service", 2, 3));
         launch_all(&mut e, t0);
-        running(&mut e, "web.0.1", t0);
-        assert_eq!(e.stop("web", false).unwrap(), ["web.0.1", "web.1.1"]);
+        running(&mut e, "web.0.0-1", t0);
+        assert_eq!(e.stop("web", false).unwrap(), ["web.0.0-1", "web.1.0-1"]);
         assert_eq!(
             states(&e),
             [InstanceState::Stopping, InstanceState::Stopping]
         );
-        ended(&mut e, "web.0.1", false, t0);
-        ended(&mut e, "web.1.1", false, t0);
+        ended(&mut e, "web.0.0-1", false, t0);
+        ended(&mut e, "web.1.0-1", false, t0);
         assert_eq!(states(&e), [InstanceState::Stopped, InstanceState::Stopped]);
         assert_eq!(e.demand(t0 + Duration::from_secs(60)), None);
         assert!(e.job("web").unwrap().done());
@@ -647,12 +688,12 @@ mod tests {
         let mut e = Engine::default();
         e.put(spec("service", 3, 3));
         launch_all(&mut e, t0);
-        assert_eq!(e.scale("web", 1).unwrap(), ["web.1.1", "web.2.1"]);
-        ended(&mut e, "web.1.1", false, t0);
-        ended(&mut e, "web.2.1", false, t0);
+        assert_eq!(e.scale("web", 1).unwrap(), ["web.1.0-1", "web.2.0-1"]);
+        ended(&mut e, "web.1.0-1", false, t0);
+        ended(&mut e, "web.2.0-1", false, t0);
         assert_eq!(states(&e), [InstanceState::Starting]);
         assert!(e.scale("web", 2).unwrap().is_empty());
-        assert_eq!(launch_all(&mut e, t0), ["web.1.1"]);
+        assert_eq!(launch_all(&mut e, t0), ["web.1.0-1"]);
     }
 
     #[test]
@@ -661,18 +702,18 @@ mod tests {
         let mut e = Engine::default();
         e.put(spec("service", 2, 3));
         launch_all(&mut e, t0);
-        running(&mut e, "web.0.1", t0);
-        running(&mut e, "web.1.1", t0);
+        running(&mut e, "web.0.0-1", t0);
+        running(&mut e, "web.1.0-1", t0);
         let mut new = spec("service", 2, 3);
         new.task.command = "run --v2".into();
         assert!(e.put(new).is_empty());
-        assert_eq!(e.tick(), ["web.0.1"], "one at a time");
+        assert_eq!(e.tick(), ["web.0.0-1"], "one at a time");
         assert!(e.tick().is_empty(), "the next waits for the first");
-        ended(&mut e, "web.0.1", false, t0);
-        assert_eq!(launch_all(&mut e, t0), ["web.0.2"]);
+        ended(&mut e, "web.0.0-1", false, t0);
+        assert_eq!(launch_all(&mut e, t0), ["web.0.0-2"]);
         assert!(e.tick().is_empty(), "still starting");
-        running(&mut e, "web.0.2", t0);
-        assert_eq!(e.tick(), ["web.1.1"]);
+        running(&mut e, "web.0.0-2", t0);
+        assert_eq!(e.tick(), ["web.1.0-1"]);
         assert_eq!(e.job("web").unwrap().instances[0].restarts, 0);
     }
 
@@ -681,20 +722,20 @@ mod tests {
         let t0 = Instant::now();
         let mut e = Engine::default();
         e.put(spec("service", 2, 3));
-        running(&mut e, "web.1.4", t0);
+        running(&mut e, "web.1.0-4", t0);
         assert_eq!(states(&e), [InstanceState::Pending, InstanceState::Running]);
-        assert_eq!(launch_all(&mut e, t0), ["web.0.1"]);
+        assert_eq!(launch_all(&mut e, t0), ["web.0.0-1"]);
         // A stale attempt of an instance that has a task, or a purged job's task, is killed.
         assert_eq!(
-            e.update("web.1.3", true, false, false, None, "", "a1", t0),
-            ["web.1.3"]
+            e.update("web.1.0-3", true, false, false, None, "", "a1", t0),
+            ["web.1.0-3"]
         );
         assert_eq!(
-            e.update("gone.0.1", true, false, false, None, "", "a1", t0),
-            ["gone.0.1"]
+            e.update("gone.0.0-1", true, false, false, None, "", "a1", t0),
+            ["gone.0.0-1"]
         );
         assert!(e
-            .update("gone.0.1", false, true, true, Some(0), "", "a1", t0)
+            .update("gone.0.0-1", false, true, true, Some(0), "", "a1", t0)
             .is_empty());
         assert!(e
             .update("garbage", true, false, false, None, "", "a1", t0)
@@ -713,10 +754,36 @@ mod tests {
     }
 
     #[test]
+    fn a_new_generation_never_reuses_a_task_id() {
+        let t0 = Instant::now();
+        let mut e = Engine::with_generation(2);
+        e.put(spec("service", 1, 3));
+        // An instance of the previous start still runs: adopted.
+        running(&mut e, "web.0.1-7", t0);
+        ended(&mut e, "web.0.1-7", false, t0);
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(launch_all(&mut e, t1), ["web.0.2-1"]);
+    }
+
+    #[test]
+    fn a_batch_instance_that_succeeded_before_a_restart_is_not_run_again() {
+        let t0 = Instant::now();
+        let mut e = Engine::with_generation(3);
+        e.put(spec("batch", 2, 1));
+        ended(&mut e, "web.0.2-1", true, t0);
+        assert_eq!(
+            states(&e),
+            [InstanceState::Succeeded, InstanceState::Pending]
+        );
+        assert_eq!(launch_all(&mut e, t0), ["web.1.3-1"]);
+    }
+
+    #[test]
     fn task_ids_parse() {
-        assert_eq!(parse_task_id("web.0.3"), Some(("web", 0, 3)));
-        assert_eq!(parse_task_id("a-b.12.1"), Some(("a-b", 12, 1)));
-        assert_eq!(parse_task_id("web.x.1"), None);
+        assert_eq!(parse_task_id("web.0.2-3"), Some(("web", 0, 2, 3)));
+        assert_eq!(parse_task_id("a-b.12.0-1"), Some(("a-b", 12, 0, 1)));
+        assert_eq!(parse_task_id("web.0.3"), None);
+        assert_eq!(parse_task_id("web.x.0-1"), None);
         assert_eq!(parse_task_id("web"), None);
     }
 }

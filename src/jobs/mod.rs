@@ -2,6 +2,7 @@
 //! framework built into the master. [`spec`] reads and checks spec files; [`engine`] decides,
 //! without I/O, which instances to launch, restart or kill.
 
+pub mod cli;
 pub mod engine;
 pub mod runner;
 pub mod spec;

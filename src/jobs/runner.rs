@@ -34,11 +34,21 @@ pub const JOBS_FILE: &str = "jobs.json";
 #[derive(Default, Serialize, Deserialize)]
 struct Stored {
     framework_id: Option<String>,
+    /// Starts of the jobs framework so far: task ids carry it, so none is reused.
+    #[serde(default)]
+    generation: u32,
     jobs: Vec<JobSpec>,
 }
 
+/// After (re)subscribing, offers are declined this long so that reconciliation answers (which
+/// instances still run) arrive before anything is launched again.
+const RECONCILE_GRACE: Duration = Duration::from_secs(2);
+
 struct Shared {
     engine: Engine,
+    generation: u32,
+    /// No launches before this instant (see [`RECONCILE_GRACE`]).
+    hold_until: Option<Instant>,
     driver: Option<Driver>,
     framework_id: Option<String>,
     store: Option<PathBuf>,
@@ -133,6 +143,7 @@ impl Shared {
         };
         let stored = Stored {
             framework_id: self.framework_id.clone(),
+            generation: self.generation,
             jobs: self.engine.jobs().map(|j| j.spec.clone()).collect(),
         };
         let text = serde_json::to_string_pretty(&stored).map_err(|e| e.to_string())?;
@@ -168,12 +179,15 @@ pub fn start(
         }
         _ => Stored::default(),
     };
-    let mut engine = Engine::default();
+    let generation = stored.generation + 1;
+    let mut engine = Engine::with_generation(generation);
     for spec in stored.jobs {
         engine.put(spec);
     }
     let shared = Arc::new(Mutex::new(Shared {
         engine,
+        generation,
+        hold_until: None,
         driver: None,
         framework_id: stored.framework_id.clone(),
         store,
@@ -182,6 +196,8 @@ pub fn start(
     let handle = JobsHandle {
         shared: shared.clone(),
     };
+    // The new generation is on disk before any task carries it.
+    handle.lock().save().map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut config = FrameworkConfig::new(master, FRAMEWORK_NAME);
     config.user = "jobs".into();
     config.failover_timeout = FAILOVER_TIMEOUT;
@@ -224,6 +240,7 @@ impl JobsScheduler {
         let mut shared = self.handle.lock();
         shared.driver = Some(driver.clone());
         shared.demand = None;
+        shared.hold_until = Some(Instant::now() + RECONCILE_GRACE);
         if shared.framework_id.as_deref() != Some(framework_id) {
             shared.framework_id = Some(framework_id.to_string());
             if let Err(e) = shared.save() {
@@ -263,6 +280,11 @@ impl Scheduler for JobsScheduler {
             })
             .collect();
         let mut shared = self.handle.lock();
+        if shared.hold_until.is_some_and(|until| now < until) {
+            let ids: Vec<String> = offers.iter().map(|o| o.offer_id.clone()).collect();
+            let _ = driver.decline(&ids, Duration::from_millis(500));
+            return;
+        }
         let placed = shared.engine.place(&views, now);
         let mut decline = Vec::new();
         for (offer_id, launches) in placed {
@@ -318,6 +340,7 @@ fn task_info(spec: &JobSpec, task_id: &str) -> TaskInfo {
     info.name = format!("{} ({})", spec.name, task_id);
     info.user = spec.task.user.clone().unwrap_or_default();
     info.priority_class = spec.task.priority_class.clone();
+    info.kill_grace_ms = spec.task.kill_grace_ms;
     info.gpu_models = spec.task.gpu_models.clone();
     info.env = spec
         .task

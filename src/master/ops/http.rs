@@ -130,13 +130,15 @@ async fn health(State(http): State<HttpState>) -> Response {
 }
 
 /// The jobs framework, or the answer saying it is not running.
-fn jobs_of(http: &HttpState) -> Result<&JobsHandle, Response> {
+fn jobs_of(http: &HttpState) -> Result<&JobsHandle, Box<Response>> {
     http.jobs.get().ok_or_else(|| {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "this master runs no jobs framework (see its log and docs/jobs.md)\n",
+        Box::new(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this master runs no jobs framework (see its log and docs/jobs.md)\n",
+            )
+                .into_response(),
         )
-            .into_response()
     })
 }
 
@@ -152,7 +154,7 @@ fn refused(why: String) -> Response {
 async fn jobs_list(State(http): State<HttpState>) -> Response {
     match jobs_of(&http) {
         Ok(jobs) => Json(jobs.jobs()).into_response(),
-        Err(response) => response,
+        Err(response) => *response,
     }
 }
 
@@ -160,7 +162,7 @@ async fn jobs_list(State(http): State<HttpState>) -> Response {
 async fn job_get(State(http): State<HttpState>, Path(name): Path<String>) -> Response {
     let jobs = match jobs_of(&http) {
         Ok(jobs) => jobs,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     match jobs.jobs().into_iter().find(|j| j.spec.name == name) {
         Some(job) => Json(job).into_response(),
@@ -172,7 +174,7 @@ async fn job_get(State(http): State<HttpState>, Path(name): Path<String>) -> Res
 async fn job_put(State(http): State<HttpState>, body: String) -> Response {
     let jobs = match jobs_of(&http) {
         Ok(jobs) => jobs,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let spec: JobSpec = match serde_json::from_str(&body) {
         Ok(spec) => spec,
@@ -203,7 +205,7 @@ async fn job_stop(
 ) -> Response {
     let jobs = match jobs_of(&http) {
         Ok(jobs) => jobs,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     match jobs.stop(&name, query.purge) {
         Ok(true) => Json(serde_json::json!({"job": name, "stopped": true})).into_response(),
@@ -225,7 +227,7 @@ async fn job_scale(
 ) -> Response {
     let jobs = match jobs_of(&http) {
         Ok(jobs) => jobs,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let scale: ScaleBody = match serde_json::from_str(&body) {
         Ok(scale) => scale,

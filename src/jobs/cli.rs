@@ -1,0 +1,293 @@
+//! `ringmaster job run|status|stop|scale`: clients of the master's `/jobs` HTTP API.
+
+use std::time::Duration;
+
+use super::spec::{parse_job_spec, JobKind, JobSpec};
+
+/// How long one request may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often `job run --wait` looks at the job.
+const WAIT_POLL: Duration = Duration::from_millis(500);
+
+/// A failed command: its message and exit code (2: bad input, 1: everything else).
+pub struct CliError {
+    pub message: String,
+    pub code: u8,
+}
+
+fn failure(message: impl Into<String>) -> CliError {
+    CliError {
+        message: message.into(),
+        code: 1,
+    }
+}
+
+fn base(master: &str) -> String {
+    if master.starts_with("http://") {
+        master.trim_end_matches('/').to_string()
+    } else {
+        format!("http://{master}")
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(HTTP_TIMEOUT))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// Sends a request and returns the body of a 2xx answer; anything else is an error that
+/// carries the master's own explanation.
+fn call(master: &str, method: &str, path: &str, body: Option<String>) -> Result<String, CliError> {
+    let url = format!("{}{path}", base(master));
+    let agent = agent();
+    let result = match (method, body) {
+        ("GET", _) => agent.get(&url).call(),
+        (_, Some(body)) => agent
+            .post(&url)
+            .header("content-type", "application/json")
+            .send(body),
+        (_, None) => agent.post(&url).send_empty(),
+    };
+    let mut response = result.map_err(|e| {
+        failure(format!(
+            "cannot reach the master at {url}: {e}\n(--master is the master's HTTP address, \
+             by default its --listen port + 1)"
+        ))
+    })?;
+    let status = response.status();
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| failure(format!("reading the answer of {url}: {e}")))?;
+    if status.is_success() {
+        Ok(text)
+    } else {
+        Err(failure(format!(
+            "the master refused ({status}): {}",
+            text.trim_end()
+        )))
+    }
+}
+
+/// `job run FILE`: reads and checks the spec, creates or updates the job; with `wait`, a
+/// batch job is followed until it is done (exit 0 iff every instance succeeded).
+pub fn run(master: &str, file: &str, wait: bool) -> Result<(), CliError> {
+    let text = std::fs::read_to_string(file).map_err(|e| CliError {
+        message: format!("{file}: {e}"),
+        code: 2,
+    })?;
+    let spec: JobSpec = parse_job_spec(&text, file).map_err(|e| CliError {
+        message: e.to_string(),
+        code: 2,
+    })?;
+    let body = serde_json::to_string(&spec).map_err(|e| failure(e.to_string()))?;
+    let answer = call(master, "POST", "/jobs", Some(body))?;
+    let created = serde_json::from_str::<serde_json::Value>(&answer)
+        .ok()
+        .and_then(|v| v["created"].as_bool())
+        .unwrap_or(false);
+    println!(
+        "job {} {} ({} × {}, {})",
+        spec.name,
+        if created { "created" } else { "updated" },
+        spec.count,
+        spec.task.resources,
+        match spec.kind {
+            JobKind::Service => "service",
+            JobKind::Batch => "batch",
+        }
+    );
+    if !wait {
+        return Ok(());
+    }
+    if spec.kind == JobKind::Service {
+        return Err(CliError {
+            message: "--wait follows batch jobs; a service runs until `ringmaster job stop`".into(),
+            code: 2,
+        });
+    }
+    loop {
+        let job = fetch(master, &spec.name)?;
+        if job.done {
+            print!("{}", render(std::slice::from_ref(&job)));
+            return if job.succeeded {
+                Ok(())
+            } else {
+                Err(failure(format!(
+                    "job {}: not every instance succeeded",
+                    spec.name
+                )))
+            };
+        }
+        std::thread::sleep(WAIT_POLL);
+    }
+}
+
+/// A job as the API returns it, with what the CLI derives.
+#[derive(Clone)]
+pub struct JobView {
+    pub job: serde_json::Value,
+    pub done: bool,
+    pub succeeded: bool,
+}
+
+fn view(job: serde_json::Value) -> JobView {
+    let states: Vec<String> = job["instances"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| i["state"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let batch = job["spec"]["type"] == "batch";
+    let ended = |s: &str| matches!(s, "succeeded" | "failed" | "stopped");
+    let done = if batch {
+        states.iter().all(|s| ended(s))
+    } else {
+        (job["stopped"] == true || !job["failed"].is_null())
+            && states.iter().all(|s| ended(s) || s == "pending")
+    };
+    let succeeded = states.iter().all(|s| s == "succeeded");
+    JobView {
+        job,
+        done,
+        succeeded,
+    }
+}
+
+fn fetch(master: &str, name: &str) -> Result<JobView, CliError> {
+    let text = call(master, "GET", &format!("/jobs/{name}"), None)?;
+    let job: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| failure(format!("not a job: {e}")))?;
+    Ok(view(job))
+}
+
+/// `job status [NAME] [--json]`.
+pub fn status(master: &str, name: Option<&str>, json: bool) -> Result<(), CliError> {
+    let jobs: Vec<JobView> = match name {
+        Some(name) => vec![fetch(master, name)?],
+        None => {
+            let text = call(master, "GET", "/jobs", None)?;
+            let list: Vec<serde_json::Value> =
+                serde_json::from_str(&text).map_err(|e| failure(format!("not a job list: {e}")))?;
+            list.into_iter().map(view).collect()
+        }
+    };
+    if json {
+        let values: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.job).collect();
+        let out = match name {
+            Some(_) => serde_json::to_string_pretty(values[0]),
+            None => serde_json::to_string_pretty(&values),
+        };
+        println!("{}", out.map_err(|e| failure(e.to_string()))?);
+    } else if jobs.is_empty() {
+        println!("no jobs");
+    } else {
+        print!("{}", render(&jobs));
+    }
+    Ok(())
+}
+
+/// Tables: one line per job, then one per instance.
+pub fn render(jobs: &[JobView]) -> String {
+    let mut out = String::new();
+    for view in jobs {
+        let job = &view.job;
+        let state = if !job["failed"].is_null() {
+            format!("failed: {}", job["failed"].as_str().unwrap_or(""))
+        } else if job["stopped"] == true {
+            "stopped".into()
+        } else if view.done {
+            if view.succeeded {
+                "succeeded"
+            } else {
+                "done, some failed"
+            }
+            .into()
+        } else {
+            "running".into()
+        };
+        out.push_str(&format!(
+            "job {}  {}  count {}  {}  {}\n",
+            job["spec"]["name"].as_str().unwrap_or("?"),
+            job["spec"]["type"].as_str().unwrap_or("?"),
+            job["spec"]["count"],
+            job["spec"]["task"]["resources"].as_str().unwrap_or(""),
+            state
+        ));
+        out.push_str("  INSTANCE  STATE      AGENT                 RESTARTS  EXIT  TASK\n");
+        for i in job["instances"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "  {:<8}  {:<9}  {:<20}  {:<8}  {:<4}  {}\n",
+                i["index"].to_string(),
+                i["state"].as_str().unwrap_or(""),
+                i["agent"].as_str().unwrap_or("-"),
+                i["restarts"].to_string(),
+                i["last_exit_code"]
+                    .as_i64()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                i["task_id"].as_str().unwrap_or("-"),
+            ));
+        }
+    }
+    out
+}
+
+/// `job stop NAME [--purge]`.
+pub fn stop(master: &str, name: &str, purge: bool) -> Result<(), CliError> {
+    let path = format!(
+        "/jobs/{name}/stop{}",
+        if purge { "?purge=true" } else { "" }
+    );
+    call(master, "POST", &path, None)?;
+    println!(
+        "job {name} stopping: its tasks get SIGTERM, then SIGKILL after the kill grace{}",
+        if purge { "; then it is forgotten" } else { "" }
+    );
+    Ok(())
+}
+
+/// `job scale NAME COUNT`.
+pub fn scale(master: &str, name: &str, count: u32) -> Result<(), CliError> {
+    let body = serde_json::json!({ "count": count }).to_string();
+    call(master, "POST", &format!("/jobs/{name}/scale"), Some(body))?;
+    println!("job {name} scaled to {count}");
+    Ok(())
+}
+
+// The engine's types are what the API serialises; keep the CLI's reading of them honest.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::engine::{Engine, InstanceState, Job};
+
+    #[test]
+    fn the_cli_reads_what_the_api_writes() {
+        let spec = parse_job_spec(
+            "name: b\ntype: batch\ncount: 1\ntask:\n  command: true\n  resources: cpus:1\n",
+            "b.yaml",
+        )
+        .unwrap();
+        let mut engine = Engine::default();
+        engine.put(spec);
+        let job: &Job = engine.job("b").unwrap();
+        let value = serde_json::to_value(job).unwrap();
+        let v = view(value);
+        assert!(!v.done && !v.succeeded);
+        assert_eq!(v.job["instances"][0]["state"], "pending");
+        assert_eq!(
+            serde_json::to_value(InstanceState::Succeeded).unwrap(),
+            "succeeded"
+        );
+        let table = render(&[v]);
+        assert!(
+            table.contains("job b  batch  count 1  cpus:1  running"),
+            "{table}"
+        );
+    }
+}
