@@ -1,5 +1,8 @@
 //! Local mode (`ringmaster local`): a master and N agents in one process on loopback, like
-//! `mesos-local`, and with `--demo` two example frameworks run to completion.
+//! `mesos-local`, and with `--demo` two example frameworks run to completion, after which the
+//! cluster stays up for the dashboard until Ctrl-C (or ends at once with `--exit-after-demo`).
+//! Ctrl-C (SIGINT) and SIGTERM both shut it down cleanly: the agents kill their tasks and the
+//! temporary work directory is removed.
 //!
 //! Everything here goes through the real protocol over real TCP; local mode only saves
 //! starting several processes by hand.
@@ -131,9 +134,45 @@ impl LocalCluster {
     }
 }
 
-/// Runs `ringmaster local`: until ctrl-c, or with `--demo` until the demo frameworks finish.
-pub async fn run(options: LocalOptions) -> anyhow::Result<()> {
-    let cluster = LocalCluster::start(&options).await?;
+/// What `ringmaster local --demo` does once its frameworks have finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterDemo {
+    /// Keep the cluster up (the dashboard stays open) until SIGINT or SIGTERM.
+    Hold,
+    /// Shut down at once (`--exit-after-demo`, for scripts).
+    Exit,
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM, naming the signal.
+pub async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGTERM; only Ctrl-C stops local mode cleanly");
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
+}
+
+/// Runs `ringmaster local`: until SIGINT or SIGTERM; with `--demo` the demo frameworks first,
+/// then, per `after_demo`, until a signal or at once. A signal always stops the agents (killing
+/// their tasks) and the master, and removes the temporary work directory.
+pub async fn run(options: LocalOptions, after_demo: AfterDemo) -> anyhow::Result<()> {
+    // Handlers first, so a signal during start-up is not the default (immediate) exit.
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    let cluster = tokio::select! {
+        cluster = LocalCluster::start(&options) => cluster?,
+        name = &mut signal => {
+            eprintln!("ringmaster local: {name} while starting; stopped");
+            return Ok(());
+        }
+    };
     let addr = cluster.master.addr();
     if !options.demo {
         println!(
@@ -144,13 +183,36 @@ pub async fn run(options: LocalOptions) -> anyhow::Result<()> {
             println!("Dashboard: http://{http}/   Status: ringmaster status --master {http}");
         }
         println!("Ctrl-C stops.");
-        tokio::signal::ctrl_c().await?;
-        cluster.shutdown().await;
+        let name = signal.await;
+        stop(cluster, name).await;
         return Ok(());
     }
-    let result = demo(&cluster).await;
-    cluster.shutdown().await;
+    let result = tokio::select! {
+        result = demo(&cluster) => result,
+        name = &mut signal => {
+            stop(cluster, name).await;
+            return Ok(());
+        }
+    };
+    // A failed demo ends with its error at once; a good one holds the dashboard if asked.
+    if after_demo == AfterDemo::Hold && result.is_ok() {
+        println!();
+        match cluster.master.http_addr() {
+            Some(http) => println!("demo done; dashboard at http://{http}/ — Ctrl-C to stop"),
+            None => println!("demo done; master on {addr} — Ctrl-C to stop"),
+        }
+        let name = signal.await;
+        stop(cluster, name).await;
+    } else {
+        cluster.shutdown().await;
+    }
     result
+}
+
+/// Shuts the cluster down after signal `name`, saying so.
+async fn stop(cluster: LocalCluster, name: &str) {
+    eprintln!("ringmaster local: {name}: stopping the agents and the master");
+    cluster.shutdown().await;
 }
 
 /// One demo framework's plan.
@@ -180,7 +242,7 @@ async fn demo(cluster: &LocalCluster) -> anyhow::Result<()> {
     let addr = cluster.master.addr().to_string();
     println!("ringmaster local --demo: master on {addr}");
     if let Some(http) = cluster.master.http_addr() {
-        println!("dashboard on http://{http}/ while the demo runs");
+        println!("dashboard on http://{http}/");
     }
     let mut runs = Vec::new();
     for plan in DEMO.iter() {

@@ -5,7 +5,7 @@
 //! Exit codes: 0 success; 1 a runtime failure; 2 bad input (arguments, config or scenario),
 //! with one line on stderr naming the file, line and field.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -75,9 +75,13 @@ enum Command {
         /// Address for agents and frameworks.
         #[arg(long, default_value = "127.0.0.1:5050")]
         listen: String,
-        /// Also run two example frameworks to completion and print what happened.
+        /// Also run two example frameworks to completion and print what happened; the cluster
+        /// then stays up (dashboard) until Ctrl-C.
         #[arg(long)]
         demo: bool,
+        /// With --demo: exit as soon as the demo frameworks finish (for scripts).
+        #[arg(long, requires = "demo")]
+        exit_after_demo: bool,
         /// YAML config file (placer, rings, master timers).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -219,6 +223,7 @@ fn init_logging(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
@@ -343,6 +348,7 @@ fn main() -> ExitCode {
             agent_resources,
             listen,
             demo,
+            exit_after_demo,
             config,
             work_dir,
             http,
@@ -365,9 +371,14 @@ fn main() -> ExitCode {
                 config,
                 work_dir,
             };
+            let after_demo = if exit_after_demo {
+                ringmaster::local::AfterDemo::Exit
+            } else {
+                ringmaster::local::AfterDemo::Hold
+            };
             let result = runtime()
                 .map_err(anyhow::Error::from)
-                .and_then(|rt| rt.block_on(ringmaster::local::run(options)));
+                .and_then(|rt| rt.block_on(ringmaster::local::run(options, after_demo)));
             finish(result)
         }
         Command::Job { command } => job_command(command),

@@ -229,6 +229,78 @@ impl Resources {
             .min()
             .unwrap_or(u64::MAX)
     }
+
+    /// The names of this bundle that are not in `known`, sorted (see [`STANDARD_NAMES`] and
+    /// [`check_known_names`]). A zero amount is not kept, so its name is never reported.
+    pub fn unknown_names(&self, known: &[&str]) -> Vec<&str> {
+        self.names().filter(|name| !known.contains(name)).collect()
+    }
+}
+
+/// The resource names the cluster itself uses: what agents detect or are given (`cpus`, `mem`,
+/// `disk`) and the GPU scalars of docs/devices.md (`gpus` in task text, `gpu_milli`,
+/// `gpu_mem`). `gpu_model` is task text only and never a scalar. Other names are custom
+/// resources, which a typo also creates (`cpu:4`): [`check_known_names`] refuses them.
+pub const STANDARD_NAMES: [&str; 6] = ["cpus", "mem", "disk", "gpus", "gpu_milli", "gpu_mem"];
+
+/// The name of `known` that `name` most likely meant, for a "did you mean" hint: a spelled-out
+/// form of a standard name (`memory` → `mem`, `gpu` → `gpus`), else the nearest known name
+/// within edit distance 2 (and less than the name's length), case ignored (`cpu` → `cpus`,
+/// `gpu_mili` → `gpu_milli`); `None` when nothing is that near.
+pub fn did_you_mean<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    let lower = name.to_ascii_lowercase();
+    // Spelled-out forms people type for the short names.
+    let alias = match lower.as_str() {
+        "memory" | "ram" => Some("mem"),
+        "cpu" | "cores" | "cpu_cores" | "vcpus" => Some("cpus"),
+        "gpu" => Some("gpus"),
+        "storage" | "disks" => Some("disk"),
+        _ => None,
+    };
+    if let Some(alias) = alias.and_then(|a| known.iter().find(|k| **k == a)) {
+        return Some(alias);
+    }
+    known
+        .iter()
+        .map(|k| (edit_distance(&lower, &k.to_ascii_lowercase()), *k))
+        .filter(|(d, _)| *d <= 2 && *d < lower.chars().count())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Refuses a bundle with a name outside `known`: one line naming each unknown name, with a
+/// suggestion where one is near (`unknown resource `cpu` (did you mean `cpus`?)`).
+pub fn check_known_names(resources: &Resources, known: &[&str]) -> Result<(), String> {
+    let unknown = resources.unknown_names(known);
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let parts: Vec<String> = unknown
+        .iter()
+        .map(|name| match did_you_mean(name, known) {
+            Some(near) => format!("unknown resource `{name}` (did you mean `{near}`?)"),
+            None => format!("unknown resource `{name}`"),
+        })
+        .collect();
+    Err(format!("{}; known: {}", parts.join(", "), known.join(", ")))
+}
+
+/// Levenshtein distance in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 fn check_name(name: &str) -> Result<(), ResourceError> {
@@ -308,6 +380,65 @@ mod tests {
 
     fn r(text: &str) -> Resources {
         Resources::parse(text).unwrap()
+    }
+
+    #[test]
+    fn unknown_names_are_those_outside_the_known_set() {
+        assert!(r("cpus:1;mem:64;gpu_milli:500")
+            .unknown_names(&STANDARD_NAMES)
+            .is_empty());
+        assert_eq!(
+            r("cpu:4;mem:64;memory:2;foo:1").unknown_names(&STANDARD_NAMES),
+            ["cpu", "foo", "memory"]
+        );
+        // A zero amount is dropped, so never reported.
+        assert!(r("cpu:0;mem:1").unknown_names(&STANDARD_NAMES).is_empty());
+        assert_eq!(r("ports:2").unknown_names(&["ports"]), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn did_you_mean_suggests_only_near_names() {
+        let table = [
+            ("cpu", Some("cpus")),
+            ("CPUS", Some("cpus")),
+            ("cpsu", Some("cpus")),
+            ("mme", Some("mem")),
+            ("memory", Some("mem")),
+            ("gpu", Some("gpus")),
+            ("gpu_mili", Some("gpu_milli")),
+            ("gpumem", Some("gpu_mem")),
+            ("dsik", Some("disk")),
+            ("foo", None),
+            ("x", None),
+            ("bandwidth", None),
+        ];
+        for (name, want) in table {
+            assert_eq!(did_you_mean(name, &STANDARD_NAMES), want, "{name}");
+        }
+        // Aliases only point at names that are known.
+        assert_eq!(did_you_mean("memory", &["cpus"]), None);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn check_known_names_explains_each_unknown_name() {
+        assert_eq!(
+            check_known_names(&r("cpus:1;mem:2"), &STANDARD_NAMES),
+            Ok(())
+        );
+        let err = check_known_names(&r("cpu:4;mem:64"), &STANDARD_NAMES).unwrap_err();
+        assert!(
+            err.starts_with("unknown resource `cpu` (did you mean `cpus`?); known: cpus, mem"),
+            "{err}"
+        );
+        let err = check_known_names(&r("foo:1;memory:2"), &STANDARD_NAMES).unwrap_err();
+        assert!(
+            err.starts_with(
+                "unknown resource `foo`, unknown resource `memory` (did you mean `mem`?)"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

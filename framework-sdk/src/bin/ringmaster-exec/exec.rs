@@ -4,13 +4,18 @@
 //! The scheduler states its demand (`--resources` × instances not yet launched), fills each
 //! offer with as many tasks as fit, declines offers it cannot use, suppresses once everything is
 //! launched, prints one line per task state change, and stops when every task is terminal.
+//! While tasks wait for an offer that fits, it says why on stderr ([`crate::waiting`]). On
+//! SIGINT/SIGTERM it tears the framework down so the master kills its tasks
+//! ([`crate::interrupt`]).
 //! Exit codes: 0 when every task FINISHED, 1 otherwise (or when the master cannot be reached),
-//! 2 for usage errors.
+//! 2 for usage errors (including resource names outside the standard set, unless
+//! `--allow-custom-resources`), 130 after SIGINT, 143 after SIGTERM.
 
 use ringmaster_proto::convert::{DeviceStateWire, ResourcesWire};
 use std::collections::HashMap;
 use std::io::Write;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tracing::warn;
@@ -21,9 +26,12 @@ use ringmaster_sdk::{
 };
 
 use crate::batch::{BatchExecScheduler, BatchFile};
+use crate::interrupt::{run_interruptible, Outcome};
 use crate::report::{
     exit_code, status_line, Progress, Stopper, TaskBook, EXIT_FAILURE, EXIT_USAGE,
 };
+use crate::waiting::{spawn_ticker, SharedWaiting, Waiting};
+use ringmaster_proto::resources::{check_known_names, STANDARD_NAMES};
 
 /// Command line of `ringmaster-exec`.
 #[derive(Debug, Clone, clap::Parser)]
@@ -33,7 +41,10 @@ use crate::report::{
     about = "Run a shell command as N tasks on a Ringmaster cluster and wait for them",
     after_help = "Prints `TASK <task-id> <STATE> agent=<agent-id> [reason=<reason>]` per state change;\n\
                   with --batch also `UNMATCHED <task-id> reason=<code> (<text>)` and a `BATCH` summary.\n\
-                  Exit code: 0 if every task FINISHED, 1 otherwise, 2 for usage errors."
+                  While tasks wait for an offer that fits, says why on stderr.\n\
+                  Ctrl-C or SIGTERM tears the framework down: the master kills its tasks.\n\
+                  Exit code: 0 if every task FINISHED, 1 otherwise, 2 for usage errors,\n\
+                  130 after SIGINT, 143 after SIGTERM."
 )]
 pub struct ExecArgs {
     /// The master's address, host:port.
@@ -42,9 +53,15 @@ pub struct ExecArgs {
     /// Framework name; tasks are named NAME-0, NAME-1, ...
     #[arg(long)]
     pub name: String,
-    /// Resources of one task, e.g. 'cpus:1;mem:128' (required without --batch).
+    /// Resources of one task, e.g. 'cpus:1;mem:128' (required without --batch). Names are
+    /// cpus, mem, disk, gpus, gpu_milli, gpu_mem and gpu_model (docs/devices.md); others are
+    /// refused as typos unless --allow-custom-resources.
     #[arg(long, default_value = "")]
     pub resources: String,
+    /// Accept resource names outside the standard set, for custom resources agents declare
+    /// (e.g. `licenses:1`).
+    #[arg(long)]
+    pub allow_custom_resources: bool,
     /// How many copies of the command to run.
     #[arg(long, default_value_t = 1)]
     pub instances: u32,
@@ -129,6 +146,19 @@ impl ExecArgs {
                 );
             }
             let batch = BatchFile::load(path).map_err(|e| UsageError(format!("--batch {e}")))?;
+            if !self.allow_custom_resources {
+                for info in batch.tasks.iter().filter_map(|t| t.task.as_ref()) {
+                    let resources =
+                        Resources::from_wire(info.resources.as_ref()).unwrap_or_default();
+                    if let Err(e) = check_known_names(&resources, &STANDARD_NAMES) {
+                        return usage(format!(
+                            "--batch {}: task {}: {e} (--allow-custom-resources accepts other names)",
+                            path.display(),
+                            info.task_id
+                        ));
+                    }
+                }
+            }
             let mut plan = ExecArgs {
                 batch: None,
                 resources: "cpus:1".into(),
@@ -157,6 +187,13 @@ impl ExecArgs {
                 Ok((unit, request)) => (unit, request.map(|r| r.models).unwrap_or_default()),
                 Err(e) => return usage(format!("--resources: {e}")),
             };
+        if !self.allow_custom_resources {
+            if let Err(e) = check_known_names(&unit, &STANDARD_NAMES) {
+                return usage(format!(
+                    "--resources: {e} (--allow-custom-resources accepts other names)"
+                ));
+            }
+        }
         if self.instances == 0 {
             return usage("--instances must be at least 1".into());
         }
@@ -281,7 +318,18 @@ pub struct ExecScheduler<W> {
     index_of: HashMap<String, usize>,
     launched: u32,
     stopper: Stopper,
+    /// Why tasks are still waiting, printed on stderr by `ticker`.
+    waiting: SharedWaiting,
+    ticker: Option<tokio::task::AbortHandle>,
     out: W,
+}
+
+impl<W> Drop for ExecScheduler<W> {
+    fn drop(&mut self) {
+        if let Some(ticker) = self.ticker.take() {
+            ticker.abort();
+        }
+    }
 }
 
 impl<W: Write + Send + 'static> ExecScheduler<W> {
@@ -302,8 +350,20 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
             index_of,
             launched: 0,
             stopper: Stopper::new(plan.lost_grace),
+            waiting: Arc::new(Mutex::new(Waiting::new(
+                plan.unit.clone(),
+                plan.instances,
+                Instant::now(),
+            ))),
+            ticker: None,
             out,
         }
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The exit code for the states seen so far.
@@ -372,6 +432,10 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
             self.stop_when_done(driver);
             return;
         }
+        self.waiting().launched(self.remaining(), Instant::now());
+        if self.ticker.is_none() {
+            self.ticker = Some(spawn_ticker(self.waiting.clone()));
+        }
         let _ = driver.request(&self.unit, self.remaining());
     }
 
@@ -391,9 +455,11 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
                     continue;
                 }
             };
-            let count = tasks_fitting(&offered, &self.unit, self.remaining());
-            let count = gpu_tasks_fitting(&offer, &self.unit, &self.gpu_models, count);
+            let fitting = tasks_fitting(&offered, &self.unit, self.remaining());
+            let count = gpu_tasks_fitting(&offer, &self.unit, &self.gpu_models, fitting);
             if count == 0 {
+                self.waiting()
+                    .declined(&offer.agent_id, &offered, fitting > 0);
                 declined.push(offer.offer_id);
                 continue;
             }
@@ -413,6 +479,8 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
             let _ = driver.decline(&declined, Duration::ZERO);
         }
         if self.launched != before {
+            let remaining = self.remaining();
+            self.waiting().launched(remaining, Instant::now());
             let _ = driver.request(&self.unit, self.remaining());
             if self.remaining() == 0 {
                 let _ = driver.suppress();
@@ -448,22 +516,24 @@ pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 
     if let Some(batch) = plan.batch {
         let batch_id = batch.batch_id.unwrap_or_else(|| plan.config.name.clone());
         let scheduler = BatchExecScheduler::new(batch_id, batch.tasks, plan.lost_grace, out);
-        return match ringmaster_sdk::run(plan.config, scheduler).await {
-            Ok(scheduler) => scheduler.exit_code(),
-            Err(e) => {
-                eprintln!("ringmaster-exec: {e}");
-                EXIT_FAILURE
-            }
+        return match run_interruptible(plan.config, scheduler).await {
+            Outcome::Finished(result) => finished(result.map(|s| s.exit_code())),
+            Outcome::Interrupted(signal) => signal.exit_code(),
         };
     }
     let scheduler = ExecScheduler::new(&plan, out);
-    match ringmaster_sdk::run(plan.config, scheduler).await {
-        Ok(scheduler) => scheduler.exit_code(),
-        Err(e) => {
-            eprintln!("ringmaster-exec: {e}");
-            EXIT_FAILURE
-        }
+    match run_interruptible(plan.config, scheduler).await {
+        Outcome::Finished(result) => finished(result.map(|s| s.exit_code())),
+        Outcome::Interrupted(signal) => signal.exit_code(),
     }
+}
+
+/// The exit code of a run that ended by itself; errors are reported on stderr.
+fn finished(result: Result<i32, ringmaster_sdk::SdkError>) -> i32 {
+    result.unwrap_or_else(|e| {
+        eprintln!("ringmaster-exec: {e}");
+        EXIT_FAILURE
+    })
 }
 
 #[cfg(test)]
@@ -662,6 +732,74 @@ mod tests {
                 err.0
             );
         }
+    }
+
+    #[test]
+    fn resource_name_typos_are_usage_errors_unless_custom_resources_are_allowed() {
+        let err = args(&["--resources", "cpu:4;mem:64", "--", "true"])
+            .unwrap()
+            .plan()
+            .unwrap_err();
+        assert!(
+            err.0
+                .starts_with("--resources: unknown resource `cpu` (did you mean `cpus`?)"),
+            "{}",
+            err.0
+        );
+        assert!(err.0.contains("--allow-custom-resources"), "{}", err.0);
+        let err = args(&["--resources", "cpus:1;licenses:2", "--", "true"])
+            .unwrap()
+            .plan()
+            .unwrap_err();
+        assert!(err.0.contains("unknown resource `licenses`"), "{}", err.0);
+        let plan = args(&[
+            "--resources",
+            "cpus:1;licenses:2",
+            "--allow-custom-resources",
+            "--",
+            "true",
+        ])
+        .unwrap()
+        .plan()
+        .unwrap();
+        assert_eq!(plan.unit.to_string(), "cpus:1;licenses:2");
+        // Every standard name, GPU text included, passes.
+        for text in [
+            "cpus:1;mem:64;disk:10",
+            "cpus:1;gpus:1;gpu_model:V100M16",
+            "gpu_milli:500;gpu_mem:1024",
+        ] {
+            assert!(
+                args(&["--resources", text, "--", "true"])
+                    .unwrap()
+                    .plan()
+                    .is_ok(),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn resource_name_typos_in_a_batch_file_are_usage_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.yaml");
+        std::fs::write(
+            &path,
+            "tasks:\n  - { id: a, command: x, resources: 'cpus:1;memory:64', deadline: 5, work: 1 }\n",
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        let err = args(&["--batch", file]).unwrap().plan().unwrap_err();
+        assert!(
+            err.0
+                .contains("task a: unknown resource `memory` (did you mean `mem`?)"),
+            "{}",
+            err.0
+        );
+        assert!(args(&["--batch", file, "--allow-custom-resources"])
+            .unwrap()
+            .plan()
+            .is_ok());
     }
 
     #[test]
