@@ -1,6 +1,6 @@
 //! Local mode (`ringmaster local`): a master and N agents in one process on loopback, like
-//! `mesos-local`, and with `--demo` two example frameworks run to completion, after which the
-//! cluster stays up for the dashboard until Ctrl-C (or ends at once with `--exit-after-demo`).
+//! `mesos-local`, and with `--demo` two example frameworks run to completion, after which it
+//! ends (or, with `--hold`, stays up for the dashboard until Ctrl-C).
 //! Ctrl-C (SIGINT) and SIGTERM both shut it down cleanly: the agents kill their tasks and the
 //! temporary work directory is removed.
 //!
@@ -137,9 +137,9 @@ impl LocalCluster {
 /// What `ringmaster local --demo` does once its frameworks have finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterDemo {
-    /// Keep the cluster up (the dashboard stays open) until SIGINT or SIGTERM.
+    /// Keep the cluster up (the dashboard stays open) until SIGINT or SIGTERM (`--hold`).
     Hold,
-    /// Shut down at once (`--exit-after-demo`, for scripts).
+    /// Shut down at once (the default).
     Exit,
 }
 

@@ -75,13 +75,13 @@ enum Command {
         /// Address for agents and frameworks.
         #[arg(long, default_value = "127.0.0.1:5050")]
         listen: String,
-        /// Also run two example frameworks to completion and print what happened; the cluster
-        /// then stays up (dashboard) until Ctrl-C.
+        /// Also run two example frameworks to completion and print what happened.
         #[arg(long)]
         demo: bool,
-        /// With --demo: exit as soon as the demo frameworks finish (for scripts).
+        /// With --demo: keep the cluster up after the demo (the dashboard stays open) until
+        /// Ctrl-C or SIGTERM.
         #[arg(long, requires = "demo")]
-        exit_after_demo: bool,
+        hold: bool,
         /// YAML config file (placer, rings, master timers).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -348,7 +348,7 @@ fn main() -> ExitCode {
             agent_resources,
             listen,
             demo,
-            exit_after_demo,
+            hold,
             config,
             work_dir,
             http,
@@ -371,10 +371,10 @@ fn main() -> ExitCode {
                 config,
                 work_dir,
             };
-            let after_demo = if exit_after_demo {
-                ringmaster::local::AfterDemo::Exit
-            } else {
+            let after_demo = if hold {
                 ringmaster::local::AfterDemo::Hold
+            } else {
+                ringmaster::local::AfterDemo::Exit
             };
             let result = runtime()
                 .map_err(anyhow::Error::from)

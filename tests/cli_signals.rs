@@ -1,7 +1,7 @@
 //! The command-line processes and signals, through the real binaries: Ctrl-C on
 //! `ringmaster-exec` kills its tasks in the master at once (not after the failover timeout);
 //! `ringmaster local` cleans its temporary directory on SIGTERM as on Ctrl-C, and `--demo`
-//! keeps the cluster and its dashboard up until Ctrl-C unless `--exit-after-demo`; no colour
+//! with `--hold` keeps the cluster and its dashboard up until Ctrl-C, else ends; no colour
 //! codes in a log that is not a terminal. Every wait is on output or state, with a timeout.
 
 mod processes;
@@ -215,7 +215,7 @@ fn sigterm_on_local_removes_its_temporary_directory() {
 #[test]
 fn local_demo_holds_the_dashboard_until_ctrl_c() {
     let tmp = tempfile::tempdir().unwrap();
-    let (mut local, stdout) = start_local(tmp.path(), &["--demo"]);
+    let (mut local, stdout) = start_local(tmp.path(), &["--demo", "--hold"]);
     let line = wait_for_line(&stdout, "demo done; dashboard at http://");
     assert!(line.ends_with("/ — Ctrl-C to stop"), "{line}");
     let http = http_address_in(&line);
@@ -232,9 +232,9 @@ fn local_demo_holds_the_dashboard_until_ctrl_c() {
 }
 
 #[test]
-fn local_demo_with_exit_after_demo_ends_by_itself() {
+fn local_demo_without_hold_ends_by_itself() {
     let tmp = tempfile::tempdir().unwrap();
-    let (mut local, stdout) = start_local(tmp.path(), &["--demo", "--exit-after-demo"]);
+    let (mut local, stdout) = start_local(tmp.path(), &["--demo"]);
     assert_eq!(wait_exit(&mut local.0), Some(0));
     let printed = drain(&stdout);
     assert!(

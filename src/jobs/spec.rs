@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ringmaster_core::resources::Resources;
+use ringmaster_core::resources::{check_known_names, Resources};
 use serde::{Deserialize, Serialize};
 
 use crate::yaml::{ConfigError, Seg, YamlSource};
@@ -39,7 +39,7 @@ pub const MAX_RESTART_DELAY: Duration = Duration::from_secs(300);
 /// The most restart attempts a job may set.
 pub const MAX_ATTEMPTS: u32 = 1000;
 /// Resource names a job may ask for (docs/devices.md for the GPU ones).
-pub const KNOWN_RESOURCES: &[&str] = &["cpus", "mem", "disk", "gpus", "gpu_milli", "gpu_mem"];
+pub use ringmaster_core::resources::STANDARD_NAMES as KNOWN_RESOURCES;
 
 /// Whether a job is kept running or runs to completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -288,38 +288,11 @@ fn check_priority_class(class: &str) -> Result<(), String> {
 /// Parses resource text and refuses names outside [`KNOWN_RESOURCES`], suggesting the nearest.
 fn check_resources(text: &str) -> Result<Resources, String> {
     let resources: Resources = text.parse().map_err(|e| format!("{e}"))?;
-    for name in resources.names() {
-        if !KNOWN_RESOURCES.contains(&name) {
-            let nearest = KNOWN_RESOURCES
-                .iter()
-                .min_by_key(|known| edit_distance(name, known))
-                .expect("not empty");
-            return Err(format!(
-                "unknown resource `{name}` (did you mean `{nearest}`?); known: {}",
-                KNOWN_RESOURCES.join(", ")
-            ));
-        }
-    }
+    check_known_names(&resources, &KNOWN_RESOURCES)?;
     if resources.milli("cpus") == 0 && resources.milli("mem") == 0 {
         return Err(format!("`{text}` asks for no cpus and no mem"));
     }
     Ok(resources)
-}
-
-/// Levenshtein distance, for "did you mean".
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 #[cfg(test)]
@@ -429,12 +402,5 @@ restart:
         spec.task.resources = "cpus:1".into();
         spec.name = "../etc".into();
         assert!(spec.check().is_err());
-    }
-
-    #[test]
-    fn edit_distances() {
-        assert_eq!(edit_distance("cpu", "cpus"), 1);
-        assert_eq!(edit_distance("mme", "mem"), 2);
-        assert_eq!(edit_distance("", "mem"), 3);
     }
 }
