@@ -111,6 +111,14 @@ impl Job {
     }
 }
 
+/// How a batch instance ended for good.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct Outcome {
+    pub index: u32,
+    pub succeeded: bool,
+    pub exit_code: Option<i32>,
+}
+
 /// A task to start on an offer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launch {
@@ -237,6 +245,45 @@ impl Engine {
             self.jobs.remove(name);
         }
         Some(kill)
+    }
+
+    /// The batch instances that ended for good, by job: what a restarted framework cannot
+    /// learn by reconciliation (the master reports live tasks), so the caller keeps it.
+    pub fn outcomes(&self) -> BTreeMap<String, Vec<Outcome>> {
+        let mut out = BTreeMap::new();
+        for (name, job) in &self.jobs {
+            let ended: Vec<Outcome> = job
+                .instances
+                .iter()
+                .filter(|i| matches!(i.state, InstanceState::Succeeded | InstanceState::Failed))
+                .map(|i| Outcome {
+                    index: i.index,
+                    succeeded: i.state == InstanceState::Succeeded,
+                    exit_code: i.last_exit_code,
+                })
+                .collect();
+            if !ended.is_empty() {
+                out.insert(name.clone(), ended);
+            }
+        }
+        out
+    }
+
+    /// Restores what [`Engine::outcomes`] returned (after [`Engine::put`] of the job).
+    pub fn restore_outcomes(&mut self, name: &str, outcomes: &[Outcome]) {
+        let Some(job) = self.jobs.get_mut(name) else {
+            return;
+        };
+        for outcome in outcomes {
+            if let Some(instance) = job.instances.iter_mut().find(|i| i.index == outcome.index) {
+                instance.state = if outcome.succeeded {
+                    InstanceState::Succeeded
+                } else {
+                    InstanceState::Failed
+                };
+                instance.last_exit_code = outcome.exit_code;
+            }
+        }
     }
 
     /// Forgets a job at once (after a purge, its tasks' updates are ignored).
@@ -776,6 +823,29 @@ mod tests {
             [InstanceState::Succeeded, InstanceState::Pending]
         );
         assert_eq!(launch_all(&mut e, t0), ["web.1.3-1"]);
+    }
+
+    #[test]
+    fn batch_outcomes_survive_a_restart() {
+        let t0 = Instant::now();
+        let mut e = Engine::default();
+        e.put(spec("batch", 3, 0));
+        launch_all(&mut e, t0);
+        ended(&mut e, "web.0.0-1", true, t0);
+        ended(&mut e, "web.1.0-1", false, t0);
+        let outcomes = e.outcomes();
+        let mut again = Engine::with_generation(1);
+        again.put(spec("batch", 3, 0));
+        again.restore_outcomes("web", &outcomes["web"]);
+        assert_eq!(
+            states(&again),
+            [
+                InstanceState::Succeeded,
+                InstanceState::Failed,
+                InstanceState::Pending
+            ]
+        );
+        assert_eq!(launch_all(&mut again, t0), ["web.2.1-1"]);
     }
 
     #[test]

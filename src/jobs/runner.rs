@@ -7,6 +7,7 @@
 //! (written atomically at each change): a restarted master resubscribes with the same id, learns
 //! by reconciliation which instances still run, and adopts them instead of launching them again.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::engine::{Engine, Job, OfferView};
+use super::engine::{Engine, Job, OfferView, Outcome};
 use super::spec::JobSpec;
 
 /// The jobs framework's name in `/state`.
@@ -38,6 +39,9 @@ struct Stored {
     #[serde(default)]
     generation: u32,
     jobs: Vec<JobSpec>,
+    /// Batch instances that ended for good, by job (reconciliation reports only live tasks).
+    #[serde(default)]
+    outcomes: BTreeMap<String, Vec<Outcome>>,
 }
 
 /// After (re)subscribing, offers are declined this long so that reconciliation answers (which
@@ -145,6 +149,7 @@ impl Shared {
             framework_id: self.framework_id.clone(),
             generation: self.generation,
             jobs: self.engine.jobs().map(|j| j.spec.clone()).collect(),
+            outcomes: self.engine.outcomes(),
         };
         let text = serde_json::to_string_pretty(&stored).map_err(|e| e.to_string())?;
         write_atomically(path, &text)
@@ -183,6 +188,9 @@ pub fn start(
     let mut engine = Engine::with_generation(generation);
     for spec in stored.jobs {
         engine.put(spec);
+    }
+    for (name, outcomes) in &stored.outcomes {
+        engine.restore_outcomes(name, outcomes);
     }
     let shared = Arc::new(Mutex::new(Shared {
         engine,
@@ -326,6 +334,11 @@ impl Scheduler for JobsScheduler {
             Instant::now(),
         );
         shared.kill(kill);
+        if terminal {
+            if let Err(e) = shared.save() {
+                tracing::error!("{e}");
+            }
+        }
         shared.sync_demand(Instant::now());
     }
 
