@@ -101,8 +101,14 @@ enum Command {
     },
     /// Show a running master's state as tables (from its HTTP `/state`).
     Status {
-        /// The master's HTTP address.
-        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        /// The master's address: its protocol port (`--listen`), which serves HTTP too, or its
+        /// `--http` port.
+        #[arg(
+            long,
+            value_name = "ADDR",
+            env = "RINGMASTER_MASTER",
+            default_value = "127.0.0.1:5050"
+        )]
         master: String,
         /// What to show.
         #[arg(value_enum, default_value_t = StatusView::Summary)]
@@ -227,7 +233,7 @@ fn init_logging(default: &str) {
         .init();
 }
 
-/// `ringmaster job ...`; `--master` is the master's HTTP address, as for `ringmaster status`.
+/// `ringmaster job ...`; `--master` is the master's address, as for `ringmaster status`.
 #[derive(Debug, Subcommand)]
 enum JobCommand {
     /// Create or update a job from a spec file (an update replaces instances one at a time).
@@ -237,7 +243,13 @@ enum JobCommand {
         /// For a batch job: wait until it is done; exit 0 iff every instance succeeded.
         #[arg(long)]
         wait: bool,
-        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        /// The master's address (its --listen; its --http port works too).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            env = "RINGMASTER_MASTER",
+            default_value = "127.0.0.1:5050"
+        )]
         master: String,
     },
     /// Show jobs and their instances (state, agent, restarts, last exit code).
@@ -247,7 +259,13 @@ enum JobCommand {
         /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
-        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        /// The master's address (its --listen; its --http port works too).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            env = "RINGMASTER_MASTER",
+            default_value = "127.0.0.1:5050"
+        )]
         master: String,
     },
     /// Stop a job: SIGTERM to its tasks, SIGKILL after its kill grace.
@@ -256,14 +274,26 @@ enum JobCommand {
         /// Also forget the job.
         #[arg(long)]
         purge: bool,
-        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        /// The master's address (its --listen; its --http port works too).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            env = "RINGMASTER_MASTER",
+            default_value = "127.0.0.1:5050"
+        )]
         master: String,
     },
     /// Set a job's instance count.
     Scale {
         name: String,
         count: u32,
-        #[arg(long, value_name = "HTTP_ADDR", default_value = "127.0.0.1:5051")]
+        /// The master's address (its --listen; its --http port works too).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            env = "RINGMASTER_MASTER",
+            default_value = "127.0.0.1:5050"
+        )]
         master: String,
     },
 }

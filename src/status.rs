@@ -59,8 +59,9 @@ pub fn fetch(master: &str) -> Result<Snapshot, String> {
         .into();
     let unreachable = |e: &dyn std::fmt::Display| {
         format!(
-            "cannot reach the master at {url}: {e}\n(is the master running with HTTP on {master}? \
-             `ringmaster serve` serves it on its --listen port + 1 by default; pass --master HOST:PORT)"
+            "cannot reach the master at {url}: {e}\n(is a master running at {master}? `ringmaster \
+             serve` serves HTTP on its --listen port and on --http (by default that port + 1), \
+             unless --http none; pass --master HOST:PORT or set RINGMASTER_MASTER)"
         )
     };
     let mut response = agent.get(&url).call().map_err(|e| match e {

@@ -111,7 +111,8 @@ fn jobs_run_restart_survive_a_master_restart_scale_and_stop() {
     )
     .unwrap();
     let (port, http_port) = (free_port(), free_port());
-    let http = format!("127.0.0.1:{http_port}");
+    // The address agents use: the protocol port serves HTTP too.
+    let http = format!("127.0.0.1:{port}");
     let (mut master, logs) = start(dir.path(), port, http_port);
     let agent_dir = dir.path().join("agent");
     let _agent = start_agent(

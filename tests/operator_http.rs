@@ -622,3 +622,39 @@ async fn status_cli_prints_tables_of_a_known_cluster() {
     assert_eq!(code, 2, "{err}");
     c.master.shutdown().await;
 }
+
+/// One address for every client: the protocol port answers HTTP too (the first bytes tell an
+/// HTTP request from a protocol frame), while agents and frameworks keep using it; with
+/// `RINGMASTER_MASTER` set, `ringmaster status` needs no flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protocol_port_serves_http_too() {
+    let master = start_with_http().await;
+    let _agent = Client::agent(master.addr(), "a1", "cpus:2;mem:1024").await;
+    let s = state_when(master.addr(), "the agent over the protocol port's HTTP", |s| {
+        s.agents.len() == 1
+    })
+    .await;
+    assert_eq!(s.agents[0].id, "a1");
+    let (status_code, _, body) = get(master.addr(), "/health").await;
+    assert_eq!(status_code, 200, "{body}");
+    // A framework still subscribes on the same port.
+    let _fw = Client::framework(master.addr(), "web").await;
+    let addr = master.addr().to_string();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringmaster"))
+            .args(["status", "agents"])
+            .env("RINGMASTER_MASTER", &addr)
+            .output()
+            .expect("run ringmaster status");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("a1"), "{out}");
+    master.shutdown().await;
+}

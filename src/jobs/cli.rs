@@ -53,8 +53,8 @@ fn call(master: &str, method: &str, path: &str, body: Option<String>) -> Result<
     };
     let mut response = result.map_err(|e| {
         failure(format!(
-            "cannot reach the master at {url}: {e}\n(--master is the master's HTTP address, \
-             by default its --listen port + 1)"
+            "cannot reach the master at {url}: {e}\n(--master or RINGMASTER_MASTER: the \
+             master's --listen address, which serves HTTP unless it runs with --http none)"
         ))
     })?;
     let status = response.status();

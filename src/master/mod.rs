@@ -200,9 +200,18 @@ impl Master {
         } else {
             None
         };
-        let http_task = http_listener.map(|listener| {
+        // With HTTP on, the protocol port serves it too: one address for every client.
+        let (http_handoff, handed) = match &http_listener {
+            Some(_) => {
+                let (tx, rx) = mpsc::channel(64);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
+        let http_task = http_listener.zip(handed).map(|(listener, handed)| {
             tokio::spawn(http::serve(
                 listener,
+                handed,
                 events_tx.clone(),
                 metrics.clone(),
                 jobs.clone(),
@@ -220,6 +229,7 @@ impl Master {
                 metrics,
                 shutdown_rx,
             )
+            .with_http(http_handoff)
             .run(),
         );
         let join = tokio::spawn(async move {

@@ -15,7 +15,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use tokio::net::TcpListener;
+use std::net::SocketAddr;
+
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
@@ -39,9 +41,42 @@ struct HttpState {
     jobs: Arc<OnceLock<JobsHandle>>,
 }
 
-/// Serves the routes on `listener` until `shutdown` turns true.
+/// The HTTP server's connections: its own port's, and those the protocol port handed over
+/// (connections there that opened with an HTTP request).
+struct HttpListener {
+    own: TcpListener,
+    handed: mpsc::Receiver<(TcpStream, SocketAddr)>,
+}
+
+impl axum::serve::Listener for HttpListener {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            tokio::select! {
+                accepted = self.own.accept() => match accepted {
+                    Ok(pair) => return pair,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "HTTP accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(pair) = self.handed.recv() => return pair,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.own.local_addr()
+    }
+}
+
+/// Serves the routes on `listener`, and on the connections handed over through `handed`,
+/// until `shutdown` turns true.
 pub(crate) async fn serve(
     listener: TcpListener,
+    handed: mpsc::Receiver<(TcpStream, SocketAddr)>,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
     jobs: Arc<OnceLock<JobsHandle>>,
@@ -62,6 +97,10 @@ pub(crate) async fn serve(
             metrics,
             jobs,
         });
+    let listener = HttpListener {
+        own: listener,
+        handed,
+    };
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|stop| *stop).await;

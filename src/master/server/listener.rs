@@ -128,6 +128,7 @@ pub(crate) struct Listener {
     cap: ConnectionCap,
     refusals: RefusalLog,
     tasks: TaskTracker,
+    http: Option<super::task::HttpHandoff>,
 }
 
 impl Listener {
@@ -150,7 +151,15 @@ impl Listener {
             cap,
             refusals: RefusalLog::new(REFUSAL_LOG_EVERY),
             tasks: TaskTracker::new(),
+            http: None,
         }
+    }
+
+    /// Serves HTTP on the protocol port too: connections that open with an HTTP request go
+    /// to `http` (the operator HTTP server).
+    pub(crate) fn with_http(mut self, http: Option<super::task::HttpHandoff>) -> Self {
+        self.http = http;
+        self
     }
 
     /// Accepts until the shutdown signal, then waits for every connection task to end.
@@ -204,7 +213,8 @@ impl Listener {
             self.config.clone(),
             self.metrics.clone(),
             self.shutdown.clone(),
-        );
+        )
+        .with_http(self.http.clone());
         let tls = self.tls.clone();
         self.tasks.spawn(async move {
             task.run(stream, tls).await;

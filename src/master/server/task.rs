@@ -60,7 +60,11 @@ fn role_of(message: &Message) -> Option<Role> {
 
 /// One accepted connection and what it needs to talk to the actor: the handshake, then the
 /// serve loop, until the peer leaves, breaks the protocol or a limit, or the master stops.
+/// Where a connection that turns out to speak HTTP is handed (the operator HTTP server).
+pub(crate) type HttpHandoff = mpsc::Sender<(TcpStream, SocketAddr)>;
+
 pub(crate) struct ConnectionTask {
+    http: Option<HttpHandoff>,
     conn: ConnId,
     peer: SocketAddr,
     events: mpsc::Sender<Event>,
@@ -79,6 +83,7 @@ impl ConnectionTask {
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         ConnectionTask {
+            http: None,
             conn,
             peer,
             events,
@@ -91,7 +96,25 @@ impl ConnectionTask {
     /// Runs the connection to its end. Before registration (TLS and protocol handshakes) the
     /// master's shutdown ends it at once; after, the serve loop says goodbye with
     /// `SHUTTING_DOWN`.
+    /// Hands connections whose first bytes are an HTTP request to `http` (the protocol port
+    /// then serves the operator HTTP surface too, as Mesos serves both on 5050).
+    pub(crate) fn with_http(mut self, http: Option<HttpHandoff>) -> Self {
+        self.http = http;
+        self
+    }
+
     pub(crate) async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>) {
+        if let Some(http) = &self.http {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, speaks_http(&stream)).await {
+                Ok(Some(true)) => {
+                    let _ = http.send((stream, self.peer)).await;
+                    return;
+                }
+                Ok(Some(false)) => {}
+                // Left, or said nothing in time.
+                Ok(None) | Err(_) => return,
+            }
+        }
         let mut stopping = self.shutdown.clone();
         let secured = tokio::select! {
             secured = Box::pin(self.secure(stream, tls)) => secured,
@@ -235,6 +258,7 @@ impl ConnectionTask {
             config,
             metrics,
             shutdown,
+            http: _,
         } = self;
         let stopping = shutdown.clone();
         let max_frame = config.master.max_frame_bytes;
@@ -305,6 +329,41 @@ impl ConnectionTask {
             .await;
         }
         forward(&events, Event::Closed { conn }).delivered().await;
+    }
+}
+
+/// HTTP request lines start with a method; a protocol frame starts with its length (a first
+/// byte of 0 below 16 MiB) and TLS with 0x16, so four bytes tell them apart.
+const HTTP_METHODS: [&[u8; 4]; 7] = [
+    b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"OPTI", b"PATC",
+];
+
+/// `Some(true)`: these first bytes start an HTTP request; `Some(false)`: they cannot;
+/// `None`: too few bytes to tell.
+fn http_request_start(first: &[u8]) -> Option<bool> {
+    let n = first.len().min(4);
+    let could = HTTP_METHODS.iter().any(|m| m[..n] == first[..n]);
+    match (could, n == 4) {
+        (false, _) => Some(false),
+        (true, true) => Some(true),
+        (true, false) => None,
+    }
+}
+
+/// Waits for the connection's first bytes (without consuming them) and says whether they
+/// are an HTTP request. `None`: the peer left.
+async fn speaks_http(stream: &TcpStream) -> Option<bool> {
+    let mut first = [0u8; 4];
+    loop {
+        let n = stream.peek(&mut first).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        if let Some(answer) = http_request_start(&first[..n]) {
+            return Some(answer);
+        }
+        // A prefix of a method: the rest is on its way.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
 
@@ -724,5 +783,23 @@ where
             ErrorCode::ShuttingDown,
             "master is shutting down",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_bytes_tell_http_from_the_protocol_and_tls() {
+        assert_eq!(http_request_start(b"GET /state HTTP/1.1"), Some(true));
+        assert_eq!(http_request_start(b"POST"), Some(true));
+        assert_eq!(http_request_start(b"GE"), None);
+        assert_eq!(http_request_start(b""), None);
+        // A protocol frame's length prefix, TLS's ClientHello, junk.
+        assert_eq!(http_request_start(&[0, 0, 0, 12]), Some(false));
+        assert_eq!(http_request_start(&[0x16, 3, 1, 0]), Some(false));
+        assert_eq!(http_request_start(b"GEX "), Some(false));
+        assert_eq!(http_request_start(b"get "), Some(false));
     }
 }
