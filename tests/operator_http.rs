@@ -630,9 +630,11 @@ async fn status_cli_prints_tables_of_a_known_cluster() {
 async fn the_protocol_port_serves_http_too() {
     let master = start_with_http().await;
     let _agent = Client::agent(master.addr(), "a1", "cpus:2;mem:1024").await;
-    let s = state_when(master.addr(), "the agent over the protocol port's HTTP", |s| {
-        s.agents.len() == 1
-    })
+    let s = state_when(
+        master.addr(),
+        "the agent over the protocol port's HTTP",
+        |s| s.agents.len() == 1,
+    )
     .await;
     assert_eq!(s.agents[0].id, "a1");
     let (status_code, _, body) = get(master.addr(), "/health").await;

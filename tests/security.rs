@@ -769,3 +769,41 @@ async fn only_an_authenticated_peer_may_send_frames_beyond_the_handshake_limit()
     rack.registered().await;
     master.shutdown().await;
 }
+
+/// The operator HTTP surface has no authentication of its own, so a master that requires
+/// authentication (or serves TLS) does not serve it on the protocol port: an HTTP request
+/// there is a protocol error, not a way around the credentials. Its own `--http` port still
+/// answers.
+#[tokio::test]
+async fn a_master_requiring_authentication_serves_no_http_on_its_protocol_port() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let fixture = Fixture::new();
+    for (tls, required) in [(false, true), (true, false)] {
+        let master = start(fixture.config(tls, required)).await;
+        let mut stream = tokio::net::TcpStream::connect(master.addr()).await.unwrap();
+        stream
+            .write_all(b"GET /state HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(common::WAIT, stream.read_to_end(&mut answer)).await;
+        assert!(
+            !answer.starts_with(b"HTTP/1.1 200"),
+            "tls {tls}, required {required}: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        let http = master.http_addr().unwrap();
+        let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
+        stream
+            .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "tls {tls}, required {required}"
+        );
+        master.shutdown().await;
+    }
+}

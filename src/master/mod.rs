@@ -200,11 +200,22 @@ impl Master {
         } else {
             None
         };
-        // With HTTP on, the protocol port serves it too: one address for every client.
+        // With HTTP on, the protocol port serves it too: one address for every client. Not
+        // where that would widen who reaches the HTTP surface (it has no authentication): not
+        // with TLS or required authentication on the protocol, and not from a protocol port on
+        // a wider interface than a loopback-only HTTP port.
+        let share_http = config.tls.is_none()
+            && !config.auth.required
+            && http_addr.is_some_and(|h| !h.ip().is_loopback() || addr.ip().is_loopback());
         let (http_handoff, handed) = match &http_listener {
-            Some(_) => {
+            Some(_) if share_http => {
                 let (tx, rx) = mpsc::channel(64);
                 (Some(tx), Some(rx))
+            }
+            Some(_) => {
+                // The HTTP server still needs a (never used) handoff channel.
+                let (_tx, rx) = mpsc::channel(1);
+                (None, Some(rx))
             }
             None => (None, None),
         };
