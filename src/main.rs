@@ -283,6 +283,20 @@ enum JobCommand {
         )]
         master: String,
     },
+    /// Dry run: where each instance would go now, or why it cannot be placed (nothing is
+    /// launched). Exit 0 iff every instance would be placed.
+    Plan {
+        /// The job spec (YAML, docs/jobs.md).
+        file: String,
+        /// The master's address (its --listen; its --http port works too).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            env = "RINGMASTER_MASTER",
+            default_value = "127.0.0.1:5050"
+        )]
+        master: String,
+    },
     /// Set a job's instance count.
     Scale {
         name: String,
@@ -308,6 +322,7 @@ fn job_command(command: JobCommand) -> ExitCode {
             purge,
             master,
         } => cli::stop(master, name, *purge),
+        JobCommand::Plan { file, master } => cli::plan(master, file),
         JobCommand::Scale {
             name,
             count,

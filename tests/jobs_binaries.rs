@@ -123,9 +123,21 @@ fn jobs_run_restart_survive_a_master_restart_scale_and_stop() {
     );
     wait_registered(&logs, &["a1"]);
 
-    // A service: both instances run.
+    // A dry run first: where the instances would go, or why not; nothing launched.
     let spec = dir.path().join("web.yaml");
     std::fs::write(&spec, SERVICE).unwrap();
+    let (code, out, err) = job(&http, &["plan", spec.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.matches("  a1\n").count(), 2, "{out}");
+    let huge = dir.path().join("huge.yaml");
+    std::fs::write(&huge, SERVICE.replace("cpus:0.5", "cpus:64")).unwrap();
+    let (code, out, _) = job(&http, &["plan", huge.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(out.contains("2 more cannot be placed"), "{out}");
+    let (_, out, _) = job(&http, &["status"]);
+    assert!(out.contains("no jobs"), "plan launched nothing: {out}");
+
+    // A service: both instances run.
     let (code, out, err) = job(&http, &["run", spec.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("job web created"), "{out}");

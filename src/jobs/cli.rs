@@ -238,6 +238,50 @@ pub fn render(jobs: &[JobView]) -> String {
     out
 }
 
+/// `job plan FILE`: where each instance would go now, or why it cannot be placed; nothing
+/// is launched. Exit 0 iff every instance would be placed.
+pub fn plan(master: &str, file: &str) -> Result<(), CliError> {
+    let text = std::fs::read_to_string(file).map_err(|e| CliError {
+        message: format!("{file}: {e}"),
+        code: 2,
+    })?;
+    let spec: JobSpec = parse_job_spec(&text, file).map_err(|e| CliError {
+        message: e.to_string(),
+        code: 2,
+    })?;
+    let body = serde_json::to_string(&spec).map_err(|e| failure(e.to_string()))?;
+    let answer = call(master, "POST", "/jobs/plan", Some(body))?;
+    let plan: crate::master::plan::Plan =
+        serde_json::from_str(&answer).map_err(|e| failure(format!("not a plan: {e}")))?;
+    print!("{}", render_plan(&spec, &plan));
+    if plan.unplaced == 0 {
+        Ok(())
+    } else {
+        Err(failure(format!(
+            "job {}: {} of {} instances cannot be placed now",
+            spec.name, plan.unplaced, spec.count
+        )))
+    }
+}
+
+fn render_plan(spec: &JobSpec, plan: &crate::master::plan::Plan) -> String {
+    let mut out = format!(
+        "job {}: {} × {} (nothing launched)\n  INSTANCE  AGENT\n",
+        spec.name, spec.count, spec.task.resources
+    );
+    for (index, agent) in plan.placed.iter().enumerate() {
+        out.push_str(&format!("  {index:<8}  {agent}\n"));
+    }
+    if plan.unplaced > 0 {
+        out.push_str(&format!(
+            "  {} more cannot be placed: {}\n",
+            plan.unplaced,
+            plan.why.as_deref().unwrap_or("no agent fits")
+        ));
+    }
+    out
+}
+
 /// `job stop NAME [--purge]`.
 pub fn stop(master: &str, name: &str, purge: bool) -> Result<(), CliError> {
     let path = format!(

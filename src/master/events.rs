@@ -41,4 +41,10 @@ pub(crate) enum Event {
     PublishMetrics(oneshot::Sender<()>),
     /// Is the actor alive? (`GET /health`)
     Health(oneshot::Sender<Health>),
+    /// Where would `count` instances of `demand` go now? (`POST /jobs/plan`)
+    Plan {
+        demand: ringmaster_proto::resources::Resources,
+        count: u32,
+        reply: oneshot::Sender<super::plan::Plan>,
+    },
 }

@@ -70,6 +70,7 @@ mod offers;
 pub mod ops;
 mod owners;
 mod pending;
+pub mod plan;
 pub mod registry;
 mod server;
 mod state;

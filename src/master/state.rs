@@ -399,6 +399,13 @@ impl MasterState {
                 self.publish_metrics(now);
                 let _ = reply.send(());
             }
+            Event::Plan {
+                demand,
+                count,
+                reply,
+            } => {
+                let _ = reply.send(self.plan(&demand, count));
+            }
             Event::Health(reply) => {
                 let _ = reply.send(self.health(now));
             }

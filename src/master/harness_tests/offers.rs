@@ -396,3 +396,21 @@ fn outstanding_offers_cover_the_demand_count() {
     assert_eq!(h.expect_offers(&fw).len(), 1);
     assert_eq!(h.snapshot().offers.len(), 2);
 }
+
+#[test]
+fn a_plan_places_instances_on_a_copy_of_the_cluster_and_explains_the_rest() {
+    let mut h = Harness::new();
+    h.agent("a1", "cpus:4;mem:1024");
+    h.agent("a2", "cpus:2;mem:1024");
+    let demand: ringmaster_proto::resources::Resources = "cpus:2;mem:100".parse().unwrap();
+    let plan = h.state.plan(&demand, 4);
+    let mut placed = plan.placed.clone();
+    placed.sort();
+    assert_eq!(placed, ["a1", "a1", "a2"], "{plan:?}");
+    assert_eq!(plan.unplaced, 1);
+    assert!(plan.why.as_deref().unwrap().contains("cpus"), "{plan:?}");
+    // Nothing was taken for real.
+    assert_eq!(h.snapshot().free, "cpus:6;mem:2048");
+    let plan = h.state.plan(&demand, 2);
+    assert_eq!((plan.placed.len(), plan.unplaced, plan.why), (2, 0, None));
+}

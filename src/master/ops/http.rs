@@ -88,6 +88,7 @@ pub(crate) async fn serve(
         .route("/metrics", get(metrics_text))
         .route("/health", get(health))
         .route("/jobs", get(jobs_list).post(job_put))
+        .route("/jobs/plan", post(job_plan))
         .route("/jobs/{name}", get(job_get))
         .route("/jobs/{name}/stop", post(job_stop))
         .route("/jobs/{name}/scale", post(job_scale))
@@ -227,6 +228,28 @@ async fn job_put(State(http): State<HttpState>, body: String) -> Response {
         }))
         .into_response(),
         Err(why) => refused(why),
+    }
+}
+
+/// `POST /jobs/plan` with a [`JobSpec`]: where its instances would go now, nothing launched.
+async fn job_plan(State(http): State<HttpState>, body: String) -> Response {
+    let spec: JobSpec = match serde_json::from_str(&body) {
+        Ok(spec) => spec,
+        Err(e) => return refused(format!("not a job spec: {e}")),
+    };
+    if let Err(why) = spec.check() {
+        return refused(why);
+    }
+    let (demand, count) = (spec.resources(), spec.count);
+    match ask(&http.events, |reply| Event::Plan {
+        demand,
+        count,
+        reply,
+    })
+    .await
+    {
+        Ok(plan) => Json(plan).into_response(),
+        Err(response) => response,
     }
 }
 
