@@ -72,17 +72,17 @@ fn call(master: &str, method: &str, path: &str, body: Option<String>) -> Result<
     }
 }
 
+/// Reads and checks a spec file (exit code 2 for what is wrong with it).
+fn read_spec(file: &str) -> Result<JobSpec, CliError> {
+    let bad = |message: String| CliError { message, code: 2 };
+    let text = std::fs::read_to_string(file).map_err(|e| bad(format!("{file}: {e}")))?;
+    parse_job_spec(&text, file).map_err(|e| bad(e.to_string()))
+}
+
 /// `job run FILE`: reads and checks the spec, creates or updates the job; with `wait`, a
 /// batch job is followed until it is done (exit 0 iff every instance succeeded).
 pub fn run(master: &str, file: &str, wait: bool) -> Result<(), CliError> {
-    let text = std::fs::read_to_string(file).map_err(|e| CliError {
-        message: format!("{file}: {e}"),
-        code: 2,
-    })?;
-    let spec: JobSpec = parse_job_spec(&text, file).map_err(|e| CliError {
-        message: e.to_string(),
-        code: 2,
-    })?;
+    let spec = read_spec(file)?;
     let body = serde_json::to_string(&spec).map_err(|e| failure(e.to_string()))?;
     let answer = call(master, "POST", "/jobs", Some(body))?;
     let created = serde_json::from_str::<serde_json::Value>(&answer)
@@ -241,14 +241,7 @@ pub fn render(jobs: &[JobView]) -> String {
 /// `job plan FILE`: where each instance would go now, or why it cannot be placed; nothing
 /// is launched. Exit 0 iff every instance would be placed.
 pub fn plan(master: &str, file: &str) -> Result<(), CliError> {
-    let text = std::fs::read_to_string(file).map_err(|e| CliError {
-        message: format!("{file}: {e}"),
-        code: 2,
-    })?;
-    let spec: JobSpec = parse_job_spec(&text, file).map_err(|e| CliError {
-        message: e.to_string(),
-        code: 2,
-    })?;
+    let spec = read_spec(file)?;
     let body = serde_json::to_string(&spec).map_err(|e| failure(e.to_string()))?;
     let answer = call(master, "POST", "/jobs/plan", Some(body))?;
     let plan: crate::master::plan::Plan =
