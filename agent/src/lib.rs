@@ -72,8 +72,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 pub use config::{
-    isolation_from_args, parse_attributes, AgentArgs, AgentConfig, DEFAULT_KILL_GRACE,
-    DEFAULT_RECONNECT_MAX_BACKOFF, DEFAULT_WORK_DIR,
+    default_work_dir, isolation_from_args, parse_attributes, AgentArgs, AgentConfig,
+    DEFAULT_KILL_GRACE, DEFAULT_RECONNECT_MAX_BACKOFF, WORK_DIR_NAME,
 };
 pub use detect::{detect_gpus, detect_hostname, detect_resources};
 pub use isolation::{IsolationConfig, IsolationMode};
