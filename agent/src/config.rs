@@ -3,12 +3,13 @@
 //! Everything a user can type is checked here, once, with errors that name the flag and the
 //! offending part, so the rest of the agent only ever sees valid values.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use ringmaster_proto::devices::{parse_agent_resources, Device, DeviceSelection, DeviceState};
-use ringmaster_proto::resources::Resources;
+use ringmaster_proto::resources::{check_known_names, Resources, STANDARD_NAMES};
 use ringmaster_proto::transport::ClientSecurity;
 
 use crate::detect::{detect_gpus, detect_hostname, detect_resources};
@@ -21,9 +22,8 @@ use crate::users::default_task_user;
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
 /// Longest wait between two attempts to reach the master.
 pub const DEFAULT_RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// Where sandboxes and the saved agent id live unless `--work-dir` says otherwise
-/// (relative to the directory the agent is started in).
-pub const DEFAULT_WORK_DIR: &str = "./ringmaster-agent-work";
+/// The last component of the default work dir (see [`default_work_dir`]).
+pub const WORK_DIR_NAME: &str = "ringmaster-agent";
 
 /// The agent's command-line flags.
 #[derive(Debug, Clone, clap::Parser)]
@@ -47,6 +47,11 @@ pub struct AgentArgs {
     /// they replace detected GPUs (`gpus:0` drops them). See docs/devices.md.
     #[arg(long, value_name = "SPEC")]
     pub resources: Option<String>,
+    /// Resource names beyond the standard ones (cpus, mem, disk, gpus, gpu_milli, gpu_mem)
+    /// that `--resources` may offer, comma-separated (`--custom-resources fpgas,licenses`).
+    /// Any other name in `--resources` is refused, so a typo (`cpu:4`) is not a new resource.
+    #[arg(long, value_name = "NAME,NAME", value_delimiter = ',')]
+    pub custom_resources: Vec<String>,
     /// How a GPU slice picks its device: `least-used` (spread) or `most-used-that-fits` (pack).
     /// Used when the master sends no binding of its own.
     #[arg(long, value_name = "POLICY", default_value = "least-used")]
@@ -54,9 +59,11 @@ pub struct AgentArgs {
     /// Attributes of this agent, `key:value;key:value` (e.g. `partition:gpu;rack:r1`).
     #[arg(long, value_name = "SPEC")]
     pub attributes: Option<String>,
-    /// Directory for task sandboxes and the saved agent id; created if missing.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
-    pub work_dir: PathBuf,
+    /// Directory for task sandboxes and the saved agent id; created if missing. Default:
+    /// `/var/lib/ringmaster-agent` as root, else `$XDG_STATE_HOME/ringmaster-agent`, else
+    /// `$HOME/.local/state/ringmaster-agent`, else `<temp dir>/ringmaster-agent-<uid>`.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
     /// Hostname to report. Default: this machine's hostname.
     #[arg(long, value_name = "H")]
     pub hostname: Option<String>,
@@ -132,12 +139,26 @@ impl AgentConfig {
         if let Some(id) = &args.id {
             check_agent_id(id).with_context(|| format!("--id `{id}`"))?;
         }
-        let mut resources = detect_resources(&args.work_dir);
+        let custom = check_custom_resources(&args.custom_resources)?;
+        let work_dir = match args.work_dir {
+            Some(dir) => dir,
+            None => {
+                // SAFETY: geteuid has no preconditions and cannot fail.
+                let euid = unsafe { libc::geteuid() };
+                let dir =
+                    default_work_dir(euid, |name| std::env::var_os(name), &std::env::temp_dir());
+                tracing::info!(work_dir = %dir.display(), "no --work-dir given; using the default");
+                dir
+            }
+        };
+        let mut resources = detect_resources(&work_dir);
         let mut devices = detect_gpus();
         if let Some(spec) = &args.resources {
             let (given, given_devices) =
                 parse_agent_resources(spec).with_context(|| format!("--resources `{spec}`"))?;
             let zeros = zero_dimensions(spec);
+            check_resource_names(&given, &zeros, &custom)
+                .with_context(|| format!("--resources `{spec}`"))?;
             if !given_devices.is_empty() || zeros.iter().any(|n| n == "gpus") {
                 devices = given_devices;
             }
@@ -215,7 +236,7 @@ impl AgentConfig {
             devices,
             device_selection,
             attributes,
-            work_dir: args.work_dir,
+            work_dir,
             kill_grace,
             reconnect_max_backoff: DEFAULT_RECONNECT_MAX_BACKOFF,
             security,
@@ -244,6 +265,79 @@ pub fn isolation_from_args(args: &AgentArgs) -> anyhow::Result<IsolationConfig> 
         mode,
         pids_per_task: args.pids_per_task,
     })
+}
+
+/// Where sandboxes and the saved agent id live unless `--work-dir` says otherwise, never the
+/// current directory: `/var/lib/ringmaster-agent` for root (`euid` 0); else
+/// `$XDG_STATE_HOME/ringmaster-agent`, else `$HOME/.local/state/ringmaster-agent` (each only
+/// when set to an absolute path, as the XDG spec asks); else `<temp_dir>/ringmaster-agent-<uid>`.
+/// `env` looks up an environment variable.
+pub fn default_work_dir(
+    euid: u32,
+    env: impl Fn(&str) -> Option<OsString>,
+    temp_dir: &Path,
+) -> PathBuf {
+    if euid == 0 {
+        return Path::new("/var/lib").join(WORK_DIR_NAME);
+    }
+    let absolute = |name: &str| {
+        env(name)
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+    };
+    if let Some(state) = absolute("XDG_STATE_HOME") {
+        return state.join(WORK_DIR_NAME);
+    }
+    if let Some(home) = absolute("HOME") {
+        return home.join(".local/state").join(WORK_DIR_NAME);
+    }
+    temp_dir.join(format!("{WORK_DIR_NAME}-{euid}"))
+}
+
+/// Checks the names of `--custom-resources`: resource-name syntax (a letter, then letters,
+/// digits, `_` and `-`), not a standard name, none twice. Returns every name `--resources`
+/// may use (the standard ones and these).
+fn check_custom_resources(names: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut known: Vec<String> = STANDARD_NAMES.iter().map(|n| n.to_string()).collect();
+    for raw in names {
+        let name = raw.trim();
+        let mut chars = name.chars();
+        let valid = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            bail!(
+                "--custom-resources: `{name}` is not a valid resource name (letters, digits, \
+                 `_` and `-`, starting with a letter)"
+            );
+        }
+        if STANDARD_NAMES.contains(&name) {
+            bail!("--custom-resources: `{name}` is a standard resource; declare only other names");
+        }
+        if known.iter().any(|k| k == name) {
+            bail!("--custom-resources: `{name}` appears more than once");
+        }
+        known.push(name.to_string());
+    }
+    Ok(known)
+}
+
+/// Refuses a name of `--resources` (with an amount, or given as zero) outside `known`, with
+/// the core's "did you mean" hint.
+fn check_resource_names(
+    given: &Resources,
+    zeros: &[String],
+    known: &[String],
+) -> anyhow::Result<()> {
+    let mut named = given.clone();
+    for name in zeros {
+        // A zero amount is not kept in a bundle; count it so `cpu:0` is caught too.
+        named.set_milli(name, 1);
+    }
+    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+    if let Err(message) = check_known_names(&named, &known) {
+        bail!("{message} (declare other names with --custom-resources NAME,NAME)");
+    }
+    Ok(())
 }
 
 /// `500ms`, `3s`, `2m`, `1h`: a whole number and a unit.
@@ -400,7 +494,124 @@ mod tests {
         let config = AgentConfig::from_args(args(&[])).unwrap();
         assert!(config.resources.milli("cpus") >= 1000);
         assert!(config.resources.milli("mem") > 0);
-        assert_eq!(config.work_dir, PathBuf::from(DEFAULT_WORK_DIR));
+        assert!(
+            config.work_dir.is_absolute(),
+            "{}",
+            config.work_dir.display()
+        );
+        assert!(
+            config.work_dir.ends_with(WORK_DIR_NAME) || {
+                let last = config.work_dir.file_name().unwrap().to_string_lossy();
+                last.starts_with("ringmaster-agent-")
+            }
+        );
+        let config = AgentConfig::from_args(args(&["--work-dir", "here"])).unwrap();
+        assert_eq!(config.work_dir, PathBuf::from("here"));
+        assert!(
+            AgentArgs::try_parse_from(["x", "--master", "h:1", "--work-dir", ""]).is_err(),
+            "an empty --work-dir is refused"
+        );
+    }
+
+    #[test]
+    fn the_default_work_dir_is_never_the_current_directory() {
+        let temp = Path::new("/tmp");
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        let all = env(&[("XDG_STATE_HOME", "/x/state"), ("HOME", "/home/ann")]);
+        assert_eq!(
+            default_work_dir(0, all, temp),
+            PathBuf::from("/var/lib/ringmaster-agent")
+        );
+        assert_eq!(
+            default_work_dir(1000, all, temp),
+            PathBuf::from("/x/state/ringmaster-agent")
+        );
+        assert_eq!(
+            default_work_dir(1000, env(&[("HOME", "/home/ann")]), temp),
+            PathBuf::from("/home/ann/.local/state/ringmaster-agent")
+        );
+        // Relative or empty values are ignored, as the XDG spec asks.
+        assert_eq!(
+            default_work_dir(
+                1000,
+                env(&[("XDG_STATE_HOME", "state"), ("HOME", "/home/ann")]),
+                temp
+            ),
+            PathBuf::from("/home/ann/.local/state/ringmaster-agent")
+        );
+        for vars in [
+            &[][..],
+            &[("XDG_STATE_HOME", ""), ("HOME", "")][..],
+            &[("HOME", ".")][..],
+        ] {
+            assert_eq!(
+                default_work_dir(1000, env(vars), temp),
+                PathBuf::from("/tmp/ringmaster-agent-1000"),
+                "{vars:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_resource_names_are_refused_unless_declared_custom() {
+        let err = error_of(&["--resources", "cpu:4;mem:64"]);
+        assert!(err.contains("--resources `cpu:4;mem:64`"), "{err}");
+        assert!(
+            err.contains("unknown resource `cpu` (did you mean `cpus`?)"),
+            "{err}"
+        );
+        assert!(err.contains("--custom-resources"), "{err}");
+        // A name given as zero is checked too.
+        let err = error_of(&["--resources", "cpus:1;memory:0"]);
+        assert!(
+            err.contains("unknown resource `memory` (did you mean `mem`?)"),
+            "{err}"
+        );
+        // Declared names are accepted, beside GPU devices.
+        let config = AgentConfig::from_args(args(&[
+            "--resources",
+            "cpus:2;fpgas:2;licenses:10;gpus:2x16384@A100",
+            "--custom-resources",
+            "fpgas,licenses",
+        ]))
+        .unwrap();
+        assert_eq!(config.resources.milli("fpgas"), 2000);
+        assert_eq!(config.resources.milli("licenses"), 10_000);
+        assert_eq!(config.devices.len(), 2);
+        let config = AgentConfig::from_args(args(&[
+            "--resources",
+            "fpgas:1",
+            "--custom-resources",
+            "fpgas",
+            "--custom-resources",
+            "tpus",
+        ]))
+        .unwrap();
+        assert_eq!(config.resources.milli("fpgas"), 1000);
+        // Still refused when another custom name is declared.
+        let err = error_of(&["--resources", "fpga:1", "--custom-resources", "fpgas"]);
+        assert!(
+            err.contains("unknown resource `fpga` (did you mean `fpgas`?)"),
+            "{err}"
+        );
+        for (names, expected) in [
+            ("9lives", "not a valid resource name"),
+            ("a b", "not a valid resource name"),
+            ("fpgas,", "`` is not a valid resource name"),
+            ("x:1", "not a valid resource name"),
+            ("cpus", "is a standard resource"),
+            ("fpgas,fpgas", "appears more than once"),
+        ] {
+            let err = error_of(&["--custom-resources", names]);
+            assert!(err.contains("--custom-resources"), "{names}: {err}");
+            assert!(err.contains(expected), "{names}: {err}");
+        }
     }
 
     #[test]

@@ -35,7 +35,8 @@
 //!    heartbeats `free_devices`; a spawn failure → `FAILED` `launch_failed`. When the
 //!    process ends (and its whole group is gone): exit 0 → `FINISHED` (`exit_code` 0); non-zero
 //!    → `FAILED` `exit_status` with `exit_code`; a signal the agent did not send → `FAILED`
-//!    `signal` (message names it). With cgroup isolation ([`isolation`], `--isolation`) each
+//!    `signal` (message names it); unless the task exited 0 the message ends with `; stderr: `
+//!    and the last lines of its `stderr` (at most 10 lines, 2 KiB). With cgroup isolation ([`isolation`], `--isolation`) each
 //!    task runs in its own cgroup limited by its `cpus`, `mem` and `--pids-per-task`; a task
 //!    the kernel OOM-killed that did not exit 0 → `FAILED` `memory_limit` ("memory limit N MiB
 //!    exceeded"), and a task ends only once its cgroup is empty. `KillTask` → SIGTERM to the
@@ -72,8 +73,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 pub use config::{
-    isolation_from_args, parse_attributes, AgentArgs, AgentConfig, DEFAULT_KILL_GRACE,
-    DEFAULT_RECONNECT_MAX_BACKOFF, DEFAULT_WORK_DIR,
+    default_work_dir, isolation_from_args, parse_attributes, AgentArgs, AgentConfig,
+    DEFAULT_KILL_GRACE, DEFAULT_RECONNECT_MAX_BACKOFF, WORK_DIR_NAME,
 };
 pub use detect::{detect_gpus, detect_hostname, detect_resources};
 pub use isolation::{IsolationConfig, IsolationMode};

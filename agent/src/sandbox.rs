@@ -2,8 +2,19 @@
 //!
 //! Ids come from frameworks over the network, so they are escaped before they become path
 //! components: a task id like `../../etc` must never leave the sandbox tree.
+//!
+//! [`stderr_tail`] reads the end of a task's `stderr` for the status message of a task that
+//! failed, without trusting what the task may have put in its sandbox in its place.
 
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
+
+/// At most this many lines of a task's `stderr` go into its status message.
+pub const STDERR_TAIL_LINES: usize = 10;
+/// At most this many bytes are read from the end of a task's `stderr`.
+pub const STDERR_TAIL_BYTES: u64 = 2048;
 
 /// Escapes an id into one safe path component. Letters, digits, `-`, `_` and `.` stay as they
 /// are, except a leading `.` (no `.`, `..` or hidden names); every other byte becomes `%XX`.
@@ -32,10 +43,185 @@ pub fn sandbox_dir(work_dir: &Path, framework_id: &str, task_id: &str) -> PathBu
         .join(escape_component(task_id))
 }
 
+/// The last lines of `<sandbox>/stderr` (see [`tail_text`]; at most [`STDERR_TAIL_LINES`]
+/// lines from the last [`STDERR_TAIL_BYTES`] bytes), or `None` when it is absent, empty,
+/// unreadable or not to be trusted. The task owns its sandbox and could have put a symlink, a
+/// FIFO or a hard link to another user's file there: only a regular file, opened without
+/// following a symlink and owned by the sandbox's owner, is read.
+pub fn stderr_tail(sandbox: &Path) -> Option<String> {
+    let owner = std::fs::symlink_metadata(sandbox).ok()?.uid();
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(sandbox.join("stderr"))
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != owner {
+        return None;
+    }
+    let (bytes, cut) = read_tail(file, STDERR_TAIL_BYTES).ok()?;
+    let tail = tail_text(&bytes, cut, STDERR_TAIL_LINES);
+    (!tail.is_empty()).then_some(tail)
+}
+
+/// The last `max_bytes` bytes of `file` (never more, whatever its size), and whether anything
+/// came before them.
+fn read_tail(mut file: File, max_bytes: u64) -> io::Result<(Vec<u8>, bool)> {
+    let len = file.metadata()?.len();
+    let start = len.saturating_sub(max_bytes);
+    file.seek(SeekFrom::Start(start))?;
+    let mut bytes = Vec::new();
+    file.take(max_bytes).read_to_end(&mut bytes)?;
+    Ok((bytes, start > 0))
+}
+
+/// The last `max_lines` lines of `bytes`, the end of some output (`cut`: the output went on
+/// before `bytes`, so their first line may be partial and is dropped when a whole line
+/// follows; `…` marks what is left of a cut line). Invalid UTF-8 becomes U+FFFD, a carriage
+/// return (alone or before a line feed) a line break, other control characters (escape
+/// sequences) U+FFFD; blank lines at either end are dropped. Empty when nothing visible is
+/// left.
+pub fn tail_text(bytes: &[u8], cut: bool, max_lines: usize) -> String {
+    let mut bytes = bytes;
+    let mut partial = cut;
+    if cut {
+        if let Some(newline) = bytes.iter().position(|&b| b == b'\n') {
+            let rest = &bytes[newline + 1..];
+            if rest.iter().any(|b| !b.is_ascii_whitespace()) {
+                bytes = rest;
+                partial = false;
+            }
+        }
+    }
+    let text: String = String::from_utf8_lossy(bytes)
+        .replace("\r\n", "\n")
+        .chars()
+        .map(|c| match c {
+            '\r' => '\n',
+            '\n' | '\t' => c,
+            c if c.is_control() => char::REPLACEMENT_CHARACTER,
+            c => c,
+        })
+        .collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .skip_while(|line| line.is_empty())
+        .collect();
+    let end = lines
+        .iter()
+        .rposition(|line| !line.is_empty())
+        .map_or(0, |i| i + 1);
+    let start = end.saturating_sub(max_lines);
+    let tail = lines[start..end].join("\n");
+    if partial && start == 0 && !tail.is_empty() {
+        format!("…{tail}")
+    } else {
+        tail
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::Component;
+
+    fn tail_of(content: &[u8]) -> Option<String> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("stderr"), content).unwrap();
+        stderr_tail(dir.path())
+    }
+
+    #[test]
+    fn tail_of_empty_missing_and_short_files() {
+        assert_eq!(tail_of(b""), None);
+        assert_eq!(tail_of(b"\n \n\t\n"), None);
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(stderr_tail(dir.path()), None, "no stderr file");
+        assert_eq!(stderr_tail(&dir.path().join("absent")), None);
+        assert_eq!(tail_of(b"no newline").as_deref(), Some("no newline"));
+        assert_eq!(
+            tail_of(b"\nfirst\n\nthird\n\n").as_deref(),
+            Some("first\n\nthird")
+        );
+    }
+
+    #[test]
+    fn only_the_last_lines_are_kept() {
+        let text: String = (1..=25).map(|i| format!("line {i}\n")).collect();
+        let tail = tail_of(text.as_bytes()).unwrap();
+        let want: Vec<String> = (16..=25).map(|i| format!("line {i}")).collect();
+        assert_eq!(tail, want.join("\n"));
+        assert_eq!(tail_text(b"a\nb\nc", false, 0), "");
+        assert_eq!(tail_text(b"a\nb\nc", false, 2), "b\nc");
+    }
+
+    #[test]
+    fn a_huge_file_is_read_from_its_end_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stderr");
+        // 64 MiB of one endless line, then two short ones; sparse, so cheap to write.
+        let file = File::create(&path).unwrap();
+        file.set_len(64 << 20).unwrap();
+        drop(file);
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        io::Write::write_all(&mut file, b"\nsecond to last\nlast\n").unwrap();
+        drop(file);
+        let (bytes, cut) = read_tail(File::open(&path).unwrap(), STDERR_TAIL_BYTES).unwrap();
+        assert_eq!(bytes.len() as u64, STDERR_TAIL_BYTES);
+        assert!(cut);
+        // The NULs of the cut line are dropped with it.
+        assert_eq!(
+            stderr_tail(dir.path()).as_deref(),
+            Some("second to last\nlast")
+        );
+        // One line longer than the bytes read: what is left of it, marked as cut.
+        let long = "x".repeat(5000);
+        let tail = tail_of(long.as_bytes()).unwrap();
+        assert_eq!(tail, format!("…{}", "x".repeat(STDERR_TAIL_BYTES as usize)));
+        // A cut line followed only by blank lines is kept.
+        assert_eq!(tail_text(b"end of it\n\n", true, 10), "…end of it");
+    }
+
+    #[test]
+    fn binary_and_control_characters_are_made_safe() {
+        let tail = tail_of(b"ok \xff\xfe bytes\n\x1b[31mred\x1b[0m\r\nbell\x07\n").unwrap();
+        assert_eq!(
+            tail,
+            "ok \u{FFFD}\u{FFFD} bytes\n\u{FFFD}[31mred\u{FFFD}[0m\nbell\u{FFFD}"
+        );
+        // A multi-byte character cut by the start of the read does not survive as garbage.
+        let mut bytes = "é".repeat(1500).into_bytes();
+        bytes.extend_from_slice(b"\ntail\n");
+        assert_eq!(tail_of(&bytes).as_deref(), Some("tail"));
+        let progress = tail_of(b"10%\r50%\r100%\n").unwrap();
+        assert_eq!(progress, "10%\n50%\n100%");
+    }
+
+    #[test]
+    fn a_symlink_or_fifo_in_place_of_stderr_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "top secret\n").unwrap();
+        let sandbox = dir.path().join("box");
+        std::fs::create_dir(&sandbox).unwrap();
+        std::os::unix::fs::symlink(&secret, sandbox.join("stderr")).unwrap();
+        assert_eq!(stderr_tail(&sandbox), None);
+        std::fs::remove_file(sandbox.join("stderr")).unwrap();
+        let fifo =
+            std::ffi::CString::new(sandbox.join("stderr").into_os_string().into_encoded_bytes())
+                .unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(
+            stderr_tail(&sandbox),
+            None,
+            "a FIFO must neither block nor be read"
+        );
+        std::fs::remove_file(sandbox.join("stderr")).unwrap();
+        std::fs::create_dir(sandbox.join("stderr")).unwrap();
+        assert_eq!(stderr_tail(&sandbox), None);
+    }
 
     #[test]
     fn plain_ids_are_kept() {

@@ -46,7 +46,7 @@ pub mod reason {
     /// KillTask for a task this agent does not know.
     pub const UNKNOWN_TASK: &str = "unknown_task";
     /// The kernel killed the task for exceeding its memory limit (`mem`, with cgroups); the
-    /// message says "memory limit N MiB exceeded".
+    /// message starts with "memory limit N MiB exceeded".
     pub const MEMORY_LIMIT: &str = "memory_limit";
 }
 
@@ -623,7 +623,9 @@ impl AgentState {
         None
     }
 
-    /// A task's process group is gone: report its terminal state, then one heartbeat.
+    /// A task's process group is gone: report its terminal state, then one heartbeat. Unless
+    /// the task exited 0, its message ends with the last lines of its stderr
+    /// ([`crate::sandbox::stderr_tail`]): "exited with status 3; stderr: …".
     pub fn process_exited(&mut self, key: TaskKey, outcome: ExitOutcome) -> Vec<Message> {
         let mut out = Vec::new();
         let Some(record) = self.tasks.get_mut(&key) else {
@@ -679,6 +681,14 @@ impl AgentState {
         };
         status.state = state as i32;
         status.message = how;
+        // How an unsuccessful end looked from inside: the last lines of the task's stderr.
+        if outcome != ExitOutcome::Code(0) {
+            let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
+            if let Some(tail) = crate::sandbox::stderr_tail(&sandbox) {
+                status.message.push_str("; stderr: ");
+                status.message.push_str(&tail);
+            }
+        }
         tracing::info!(task = %key.task_id, framework = %key.framework_id,
             state = state.short_name(), reason = %status.reason, "task {}", status.message);
         let status = self.issue(status, &mut out);

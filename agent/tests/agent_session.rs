@@ -309,36 +309,52 @@ async fn runs_a_task_to_completion_and_saves_its_id() {
     agent.stop().await.unwrap();
 }
 
+/// Runs one task with `command` and returns its terminal status (after RUNNING).
+async fn run_to_end(link: &mut MasterLink, id: &str, command: &str) -> TaskStatus {
+    link.run(vec![task(id, command, "cpus:1")]).await;
+    assert_eq!(
+        state(&link.next_update_acked().await),
+        TaskState::TaskRunning
+    );
+    link.next_update_acked().await
+}
+
 #[tokio::test]
 async fn non_zero_exit_fails_with_the_exit_code() {
     let master = FakeMaster::start().await;
     let dir = tempfile::tempdir().unwrap();
     let agent = RunningAgent::start(config(&master.addr, dir.path(), "cpus:4;mem:1024"));
     let (mut link, _) = master.accept("a1", 60_000).await;
-    link.run(vec![task("bad", "echo failing >&2; exit 3", "cpus:1")])
-        .await;
-    assert_eq!(
-        state(&link.next_update_acked().await),
-        TaskState::TaskRunning
-    );
-    let failed = link.next_update_acked().await;
+    let failed = run_to_end(&mut link, "bad", "echo early >&2; echo failing >&2; exit 3").await;
     assert_eq!(state(&failed), TaskState::TaskFailed);
     assert_eq!(failed.exit_code, Some(3));
     assert_eq!(failed.reason, "exit_status");
-    let stderr = std::fs::read_to_string(sandbox(dir.path(), "bad").join("stderr")).unwrap();
-    assert_eq!(stderr, "failing\n");
-
-    link.run(vec![task("segv", "kill -SEGV $$", "cpus:1")])
-        .await;
+    // How it ended, then the last lines of its stderr.
     assert_eq!(
-        state(&link.next_update_acked().await),
-        TaskState::TaskRunning
+        failed.message, "exited with status 3; stderr: early\nfailing",
+        "{failed:?}"
     );
-    let crashed = link.next_update_acked().await;
+    let stderr = std::fs::read_to_string(sandbox(dir.path(), "bad").join("stderr")).unwrap();
+    assert_eq!(stderr, "early\nfailing\n");
+
+    let crashed = run_to_end(&mut link, "segv", "echo about to crash >&2; kill -SEGV $$").await;
     assert_eq!(state(&crashed), TaskState::TaskFailed);
     assert_eq!(crashed.reason, "signal");
     assert!(crashed.message.contains("SIGSEGV"), "{}", crashed.message);
+    assert!(
+        // (The shell may add its own "Segmentation fault" line after it.)
+        crashed.message.contains("; stderr: about to crash"),
+        "{}",
+        crashed.message
+    );
     assert_eq!(crashed.exit_code, None);
+
+    // A task that succeeds gets no stderr in its message; one with an empty stderr neither.
+    let finished = run_to_end(&mut link, "ok", "echo chatty >&2").await;
+    assert_eq!(state(&finished), TaskState::TaskFinished);
+    assert!(!finished.message.contains("stderr"), "{}", finished.message);
+    let quiet = run_to_end(&mut link, "quiet", "exit 4").await;
+    assert_eq!(quiet.message, "exited with status 4");
     agent.stop().await.unwrap();
 }
 

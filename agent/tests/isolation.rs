@@ -207,15 +207,17 @@ async fn a_task_over_its_memory_limit_fails_with_memory_limit() {
     agent.start(task(
         "hog",
         "cpus:1;mem:32",
-        "head -c 200M /dev/zero | tail > /dev/null",
+        "echo eating memory >&2; head -c 200M /dev/zero | tail > /dev/null",
     ));
     let end = agent.end("hog").await;
     assert_eq!(end.state, TaskState::TaskFailed as i32, "{end:?}");
     assert_eq!(end.reason, "memory_limit", "{end:?}");
+    // The limit first, then how the task ended and the last lines of its stderr.
     assert!(
-        end.message.contains("memory limit 32 MiB exceeded"),
+        end.message.starts_with("memory limit 32 MiB exceeded"),
         "{end:?}"
     );
+    assert!(end.message.contains("; stderr: eating memory"), "{end:?}");
     assert!(
         !cgroup_exists(&agent.isolation, "hog"),
         "the cgroup outlived the task"
