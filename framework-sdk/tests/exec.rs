@@ -324,3 +324,36 @@ async fn exec_with_no_lost_grace_gives_up_on_a_lost_task_at_once() {
     assert_eq!(code, 1);
     assert_eq!(output, "TASK job-0 LOST agent=a-1 reason=agent_lost\n");
 }
+
+#[tokio::test]
+async fn exec_sets_the_kill_grace_on_every_task() {
+    let master = FakeMaster::bind().await;
+    let running = start_exec(&master.addr, "2", &["--kill-grace", "5s"]);
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 2).await;
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-1", "a-1", "cpus:2;mem:256")],
+    }))
+    .await;
+    let tasks = expect_accept(&mut side, "o-1").await;
+    let graces: Vec<u64> = tasks.iter().map(|t| t.kill_grace_ms).collect();
+    assert_eq!(graces, [5000, 5000]);
+    drop(side);
+    drop(running);
+}
+
+#[tokio::test]
+async fn exec_refuses_a_kill_grace_out_of_range() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+        .args(["--master", "127.0.0.1:1", "--name", "job"])
+        .args(["--resources", "cpus:1", "--kill-grace", "2h", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--kill-grace must be from 0s to 10m"),
+        "{stderr}"
+    );
+}

@@ -21,8 +21,8 @@ use async_trait::async_trait;
 use tracing::warn;
 
 use ringmaster_sdk::{
-    task, Driver, ErrorCode, FrameworkConfig, Offer, Resources, Scheduler, SecurityFlags,
-    TaskState, TaskStatus,
+    task, with_kill_grace, Driver, ErrorCode, FrameworkConfig, Offer, Resources, Scheduler,
+    SecurityFlags, TaskState, TaskStatus,
 };
 
 use crate::batch::{BatchExecScheduler, BatchFile};
@@ -92,6 +92,11 @@ pub struct ExecArgs {
     /// again) before exiting 1; 0 exits at once.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub lost_grace: f64,
+    /// When a task is killed (Ctrl-C, preemption, a kill), the time between its SIGTERM and its
+    /// SIGKILL, e.g. `5s` or `1m30s`, from 0s to 10m; without it, each agent's `--kill-grace`
+    /// (3 s by default).
+    #[arg(long, value_name = "DURATION")]
+    pub kill_grace: Option<String>,
     /// Submit the tasks of this YAML file as one batch to be matched at once (see
     /// docs/batch.md); then no --resources, --instances or command.
     #[arg(long, value_name = "FILE")]
@@ -130,6 +135,24 @@ pub struct ExecPlan {
     pub task_user: String,
     /// How long tasks LOST with their agent may take to come back (`--lost-grace`).
     pub lost_grace: Duration,
+    /// `--kill-grace`, set on every task (`None`: the agent's default).
+    pub kill_grace: Option<Duration>,
+}
+
+/// The largest `--kill-grace`.
+pub const MAX_KILL_GRACE: Duration = Duration::from_secs(600);
+
+/// Parses `--kill-grace`: a humantime duration from 0s to 10m.
+fn parse_kill_grace(text: &str) -> Result<Duration, UsageError> {
+    match crate::duration::parse_duration(text) {
+        Ok(grace) if grace <= MAX_KILL_GRACE => Ok(grace),
+        Ok(_) => Err(UsageError(format!(
+            "--kill-grace must be from 0s to 10m, got {text:?}"
+        ))),
+        Err(e) => Err(UsageError(format!(
+            "--kill-grace must be a duration from 0s to 10m such as 5s or 1m30s, got {text:?}: {e}"
+        ))),
+    }
 }
 
 impl ExecArgs {
@@ -172,6 +195,9 @@ impl ExecArgs {
             let mut batch = batch;
             for info in batch.tasks.iter_mut().filter_map(|t| t.task.as_mut()) {
                 info.user = plan.task_user.clone();
+                if let Some(grace) = plan.kill_grace {
+                    *info = with_kill_grace(std::mem::take(info), grace);
+                }
             }
             plan.batch = Some(batch);
             return Ok(plan);
@@ -227,6 +253,11 @@ impl ExecArgs {
                 ))
             }
         };
+        let kill_grace = self
+            .kill_grace
+            .as_deref()
+            .map(parse_kill_grace)
+            .transpose()?;
         let command = self.command.join(" ");
         if command.trim().is_empty() {
             return usage("the command after `--` is empty".into());
@@ -272,6 +303,7 @@ impl ExecArgs {
             gpu_models,
             task_user: self.user.clone().unwrap_or_default(),
             lost_grace,
+            kill_grace,
         })
     }
 }
@@ -313,6 +345,7 @@ pub struct ExecScheduler<W> {
     priority_class: String,
     gpu_models: Vec<String>,
     task_user: String,
+    kill_grace: Option<Duration>,
     /// The last state of each task by index.
     book: TaskBook,
     index_of: HashMap<String, usize>,
@@ -346,6 +379,7 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
             priority_class: plan.priority_class.clone(),
             gpu_models: plan.gpu_models.clone(),
             task_user: plan.task_user.clone(),
+            kill_grace: plan.kill_grace,
             book: TaskBook::new(plan.instances as usize),
             index_of,
             launched: 0,
@@ -469,7 +503,10 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
                     info.priority_class = self.priority_class.clone();
                     info.gpu_models = self.gpu_models.clone();
                     info.user = self.task_user.clone();
-                    info
+                    match self.kill_grace {
+                        Some(grace) => with_kill_grace(info, grace),
+                        None => info,
+                    }
                 })
                 .collect();
             self.launched += count;
@@ -800,6 +837,56 @@ mod tests {
             .unwrap()
             .plan()
             .is_ok());
+    }
+
+    #[test]
+    fn kill_grace_is_a_duration_up_to_ten_minutes() {
+        let grace = |text: &str| {
+            let flag = format!("--kill-grace={text}");
+            args(&["--resources", "cpus:1", &flag, "--", "true"])
+                .unwrap()
+                .plan()
+        };
+        assert_eq!(
+            grace("5s").unwrap().kill_grace,
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(grace("0s").unwrap().kill_grace, Some(Duration::ZERO));
+        assert_eq!(grace("10m").unwrap().kill_grace, Some(MAX_KILL_GRACE));
+        assert_eq!(
+            grace("1m30s").unwrap().kill_grace,
+            Some(Duration::from_secs(90))
+        );
+        let plan = args(&["--resources", "cpus:1", "--", "true"])
+            .unwrap()
+            .plan();
+        assert_eq!(plan.unwrap().kill_grace, None);
+        for bad in ["11m", "5", "five", "-1s", "", "99999999999999999999h"] {
+            let err = grace(bad).unwrap_err();
+            assert!(
+                err.0.starts_with("--kill-grace must be") && err.0.contains("0s to 10m"),
+                "{bad:?}: {}",
+                err.0
+            );
+        }
+    }
+
+    #[test]
+    fn kill_grace_is_set_on_batch_tasks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.yaml");
+        std::fs::write(
+            &path,
+            "tasks:\n  - { id: a, command: x, resources: 'cpus:1', deadline: 5, work: 1 }\n",
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        let plan = args(&["--batch", file, "--kill-grace", "2s"])
+            .unwrap()
+            .plan()
+            .unwrap();
+        let info = plan.batch.unwrap().tasks[0].task.clone().unwrap();
+        assert_eq!(info.kill_grace_ms, 2000);
     }
 
     #[test]

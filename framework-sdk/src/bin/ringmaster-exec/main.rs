@@ -6,6 +6,7 @@
 //! binary against the SDK's fake master.
 
 mod batch;
+mod duration;
 mod exec;
 mod interrupt;
 mod report;
