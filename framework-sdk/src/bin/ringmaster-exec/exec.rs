@@ -40,6 +40,8 @@ use ringmaster_proto::resources::{check_known_names, STANDARD_NAMES};
     version,
     about = "Run a shell command as N tasks on a Ringmaster cluster and wait for them",
     after_help = "Prints `TASK <task-id> <STATE> agent=<agent-id> [reason=<reason>]` per state change;\n\
+                  a task that ended other than FINISHED adds `exit_code=<n>` (or `signal=<SIG>`) and\n\
+                  `message=<text>`, the message's further lines (stderr) indented with `    | `;\n\
                   with --batch also `UNMATCHED <task-id> reason=<code> (<text>)` and a `BATCH` summary.\n\
                   While tasks wait for an offer that fits, says why on stderr.\n\
                   Ctrl-C or SIGTERM tears the framework down: the master kills its tasks.\n\
