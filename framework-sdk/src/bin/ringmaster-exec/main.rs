@@ -10,6 +10,7 @@ mod duration;
 mod exec;
 mod interrupt;
 mod report;
+mod state_file;
 mod waiting;
 
 use std::io::IsTerminal;
