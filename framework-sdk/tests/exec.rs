@@ -54,19 +54,6 @@ fn offer(id: &str, agent: &str, resources: &str) -> Offer {
     }
 }
 
-fn update(task: &str, agent: &str, state: TaskState, reason: &str, update_id: &str) -> Message {
-    Message::Update(Update {
-        status: Some(TaskStatus {
-            task_id: task.into(),
-            agent_id: agent.into(),
-            state: state as i32,
-            reason: reason.into(),
-            update_id: update_id.into(),
-            ..TaskStatus::default()
-        }),
-    })
-}
-
 async fn expect_demand(side: &mut MasterSide, count: u32) {
     match side.recv().await {
         Message::Demand(demand) => {

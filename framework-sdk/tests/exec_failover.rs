@@ -9,8 +9,8 @@ use ringmaster_proto::convert::ResourcesWire;
 use std::path::Path;
 use std::process::Stdio;
 
-use ringmaster_proto::{Message, Offers, Subscribed, Update};
-use ringmaster_sdk::{Offer, Resources, TaskInfo, TaskState, TaskStatus};
+use ringmaster_proto::{Message, Offers, Subscribed};
+use ringmaster_sdk::{Offer, Resources, TaskInfo, TaskState};
 use support::*;
 use tokio::process::{Child, Command};
 use tokio::time::timeout;
@@ -51,24 +51,6 @@ fn offers(id: &str, resources: &str) -> Message {
     })
 }
 
-fn update(task: &str, state: TaskState, reason: &str, update_id: &str) -> Message {
-    Message::Update(Update {
-        status: Some(TaskStatus {
-            task_id: task.into(),
-            agent_id: if reason == "reconciliation" {
-                ""
-            } else {
-                "a-1"
-            }
-            .into(),
-            state: state as i32,
-            reason: reason.into(),
-            update_id: update_id.into(),
-            ..TaskStatus::default()
-        }),
-    })
-}
-
 async fn expect_demand(side: &mut MasterSide, count: u32) {
     match side.recv().await {
         Message::Demand(demand) => assert_eq!(demand.count, count),
@@ -94,6 +76,8 @@ async fn expect_reconcile(side: &mut MasterSide, ids: &[&str]) {
     }
 }
 
+const AGENT: &str = "a-1";
+
 fn read_state(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
@@ -116,7 +100,7 @@ async fn first_run_killed(master: &FakeMaster, state: &Path) {
         read_state(state),
         "{\"name\": \"job\", \"framework_id\": \"fw-1\", \"tasks\": [\"job-0\", \"job-1\"]}\n"
     );
-    side.send(update("job-0", TaskState::TaskRunning, "", "u1"))
+    side.send(update("job-0", AGENT, TaskState::TaskRunning, "", "u1"))
         .await;
     assert!(matches!(side.recv().await, Message::StatusAck(_)));
     first.start_kill().unwrap();
@@ -124,14 +108,10 @@ async fn first_run_killed(master: &FakeMaster, state: &Path) {
     assert!(state.exists(), "a killed exec leaves its state file");
 }
 
-#[tokio::test]
-async fn a_restarted_exec_takes_over_and_launches_only_what_was_never_launched() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("exec.json");
-    let master = FakeMaster::bind().await;
-    first_run_killed(&master, &state).await;
-
-    // Second run, same state file: takes fw-1 over.
+/// A first run killed after launching job-0 and job-1 of 3, then a second run with the same
+/// state file: it subscribes with fw-1, reconciles job-0 and job-1 and asks for one task.
+async fn second_run_reconciling(master: &FakeMaster, state: &Path) -> (Child, MasterSide) {
+    first_run_killed(master, state).await;
     let second = start_exec(
         &master.addr,
         "3",
@@ -141,10 +121,19 @@ async fn a_restarted_exec_takes_over_and_launches_only_what_was_never_launched()
     assert_eq!(subscribe.framework_id, "fw-1");
     expect_reconcile(&mut side, &["job-0", "job-1"]).await;
     expect_demand(&mut side, 1).await;
+    (second, side)
+}
+
+#[tokio::test]
+async fn a_restarted_exec_takes_over_and_launches_only_what_was_never_launched() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("exec.json");
+    let master = FakeMaster::bind().await;
+    let (second, mut side) = second_run_reconciling(&master, &state).await;
     // job-0 still runs; job-1 finished while exec was away.
-    side.send(update("job-0", TaskState::TaskRunning, "", ""))
+    side.send(update("job-0", AGENT, TaskState::TaskRunning, "", ""))
         .await;
-    side.send(update("job-1", TaskState::TaskFinished, "", ""))
+    side.send(update("job-1", AGENT, TaskState::TaskFinished, "", ""))
         .await;
     side.barrier(7).await;
     side.send(offers("o-2", "cpus:8;mem:1024")).await;
@@ -157,7 +146,7 @@ async fn a_restarted_exec_takes_over_and_launches_only_what_was_never_launched()
     assert!(matches!(side.recv().await, Message::Suppress(_)));
     assert!(read_state(&state).contains("[\"job-0\", \"job-1\", \"job-2\"]"));
     for (task, id) in [("job-0", "u2"), ("job-2", "u3")] {
-        side.send(update(task, TaskState::TaskFinished, "", id))
+        side.send(update(task, AGENT, TaskState::TaskFinished, "", id))
             .await;
         assert!(matches!(side.recv().await, Message::StatusAck(a) if a.update_id == id));
     }
@@ -180,21 +169,18 @@ async fn a_task_the_master_never_got_is_launched_after_the_takeover() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("exec.json");
     let master = FakeMaster::bind().await;
-    first_run_killed(&master, &state).await;
-
-    let second = start_exec(
-        &master.addr,
-        "3",
-        &["--state-file", state.to_str().unwrap()],
-    );
-    let (mut side, _) = master.accept_subscribed("fw-1").await;
-    expect_reconcile(&mut side, &["job-0", "job-1"]).await;
-    expect_demand(&mut side, 1).await;
-    side.send(update("job-0", TaskState::TaskRunning, "", ""))
+    let (second, mut side) = second_run_reconciling(&master, &state).await;
+    side.send(update("job-0", AGENT, TaskState::TaskRunning, "", ""))
         .await;
     // The launch of job-1 never reached the master.
-    side.send(update("job-1", TaskState::TaskLost, "reconciliation", ""))
-        .await;
+    side.send(update(
+        "job-1",
+        "",
+        TaskState::TaskLost,
+        "reconciliation",
+        "",
+    ))
+    .await;
     expect_demand(&mut side, 2).await;
     assert!(matches!(side.recv().await, Message::Revive(_)));
     side.send(offers("o-2", "cpus:8;mem:1024")).await;
@@ -211,10 +197,16 @@ async fn framework_id_alone_reconciles_every_task() {
     assert_eq!(subscribe.framework_id, "fw-9");
     expect_reconcile(&mut side, &["job-0", "job-1"]).await;
     expect_demand(&mut side, 0).await;
-    side.send(update("job-0", TaskState::TaskFinished, "", ""))
+    side.send(update("job-0", AGENT, TaskState::TaskFinished, "", ""))
         .await;
-    side.send(update("job-1", TaskState::TaskFailed, "exit_status", ""))
-        .await;
+    side.send(update(
+        "job-1",
+        AGENT,
+        TaskState::TaskFailed,
+        "exit_status",
+        "",
+    ))
+    .await;
     assert!(matches!(side.recv().await, Message::Teardown(_)));
     let (code, stdout, _) = finish(exec).await;
     assert_eq!(code, 1);
