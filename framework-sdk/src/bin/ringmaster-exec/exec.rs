@@ -6,7 +6,9 @@
 //! launched, prints one line per task state change, and stops when every task is terminal.
 //! While tasks wait for an offer that fits, it says why on stderr ([`crate::waiting`]). On
 //! SIGINT/SIGTERM it tears the framework down so the master kills its tasks
-//! ([`crate::interrupt`]).
+//! ([`crate::interrupt`]). With `--state-file` it saves its framework id and launched tasks
+//! ([`crate::state_file`]); a restarted exec (or `--framework-id`) takes the framework over,
+//! reconciles those tasks, and launches only the ones the master does not know.
 //! Exit codes: 0 when every task FINISHED, 1 otherwise (or when the master cannot be reached),
 //! 2 for usage errors (including resource names outside the standard set, unless
 //! `--allow-custom-resources`), 130 after SIGINT, 143 after SIGTERM.
@@ -46,6 +48,8 @@ use ringmaster_proto::resources::{check_known_names, STANDARD_NAMES};
                   with --batch also `UNMATCHED <task-id> reason=<code> (<text>)` and a `BATCH` summary.\n\
                   While tasks wait for an offer that fits, says why on stderr.\n\
                   Ctrl-C or SIGTERM tears the framework down: the master kills its tasks.\n\
+                  With --state-file, a restarted exec takes its framework over and waits for the\n\
+                  tasks already launched instead of running them again.\n\
                   Exit code: 0 if every task FINISHED, 1 otherwise, 2 for usage errors,\n\
                   130 after SIGINT, 143 after SIGTERM."
 )]
