@@ -262,3 +262,28 @@ async fn a_state_file_of_another_run_is_a_usage_error() {
     assert!(stderr.contains("is not an exec state file"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[tokio::test]
+async fn sigterm_tears_down_and_removes_the_state_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("exec.json");
+    let master = FakeMaster::bind().await;
+    let exec = start_exec(
+        &master.addr,
+        "1",
+        &["--state-file", state.to_str().unwrap()],
+    );
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 1).await;
+    assert!(read_state(&state).contains("\"fw-1\""));
+    let pid = exec.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    let (code, _, stderr) = finish(exec).await;
+    assert_eq!(code, 143, "{stderr}");
+    assert!(!state.exists(), "torn down: nothing left to take over");
+}

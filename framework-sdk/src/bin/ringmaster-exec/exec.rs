@@ -787,7 +787,7 @@ pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 
         let scheduler = BatchExecScheduler::new(batch_id, batch.tasks, plan.lost_grace, out);
         return match run_interruptible(plan.config, scheduler).await {
             Outcome::Finished(result) => finished(result.map(|s| s.exit_code())),
-            Outcome::Interrupted(signal) => signal.exit_code(),
+            Outcome::Interrupted { signal, .. } => signal.exit_code(),
         };
     }
     let scheduler = ExecScheduler::new(&plan, out);
@@ -796,18 +796,21 @@ pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 
     if let Some(path) = &state_file {
         match &outcome {
             // Ended normally: every task ended, or torn down after a signal.
-            Outcome::Finished(Ok(_)) | Outcome::Interrupted(_) => state_file::remove(path),
-            Outcome::Finished(Err(_)) if path.exists() => eprintln!(
+            Outcome::Finished(Ok(_))
+            | Outcome::Interrupted {
+                torn_down: true, ..
+            } => state_file::remove(path),
+            _ if path.exists() => eprintln!(
                 "ringmaster-exec: kept {}: run again with --state-file {} to take the framework over",
                 path.display(),
                 path.display()
             ),
-            Outcome::Finished(Err(_)) => {}
+            _ => {}
         }
     }
     match outcome {
         Outcome::Finished(result) => finished(result.map(|s| s.exit_code())),
-        Outcome::Interrupted(signal) => signal.exit_code(),
+        Outcome::Interrupted { signal, .. } => signal.exit_code(),
     }
 }
 
