@@ -57,6 +57,8 @@ mod flags;
 mod scheduler;
 mod session;
 
+use std::time::Duration;
+
 use ringmaster_proto::convert::ResourcesWire;
 pub use ringmaster_proto::{
     resources::Resources,
@@ -91,6 +93,28 @@ pub fn task(id: &str, command: &str, resources: &Resources) -> TaskInfo {
     }
 }
 
+/// Sets how long the agent waits between the SIGTERM and the SIGKILL when `info`'s task is
+/// killed ([`TaskInfo::kill_grace_ms`]); without it the agent's default (`--kill-grace`, 3 s)
+/// applies.
+///
+/// On the wire 0 means "the agent's default", so a zero (or sub-millisecond) grace is sent as
+/// 1 ms: SIGKILL at once. The agent caps the grace at one day.
+///
+/// ```
+/// use std::time::Duration;
+/// use ringmaster_sdk::{task, with_kill_grace, Resources};
+///
+/// let info = with_kill_grace(task("t-0", "sleep 60", &Resources::scalar("cpus", 1.0)), Duration::from_secs(5));
+/// assert_eq!(info.kill_grace_ms, 5000);
+/// ```
+pub fn with_kill_grace(info: TaskInfo, grace: Duration) -> TaskInfo {
+    let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX).max(1);
+    TaskInfo {
+        kill_grace_ms: ms,
+        ..info
+    }
+}
+
 /// Builds a [`BatchTask`] for [`Driver::submit_batch`]: `info` (see [`task`]) with its deadline
 /// (seconds, > 0), its work (seconds on an agent of `cpu_speed` 1, > 0) and its price (≥ 0).
 pub fn batch_task(info: TaskInfo, deadline_secs: f64, work: f64, price: f64) -> BatchTask {
@@ -121,5 +145,19 @@ mod tests {
         assert_eq!(info.command, "echo hi");
         assert_eq!(Resources::from_wire(info.resources.as_ref()).unwrap(), unit);
         assert!(info.framework_id.is_empty() && info.agent_id.is_empty());
+        assert_eq!(info.kill_grace_ms, 0, "0: the agent's default grace");
+    }
+
+    #[test]
+    fn kill_grace_is_set_in_ms_and_never_zero() {
+        let unit = Resources::scalar("cpus", 1.0);
+        let grace = |d: Duration| with_kill_grace(task("t", "x", &unit), d).kill_grace_ms;
+        assert_eq!(grace(Duration::from_secs(5)), 5000);
+        assert_eq!(grace(Duration::from_millis(1500)), 1500);
+        assert_eq!(grace(Duration::ZERO), 1, "0 would mean the agent's default");
+        assert_eq!(grace(Duration::from_micros(10)), 1);
+        assert_eq!(grace(Duration::MAX), u64::MAX);
+        let info = with_kill_grace(task("t", "x", &unit), Duration::from_secs(1));
+        assert_eq!(info.command, "x", "the rest of the task is kept");
     }
 }

@@ -54,19 +54,6 @@ fn offer(id: &str, agent: &str, resources: &str) -> Offer {
     }
 }
 
-fn update(task: &str, agent: &str, state: TaskState, reason: &str, update_id: &str) -> Message {
-    Message::Update(Update {
-        status: Some(TaskStatus {
-            task_id: task.into(),
-            agent_id: agent.into(),
-            state: state as i32,
-            reason: reason.into(),
-            update_id: update_id.into(),
-            ..TaskStatus::default()
-        }),
-    })
-}
-
 async fn expect_demand(side: &mut MasterSide, count: u32) {
     match side.recv().await {
         Message::Demand(demand) => {
@@ -323,4 +310,94 @@ async fn exec_with_no_lost_grace_gives_up_on_a_lost_task_at_once() {
     let (code, output) = finish(running).await;
     assert_eq!(code, 1);
     assert_eq!(output, "TASK job-0 LOST agent=a-1 reason=agent_lost\n");
+}
+
+#[tokio::test]
+async fn exec_sets_the_kill_grace_on_every_task() {
+    let master = FakeMaster::bind().await;
+    let running = start_exec(&master.addr, "2", &["--kill-grace", "5s"]);
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 2).await;
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-1", "a-1", "cpus:2;mem:256")],
+    }))
+    .await;
+    let tasks = expect_accept(&mut side, "o-1").await;
+    let graces: Vec<u64> = tasks.iter().map(|t| t.kill_grace_ms).collect();
+    assert_eq!(graces, [5000, 5000]);
+    drop(side);
+    drop(running);
+}
+
+#[tokio::test]
+async fn exec_refuses_a_kill_grace_out_of_range() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ringmaster-exec"))
+        .args(["--master", "127.0.0.1:1", "--name", "job"])
+        .args(["--resources", "cpus:1", "--kill-grace", "2h", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--kill-grace must be from 0s to 10m"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_line_has_the_exit_code_or_signal_and_the_message() {
+    let master = FakeMaster::bind().await;
+    let running = start_exec(&master.addr, "2", &[]);
+    let (mut side, _) = master.accept_subscribed("fw-1").await;
+    expect_demand(&mut side, 2).await;
+    side.send(Message::Offers(Offers {
+        offers: vec![offer("o-1", "a-1", "cpus:2;mem:256")],
+    }))
+    .await;
+    expect_accept(&mut side, "o-1").await;
+    expect_demand(&mut side, 0).await;
+    assert!(matches!(side.recv().await, Message::Suppress(_)));
+    let failed = |task: &str, reason: &str, code: Option<i32>, message: &str, id: &str| {
+        Message::Update(Update {
+            status: Some(TaskStatus {
+                task_id: task.into(),
+                agent_id: "a-1".into(),
+                state: TaskState::TaskFailed as i32,
+                reason: reason.into(),
+                exit_code: code,
+                message: message.into(),
+                update_id: id.into(),
+                ..TaskStatus::default()
+            }),
+        })
+    };
+    side.send(failed(
+        "job-0",
+        "exit_status",
+        Some(3),
+        "exited with status 3\nstderr: no such file",
+        "u1",
+    ))
+    .await;
+    expect_ack(&mut side, "u1").await;
+    side.send(failed(
+        "job-1",
+        "memory_limit",
+        None,
+        "memory limit 32 MiB exceeded (killed by SIGKILL (9))",
+        "u2",
+    ))
+    .await;
+    expect_ack(&mut side, "u2").await;
+    assert!(matches!(side.recv().await, Message::Teardown(_)));
+    let (code, output) = finish(running).await;
+    assert_eq!(code, 1);
+    assert_eq!(
+        output,
+        "TASK job-0 FAILED agent=a-1 reason=exit_status exit_code=3 message=exited with status 3\n    \
+         | stderr: no such file\n\
+         TASK job-1 FAILED agent=a-1 reason=memory_limit signal=SIGKILL \
+         message=memory limit 32 MiB exceeded (killed by SIGKILL (9))\n"
+    );
 }

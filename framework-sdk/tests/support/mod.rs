@@ -5,8 +5,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ringmaster_proto::{Connection, HelloAck, Message, Subscribe, Subscribed};
-use ringmaster_sdk::{Driver, ErrorCode, FrameworkConfig, Offer, Scheduler, TaskInfo, TaskStatus};
+use ringmaster_proto::{Connection, HelloAck, Message, Subscribe, Subscribed, Update};
+use ringmaster_sdk::{
+    Driver, ErrorCode, FrameworkConfig, Offer, Scheduler, TaskInfo, TaskState, TaskStatus,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::timeout;
@@ -58,6 +60,21 @@ impl FakeMaster {
         .await;
         (side, subscribe)
     }
+}
+
+/// A status update from the master for `task` on `agent` (empty `update_id`: a
+/// reconciliation answer).
+pub fn update(task: &str, agent: &str, state: TaskState, reason: &str, update_id: &str) -> Message {
+    Message::Update(Update {
+        status: Some(TaskStatus {
+            task_id: task.into(),
+            agent_id: agent.into(),
+            state: state as i32,
+            reason: reason.into(),
+            update_id: update_id.into(),
+            ..TaskStatus::default()
+        }),
+    })
 }
 
 pub struct MasterSide {

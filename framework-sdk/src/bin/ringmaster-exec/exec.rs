@@ -6,13 +6,15 @@
 //! launched, prints one line per task state change, and stops when every task is terminal.
 //! While tasks wait for an offer that fits, it says why on stderr ([`crate::waiting`]). On
 //! SIGINT/SIGTERM it tears the framework down so the master kills its tasks
-//! ([`crate::interrupt`]).
+//! ([`crate::interrupt`]). With `--state-file` it saves its framework id and launched tasks
+//! ([`crate::state_file`]); a restarted exec (or `--framework-id`) takes the framework over,
+//! reconciles those tasks, and launches only the ones the master does not know.
 //! Exit codes: 0 when every task FINISHED, 1 otherwise (or when the master cannot be reached),
 //! 2 for usage errors (including resource names outside the standard set, unless
 //! `--allow-custom-resources`), 130 after SIGINT, 143 after SIGTERM.
 
 use ringmaster_proto::convert::{DeviceStateWire, ResourcesWire};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,8 +23,8 @@ use async_trait::async_trait;
 use tracing::warn;
 
 use ringmaster_sdk::{
-    task, Driver, ErrorCode, FrameworkConfig, Offer, Resources, Scheduler, SecurityFlags,
-    TaskState, TaskStatus,
+    task, with_kill_grace, Driver, ErrorCode, FrameworkConfig, Offer, Resources, Scheduler,
+    SecurityFlags, TaskState, TaskStatus,
 };
 
 use crate::batch::{BatchExecScheduler, BatchFile};
@@ -30,6 +32,7 @@ use crate::interrupt::{run_interruptible, Outcome};
 use crate::report::{
     exit_code, status_line, Progress, Stopper, TaskBook, EXIT_FAILURE, EXIT_USAGE,
 };
+use crate::state_file::{self, ExecState};
 use crate::waiting::{spawn_ticker, SharedWaiting, Waiting};
 use ringmaster_proto::resources::{check_known_names, STANDARD_NAMES};
 
@@ -40,9 +43,13 @@ use ringmaster_proto::resources::{check_known_names, STANDARD_NAMES};
     version,
     about = "Run a shell command as N tasks on a Ringmaster cluster and wait for them",
     after_help = "Prints `TASK <task-id> <STATE> agent=<agent-id> [reason=<reason>]` per state change;\n\
+                  a task that ended other than FINISHED adds `exit_code=<n>` (or `signal=<SIG>`) and\n\
+                  `message=<text>`, the message's further lines (stderr) indented with `    | `;\n\
                   with --batch also `UNMATCHED <task-id> reason=<code> (<text>)` and a `BATCH` summary.\n\
                   While tasks wait for an offer that fits, says why on stderr.\n\
                   Ctrl-C or SIGTERM tears the framework down: the master kills its tasks.\n\
+                  With --state-file, a restarted exec takes its framework over and waits for the\n\
+                  tasks already launched instead of running them again.\n\
                   Exit code: 0 if every task FINISHED, 1 otherwise, 2 for usage errors,\n\
                   130 after SIGINT, 143 after SIGTERM."
 )]
@@ -92,6 +99,21 @@ pub struct ExecArgs {
     /// again) before exiting 1; 0 exits at once.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub lost_grace: f64,
+    /// When a task is killed (Ctrl-C, preemption, a kill), the time between its SIGTERM and its
+    /// SIGKILL, e.g. `5s` or `1m30s`, from 0s to 10m; without it, each agent's `--kill-grace`
+    /// (3 s by default).
+    #[arg(long, value_name = "DURATION")]
+    pub kill_grace: Option<String>,
+    /// Take over this running framework (failover of an exec that died): its tasks are
+    /// reconciled, the ones the master knows are waited for, not launched again.
+    #[arg(long, value_name = "ID")]
+    pub framework_id: Option<String>,
+    /// Keep the framework id and the launched task ids in this JSON file (written atomically as
+    /// soon as they are known, removed when exec ends normally): an exec restarted with the
+    /// same file takes the framework over, reports the tasks that already exist and launches
+    /// only those never launched.
+    #[arg(long, value_name = "PATH")]
+    pub state_file: Option<std::path::PathBuf>,
     /// Submit the tasks of this YAML file as one batch to be matched at once (see
     /// docs/batch.md); then no --resources, --instances or command.
     #[arg(long, value_name = "FILE")]
@@ -130,6 +152,101 @@ pub struct ExecPlan {
     pub task_user: String,
     /// How long tasks LOST with their agent may take to come back (`--lost-grace`).
     pub lost_grace: Duration,
+    /// `--kill-grace`, set on every task (`None`: the agent's default).
+    pub kill_grace: Option<Duration>,
+    /// `--state-file`.
+    pub state_file: Option<std::path::PathBuf>,
+    /// The framework to take over (`--framework-id`, or the state file's), if any.
+    pub takeover: Option<Takeover>,
+}
+
+/// A framework a restarted exec takes over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Takeover {
+    /// Its id (also in [`FrameworkConfig::framework_id`]).
+    pub framework_id: String,
+    /// The indices of the tasks the previous run launched (from the state file); `None` when
+    /// unknown (`--framework-id` alone): every task is reconciled.
+    pub launched: Option<Vec<usize>>,
+}
+
+/// The takeover that `--framework-id` and the state file ask for; errors name the flag.
+fn takeover_of(
+    framework_id: Option<&str>,
+    state_file: Option<&std::path::Path>,
+    name: &str,
+    instances: u32,
+) -> Result<Option<Takeover>, UsageError> {
+    if let Some(id) = framework_id {
+        if id.trim().is_empty() || id.chars().any(char::is_whitespace) {
+            return Err(UsageError(format!(
+                "--framework-id must be a framework id without spaces, got {id:?}"
+            )));
+        }
+    }
+    let saved = match state_file {
+        Some(path) => ExecState::load(path).map_err(|e| UsageError(format!("--state-file {e}")))?,
+        None => None,
+    };
+    let Some(saved) = saved else {
+        return Ok(framework_id.map(|id| Takeover {
+            framework_id: id.to_string(),
+            launched: None,
+        }));
+    };
+    let path = state_file
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    if let Some(id) = framework_id.filter(|id| *id != saved.framework_id) {
+        return Err(UsageError(format!(
+            "--framework-id {id} differs from framework {} in --state-file {path}",
+            saved.framework_id
+        )));
+    }
+    if saved.name != name {
+        return Err(UsageError(format!(
+            "--state-file {path} belongs to --name {:?}, not {name:?}",
+            saved.name
+        )));
+    }
+    let mut launched = Vec::new();
+    for task_id in &saved.tasks {
+        let index = task_id
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|i| i.parse::<usize>().ok())
+            .filter(|&i| i < instances as usize && format!("{name}-{i}") == *task_id);
+        match index {
+            Some(i) if !launched.contains(&i) => launched.push(i),
+            Some(_) => {}
+            None => {
+                return Err(UsageError(format!(
+                    "--state-file {path} lists task {task_id:?}, not one of {name}-0 .. {name}-{} (--instances {instances})",
+                    instances.saturating_sub(1)
+                )))
+            }
+        }
+    }
+    Ok(Some(Takeover {
+        framework_id: saved.framework_id,
+        launched: Some(launched),
+    }))
+}
+
+/// The largest `--kill-grace`.
+pub const MAX_KILL_GRACE: Duration = Duration::from_secs(600);
+
+/// Parses `--kill-grace`: a humantime duration from 0s to 10m.
+fn parse_kill_grace(text: &str) -> Result<Duration, UsageError> {
+    match crate::duration::parse_duration(text) {
+        Ok(grace) if grace <= MAX_KILL_GRACE => Ok(grace),
+        Ok(_) => Err(UsageError(format!(
+            "--kill-grace must be from 0s to 10m, got {text:?}"
+        ))),
+        Err(e) => Err(UsageError(format!(
+            "--kill-grace must be a duration from 0s to 10m such as 5s or 1m30s, got {text:?}: {e}"
+        ))),
+    }
 }
 
 impl ExecArgs {
@@ -140,6 +257,11 @@ impl ExecArgs {
             return usage("--name must not be empty".into());
         }
         if let Some(path) = &self.batch {
+            if self.framework_id.is_some() || self.state_file.is_some() {
+                return usage(
+                    "--batch does not fail over: drop --framework-id and --state-file".into(),
+                );
+            }
             if !self.resources.is_empty() || !self.command.is_empty() || self.instances != 1 {
                 return usage(
                     "--batch takes tasks, resources and commands from the file: drop --resources, --instances and the command".into(),
@@ -172,6 +294,9 @@ impl ExecArgs {
             let mut batch = batch;
             for info in batch.tasks.iter_mut().filter_map(|t| t.task.as_mut()) {
                 info.user = plan.task_user.clone();
+                if let Some(grace) = plan.kill_grace {
+                    *info = with_kill_grace(std::mem::take(info), grace);
+                }
             }
             plan.batch = Some(batch);
             return Ok(plan);
@@ -227,6 +352,11 @@ impl ExecArgs {
                 ))
             }
         };
+        let kill_grace = self
+            .kill_grace
+            .as_deref()
+            .map(parse_kill_grace)
+            .transpose()?;
         let command = self.command.join(" ");
         if command.trim().is_empty() {
             return usage("the command after `--` is empty".into());
@@ -255,6 +385,13 @@ impl ExecArgs {
                 ))
             }
         };
+        let takeover = takeover_of(
+            self.framework_id.as_deref(),
+            self.state_file.as_deref(),
+            &self.name,
+            self.instances,
+        )?;
+        config.framework_id = takeover.as_ref().map(|t| t.framework_id.clone());
         config.weight = self.weight;
         config.failover_timeout = failover_timeout;
         config.give_up_after = Some(connect_timeout);
@@ -272,6 +409,9 @@ impl ExecArgs {
             gpu_models,
             task_user: self.user.clone().unwrap_or_default(),
             lost_grace,
+            kill_grace,
+            state_file: self.state_file.clone(),
+            takeover,
         })
     }
 }
@@ -313,10 +453,19 @@ pub struct ExecScheduler<W> {
     priority_class: String,
     gpu_models: Vec<String>,
     task_user: String,
+    kill_grace: Option<Duration>,
     /// The last state of each task by index.
     book: TaskBook,
     index_of: HashMap<String, usize>,
-    launched: u32,
+    /// The tasks whose launch was sent (by this run, or by the run taken over).
+    launched: BTreeSet<usize>,
+    /// Launched tasks of a run taken over whose existence the master has not confirmed yet.
+    reconciling: BTreeSet<usize>,
+    /// The framework to take over, until the first subscription.
+    takeover: Option<Takeover>,
+    state_file: Option<std::path::PathBuf>,
+    /// A failed state file write was reported (once is enough).
+    state_file_warned: bool,
     stopper: Stopper,
     /// Why tasks are still waiting, printed on stderr by `ticker`.
     waiting: SharedWaiting,
@@ -346,9 +495,21 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
             priority_class: plan.priority_class.clone(),
             gpu_models: plan.gpu_models.clone(),
             task_user: plan.task_user.clone(),
+            kill_grace: plan.kill_grace,
             book: TaskBook::new(plan.instances as usize),
             index_of,
-            launched: 0,
+            launched: plan
+                .takeover
+                .as_ref()
+                .map(|t| match &t.launched {
+                    Some(launched) => launched.iter().copied().collect(),
+                    None => (0..plan.instances as usize).collect(),
+                })
+                .unwrap_or_default(),
+            reconciling: BTreeSet::new(),
+            takeover: plan.takeover.clone(),
+            state_file: plan.state_file.clone(),
+            state_file_warned: false,
             stopper: Stopper::new(plan.lost_grace),
             waiting: Arc::new(Mutex::new(Waiting::new(
                 plan.unit.clone(),
@@ -372,7 +533,66 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
     }
 
     fn remaining(&self) -> u32 {
-        self.book.states().len() as u32 - self.launched
+        (self.book.states().len() - self.launched.len()) as u32
+    }
+
+    /// The ids of the tasks at `indices`.
+    fn task_ids<'a>(&self, indices: impl IntoIterator<Item = &'a usize>) -> Vec<String> {
+        indices
+            .into_iter()
+            .map(|i| format!("{}-{i}", self.name))
+            .collect()
+    }
+
+    /// Writes the state file (if any) with `framework_id` and the launched tasks.
+    fn save_state(&mut self, framework_id: &str) {
+        let Some(path) = &self.state_file else {
+            return;
+        };
+        let state = ExecState {
+            name: self.name.clone(),
+            framework_id: framework_id.to_string(),
+            tasks: self.task_ids(&self.launched),
+        };
+        if let Err(e) = state.save(path) {
+            if !self.state_file_warned {
+                eprintln!(
+                    "ringmaster-exec: cannot write the state file {}: {e} (a restarted exec could not take over)",
+                    path.display()
+                );
+                self.state_file_warned = true;
+            }
+        }
+    }
+
+    /// States the demand for the tasks not launched yet.
+    fn request_remaining(&mut self, driver: &Driver) {
+        let remaining = self.remaining();
+        self.waiting().launched(remaining, Instant::now());
+        let _ = driver.request(&self.unit, remaining);
+    }
+
+    /// A reconciliation answer for a task of the run taken over: true when it was one (and was
+    /// handled). A task the master does not know was never launched: it is launched now.
+    fn reconciled(&mut self, driver: &Driver, status: &TaskStatus) -> bool {
+        let Some(&index) = self.index_of.get(&status.task_id) else {
+            return false;
+        };
+        if !self.reconciling.remove(&index) {
+            return false;
+        }
+        let unknown = status.state() == TaskState::TaskLost
+            && matches!(status.reason.as_str(), "reconciliation" | "unknown_task");
+        if !unknown {
+            return false;
+        }
+        self.launched.remove(&index);
+        if let Some(framework_id) = driver.framework_id() {
+            self.save_state(&framework_id);
+        }
+        self.request_remaining(driver);
+        let _ = driver.revive();
+        true
     }
 
     /// Records a state; prints a line when it changed (see [`TaskBook`]).
@@ -393,10 +613,13 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
 
     /// Asks for the state of every launched task not yet terminal.
     fn reconcile_open(&self, driver: &Driver) {
-        let open: Vec<String> = (0..self.launched as usize)
+        let open: Vec<usize> = self
+            .launched
+            .iter()
+            .copied()
             .filter(|&i| !self.book.ended(i))
-            .map(|i| format!("{}-{i}", self.name))
             .collect();
+        let open = self.task_ids(&open);
         if !open.is_empty() {
             let _ = driver.reconcile(&open);
         }
@@ -404,25 +627,51 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
 
     /// Stops when every task ended for good, or after the lost grace (see [`Stopper`]).
     fn stop_when_done(&mut self, driver: &Driver) {
-        let progress = if self.launched as usize == self.book.states().len() {
-            self.book.progress(0..self.book.states().len())
-        } else {
-            Progress::Open
-        };
+        let progress =
+            if self.launched.len() == self.book.states().len() && self.reconciling.is_empty() {
+                self.book.progress(0..self.book.states().len())
+            } else {
+                Progress::Open
+            };
         self.stopper.update(progress, driver);
     }
 }
 
 #[async_trait]
 impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
-    async fn registered(&mut self, driver: &Driver, _framework_id: &str) {
-        if self.launched > 0 {
-            // A new framework id after a reconnect: the old framework expired with its tasks.
-            let framework_id = driver.framework_id().unwrap_or_default();
-            for index in 0..self.launched as usize {
+    async fn registered(&mut self, driver: &Driver, framework_id: &str) {
+        let takeover = self.takeover.take();
+        let took_over = takeover
+            .as_ref()
+            .is_some_and(|t| t.framework_id == framework_id);
+        if let Some(old) = takeover.as_ref().filter(|_| !took_over) {
+            eprintln!(
+                "ringmaster-exec: framework {} is gone (past its failover timeout?), its tasks with it; subscribed anew as {framework_id}",
+                old.framework_id
+            );
+            if old.launched.is_none() {
+                // Which tasks it had is unknown: start over.
+                self.launched.clear();
+            }
+        }
+        self.save_state(framework_id);
+        if took_over {
+            self.reconciling = self.launched.clone();
+            let ids = self.task_ids(&self.reconciling);
+            eprintln!(
+                "ringmaster-exec: took over framework {framework_id}; reconciling {} task(s), launching {}",
+                ids.len(),
+                self.remaining()
+            );
+            if !ids.is_empty() {
+                let _ = driver.reconcile(&ids);
+            }
+        } else if !self.launched.is_empty() {
+            // A new framework id: the old framework expired with its tasks.
+            for index in self.launched.clone() {
                 let status = TaskStatus {
                     task_id: format!("{}-{index}", self.name),
-                    framework_id: framework_id.clone(),
+                    framework_id: framework_id.to_string(),
                     state: TaskState::TaskLost as i32,
                     reason: "framework_expired".into(),
                     ..TaskStatus::default()
@@ -430,13 +679,14 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
                 self.record(&status);
             }
             self.stop_when_done(driver);
-            return;
+            if self.remaining() == 0 {
+                return;
+            }
         }
-        self.waiting().launched(self.remaining(), Instant::now());
         if self.ticker.is_none() {
             self.ticker = Some(spawn_ticker(self.waiting.clone()));
         }
-        let _ = driver.request(&self.unit, self.remaining());
+        self.request_remaining(driver);
     }
 
     async fn reregistered(&mut self, driver: &Driver, _framework_id: &str) {
@@ -444,7 +694,7 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
     }
 
     async fn offers(&mut self, driver: &Driver, offers: Vec<Offer>) {
-        let before = self.launched;
+        let before = self.launched.len();
         let mut declined = Vec::new();
         for offer in offers {
             let offered = match Resources::from_wire(offer.resources.as_ref()) {
@@ -463,22 +713,34 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
                 declined.push(offer.offer_id);
                 continue;
             }
-            let tasks = (self.launched..self.launched + count)
+            let indices: Vec<usize> = (0..self.book.states().len())
+                .filter(|i| !self.launched.contains(i))
+                .take(count as usize)
+                .collect();
+            let tasks = indices
+                .iter()
                 .map(|i| {
                     let mut info = task(&format!("{}-{i}", self.name), &self.command, &self.unit);
                     info.priority_class = self.priority_class.clone();
                     info.gpu_models = self.gpu_models.clone();
                     info.user = self.task_user.clone();
-                    info
+                    match self.kill_grace {
+                        Some(grace) => with_kill_grace(info, grace),
+                        None => info,
+                    }
                 })
                 .collect();
-            self.launched += count;
+            self.launched.extend(&indices);
+            // Saved before the launch is sent: a restarted exec then asks about these tasks.
+            if let Some(framework_id) = driver.framework_id() {
+                self.save_state(&framework_id);
+            }
             let _ = driver.accept(&offer.offer_id, tasks);
         }
         if !declined.is_empty() {
             let _ = driver.decline(&declined, Duration::ZERO);
         }
-        if self.launched != before {
+        if self.launched.len() != before {
             let remaining = self.remaining();
             self.waiting().launched(remaining, Instant::now());
             let _ = driver.request(&self.unit, self.remaining());
@@ -489,6 +751,13 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
     }
 
     async fn status_update(&mut self, driver: &Driver, status: TaskStatus) {
+        if self.reconciled(driver, &status) {
+            eprintln!(
+                "ringmaster-exec: task {} of the framework taken over was never launched; launching it",
+                status.task_id
+            );
+            return;
+        }
         self.record(&status);
         self.stop_when_done(driver);
     }
@@ -518,13 +787,30 @@ pub async fn run_exec<W: Write + Send + 'static>(args: ExecArgs, out: W) -> i32 
         let scheduler = BatchExecScheduler::new(batch_id, batch.tasks, plan.lost_grace, out);
         return match run_interruptible(plan.config, scheduler).await {
             Outcome::Finished(result) => finished(result.map(|s| s.exit_code())),
-            Outcome::Interrupted(signal) => signal.exit_code(),
+            Outcome::Interrupted { signal, .. } => signal.exit_code(),
         };
     }
     let scheduler = ExecScheduler::new(&plan, out);
-    match run_interruptible(plan.config, scheduler).await {
+    let state_file = plan.state_file.clone();
+    let outcome = run_interruptible(plan.config, scheduler).await;
+    if let Some(path) = &state_file {
+        match &outcome {
+            // Ended normally: every task ended, or torn down after a signal.
+            Outcome::Finished(Ok(_))
+            | Outcome::Interrupted {
+                torn_down: true, ..
+            } => state_file::remove(path),
+            _ if path.exists() => eprintln!(
+                "ringmaster-exec: kept {}: run again with --state-file {} to take the framework over",
+                path.display(),
+                path.display()
+            ),
+            _ => {}
+        }
+    }
+    match outcome {
         Outcome::Finished(result) => finished(result.map(|s| s.exit_code())),
-        Outcome::Interrupted(signal) => signal.exit_code(),
+        Outcome::Interrupted { signal, .. } => signal.exit_code(),
     }
 }
 
@@ -800,6 +1086,131 @@ mod tests {
             .unwrap()
             .plan()
             .is_ok());
+    }
+
+    #[test]
+    fn kill_grace_is_a_duration_up_to_ten_minutes() {
+        let grace = |text: &str| {
+            let flag = format!("--kill-grace={text}");
+            args(&["--resources", "cpus:1", &flag, "--", "true"])
+                .unwrap()
+                .plan()
+        };
+        assert_eq!(
+            grace("5s").unwrap().kill_grace,
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(grace("0s").unwrap().kill_grace, Some(Duration::ZERO));
+        assert_eq!(grace("10m").unwrap().kill_grace, Some(MAX_KILL_GRACE));
+        assert_eq!(
+            grace("1m30s").unwrap().kill_grace,
+            Some(Duration::from_secs(90))
+        );
+        let plan = args(&["--resources", "cpus:1", "--", "true"])
+            .unwrap()
+            .plan();
+        assert_eq!(plan.unwrap().kill_grace, None);
+        for bad in ["11m", "5", "five", "-1s", "", "99999999999999999999h"] {
+            let err = grace(bad).unwrap_err();
+            assert!(
+                err.0.starts_with("--kill-grace must be") && err.0.contains("0s to 10m"),
+                "{bad:?}: {}",
+                err.0
+            );
+        }
+    }
+
+    #[test]
+    fn kill_grace_is_set_on_batch_tasks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.yaml");
+        std::fs::write(
+            &path,
+            "tasks:\n  - { id: a, command: x, resources: 'cpus:1', deadline: 5, work: 1 }\n",
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        let plan = args(&["--batch", file, "--kill-grace", "2s"])
+            .unwrap()
+            .plan()
+            .unwrap();
+        let info = plan.batch.unwrap().tasks[0].task.clone().unwrap();
+        assert_eq!(info.kill_grace_ms, 2000);
+    }
+
+    #[test]
+    fn takeover_comes_from_the_state_file_or_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.json");
+        // No file, no flag: a fresh run; the flag alone: every task is reconciled.
+        assert_eq!(takeover_of(None, Some(&path), "job", 3), Ok(None));
+        let flag_only = takeover_of(Some("fw-1"), Some(&path), "job", 3).unwrap();
+        assert_eq!(
+            flag_only,
+            Some(Takeover {
+                framework_id: "fw-1".into(),
+                launched: None
+            })
+        );
+        let save = |name: &str, id: &str, tasks: &[&str]| {
+            ExecState {
+                name: name.into(),
+                framework_id: id.into(),
+                tasks: tasks.iter().map(|t| t.to_string()).collect(),
+            }
+            .save(&path)
+            .unwrap()
+        };
+        save("job", "fw-2", &["job-2", "job-0", "job-2"]);
+        let from_file = takeover_of(None, Some(&path), "job", 3).unwrap().unwrap();
+        assert_eq!(from_file.framework_id, "fw-2");
+        assert_eq!(from_file.launched, Some(vec![2, 0]));
+        assert!(takeover_of(Some("fw-2"), Some(&path), "job", 3).is_ok());
+        let bad: [(Option<&str>, &str, u32, &str); 4] = [
+            (Some("fw-9"), "job", 3, "differs from framework fw-2"),
+            (None, "other", 3, "belongs to --name \"job\""),
+            (None, "job", 2, "lists task \"job-2\""),
+            (Some(" "), "job", 3, "--framework-id must be"),
+        ];
+        for (flag, name, instances, want) in bad {
+            let err = takeover_of(flag, Some(&path), name, instances).unwrap_err();
+            assert!(err.0.contains(want), "{}", err.0);
+        }
+        save("job", "fw-2", &["job-x"]);
+        let err = takeover_of(None, Some(&path), "job", 3).unwrap_err();
+        assert!(err.0.contains("lists task \"job-x\""), "{}", err.0);
+        save("job", "fw-2", &["job-01"]);
+        assert!(takeover_of(None, Some(&path), "job", 3).is_err());
+    }
+
+    #[test]
+    fn the_plan_takes_over_the_saved_framework() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.json");
+        let file = path.to_str().unwrap();
+        let plan = args(&["--resources", "cpus:1", "--state-file", file, "--", "true"])
+            .unwrap()
+            .plan()
+            .unwrap();
+        assert_eq!(plan.config.framework_id, None);
+        assert_eq!(plan.state_file.as_deref(), Some(path.as_path()));
+        let plan = args(&[
+            "--resources",
+            "cpus:1",
+            "--framework-id",
+            "fw-3",
+            "--",
+            "true",
+        ])
+        .unwrap()
+        .plan()
+        .unwrap();
+        assert_eq!(plan.config.framework_id.as_deref(), Some("fw-3"));
+        let err = args(&["--batch", file, "--state-file", file])
+            .unwrap()
+            .plan()
+            .unwrap_err();
+        assert!(err.0.contains("--batch does not fail over"), "{}", err.0);
     }
 
     #[test]

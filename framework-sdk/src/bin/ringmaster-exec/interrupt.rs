@@ -106,8 +106,13 @@ impl<S: Scheduler> Scheduler for Tracked<S> {
 pub enum Outcome<S> {
     /// The framework stopped by itself (or failed).
     Finished(Result<S, SdkError>),
-    /// A signal arrived; the framework was torn down if it had registered.
-    Interrupted(Interrupt),
+    /// A signal arrived; the framework was torn down if it had registered (`torn_down`).
+    Interrupted {
+        /// The signal.
+        signal: Interrupt,
+        /// Whether a teardown was sent (false: exec had not registered yet).
+        torn_down: bool,
+    },
 }
 
 /// Waits for SIGINT or SIGTERM. Installed before the framework starts, so a signal during the
@@ -133,6 +138,7 @@ pub async fn run_interruptible<S: Scheduler>(config: FrameworkConfig, scheduler:
         inner: scheduler,
         slot: slot.clone(),
     };
+    let takeover = config.framework_id.clone();
     let run = ringmaster_sdk::run(config, tracked);
     tokio::pin!(run);
     let Some(signals) = install_signals() else {
@@ -147,11 +153,20 @@ pub async fn run_interruptible<S: Scheduler>(config: FrameworkConfig, scheduler:
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
     let Some(driver) = driver else {
-        eprintln!(
-            "ringmaster-exec: {}: not registered with the master yet, so no task was launched; exiting",
-            interrupt.name()
-        );
-        return Outcome::Interrupted(interrupt);
+        match takeover {
+            Some(id) => eprintln!(
+                "ringmaster-exec: {}: not registered with the master yet; framework {id} keeps its tasks until its failover timeout; exiting",
+                interrupt.name()
+            ),
+            None => eprintln!(
+                "ringmaster-exec: {}: not registered with the master yet, so no task was launched; exiting",
+                interrupt.name()
+            ),
+        }
+        return Outcome::Interrupted {
+            signal: interrupt,
+            torn_down: false,
+        };
     };
     let framework = driver.framework_id().unwrap_or_default();
     eprintln!(
@@ -168,7 +183,10 @@ pub async fn run_interruptible<S: Scheduler>(config: FrameworkConfig, scheduler:
             ),
         }
     }
-    Outcome::Interrupted(interrupt)
+    Outcome::Interrupted {
+        signal: interrupt,
+        torn_down: true,
+    }
 }
 
 #[cfg(test)]

@@ -6,9 +6,11 @@
 //! binary against the SDK's fake master.
 
 mod batch;
+mod duration;
 mod exec;
 mod interrupt;
 mod report;
+mod state_file;
 mod waiting;
 
 use std::io::IsTerminal;

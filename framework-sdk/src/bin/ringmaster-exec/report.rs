@@ -26,7 +26,12 @@ pub fn exit_code<'a>(states: impl IntoIterator<Item = &'a Option<TaskState>>) ->
     }
 }
 
-/// The line printed for a state change: `TASK <id> <STATE> agent=<agent>[ reason=<reason>]`.
+/// The line printed for a state change: `TASK <id> <STATE> agent=<agent>[ reason=<reason>]`,
+/// and for a task that ended other than FINISHED also how it ended: ` exit_code=<n>` (or
+/// ` signal=<SIGNAME>` when the message names the signal that killed it) and
+/// ` message=<first line of the status message>`; further lines of the message (the agent
+/// appends the last lines of the task's stderr) follow on lines of their own, each indented
+/// with `    | `.
 pub fn status_line(status: &TaskStatus) -> String {
     let mut line = format!(
         "TASK {} {} agent={}",
@@ -38,7 +43,47 @@ pub fn status_line(status: &TaskStatus) -> String {
         line.push_str(" reason=");
         line.push_str(&status.reason);
     }
+    let state = status.state();
+    if !state.is_terminal() || state == TaskState::TaskFinished {
+        return line;
+    }
+    match status.exit_code {
+        Some(code) => line.push_str(&format!(" exit_code={code}")),
+        None => {
+            if let Some(signal) = signal_in(&status.message) {
+                line.push_str(" signal=");
+                line.push_str(signal);
+            }
+        }
+    }
+    let mut message = status
+        .message
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty());
+    if let Some(first) = message.next() {
+        line.push_str(" message=");
+        line.push_str(first.trim_start());
+    }
+    for more in message {
+        line.push_str("\n    | ");
+        line.push_str(more);
+    }
     line
+}
+
+/// The signal name (`SIGKILL`, `SIGSEGV`, ...) in an agent's message such as
+/// "killed by SIGKILL (9)".
+fn signal_in(message: &str) -> Option<&str> {
+    message
+        .split(|c: char| !(c.is_ascii_alphanumeric()))
+        .find(|word| {
+            word.len() > 3
+                && word.starts_with("SIG")
+                && word[3..]
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        })
 }
 
 /// Each task's last state as exec sees it, by index.
@@ -205,6 +250,75 @@ mod tests {
             status_line(&status),
             "TASK job-0 KILLED agent=a1 reason=preempted"
         );
+    }
+
+    fn failed(reason: &str, exit_code: Option<i32>, message: &str) -> TaskStatus {
+        TaskStatus {
+            task_id: "job-0".into(),
+            agent_id: "a1".into(),
+            state: TaskState::TaskFailed as i32,
+            reason: reason.into(),
+            exit_code,
+            message: message.into(),
+            ..TaskStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_line_says_how_the_task_ended() {
+        assert_eq!(
+            status_line(&failed("exit_status", Some(3), "exited with status 3")),
+            "TASK job-0 FAILED agent=a1 reason=exit_status exit_code=3 message=exited with status 3"
+        );
+        assert_eq!(
+            status_line(&failed("signal", None, "killed by SIGSEGV (11)")),
+            "TASK job-0 FAILED agent=a1 reason=signal signal=SIGSEGV message=killed by SIGSEGV (11)"
+        );
+        assert_eq!(
+            status_line(&failed(
+                "memory_limit",
+                None,
+                "memory limit 32 MiB exceeded (killed by SIGKILL (9))"
+            )),
+            "TASK job-0 FAILED agent=a1 reason=memory_limit signal=SIGKILL \
+             message=memory limit 32 MiB exceeded (killed by SIGKILL (9))"
+        );
+        // The last lines of stderr the agent appends: one indented line each.
+        assert_eq!(
+            status_line(&failed(
+                "exit_status",
+                Some(1),
+                "exited with status 1\nlast stderr lines:\n  Traceback\nValueError: x\n\n"
+            )),
+            "TASK job-0 FAILED agent=a1 reason=exit_status exit_code=1 message=exited with status 1\n\
+             \x20   | last stderr lines:\n\
+             \x20   |   Traceback\n\
+             \x20   | ValueError: x"
+        );
+        // Without a message or code: as before.
+        assert_eq!(
+            status_line(&failed("exit_status", None, "")),
+            "TASK job-0 FAILED agent=a1 reason=exit_status"
+        );
+        // Killed and lost tasks say why too; FINISHED and RUNNING lines stay short.
+        let mut status = failed("killed_by_framework", None, "killed by SIGTERM (15)");
+        status.state = TaskState::TaskKilled as i32;
+        assert!(status_line(&status).ends_with(" signal=SIGTERM message=killed by SIGTERM (15)"));
+        status.state = TaskState::TaskFinished as i32;
+        status.reason.clear();
+        status.exit_code = Some(0);
+        assert_eq!(status_line(&status), "TASK job-0 FINISHED agent=a1");
+        status.state = TaskState::TaskRunning as i32;
+        assert_eq!(status_line(&status), "TASK job-0 RUNNING agent=a1");
+    }
+
+    #[test]
+    fn signal_names_are_found_only_as_whole_words() {
+        assert_eq!(signal_in("killed by SIGKILL (9)"), Some("SIGKILL"));
+        assert_eq!(signal_in("SIGRTMIN1"), Some("SIGRTMIN1"));
+        assert_eq!(signal_in("SIG alone"), None);
+        assert_eq!(signal_in("a SIGterm"), None);
+        assert_eq!(signal_in(""), None);
     }
 
     fn lost(reason: &str) -> TaskStatus {
