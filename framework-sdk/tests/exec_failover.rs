@@ -98,7 +98,7 @@ async fn first_run_killed(master: &FakeMaster, state: &Path) {
     // Written before the launch was sent.
     assert_eq!(
         read_state(state),
-        "{\"name\": \"job\", \"framework_id\": \"fw-1\", \"tasks\": [\"job-0\", \"job-1\"]}\n"
+        "{\"name\":\"job\",\"framework_id\":\"fw-1\",\"tasks\":[\"job-0\",\"job-1\"]}\n"
     );
     side.send(update("job-0", AGENT, TaskState::TaskRunning, "", "u1"))
         .await;
@@ -144,7 +144,7 @@ async fn a_restarted_exec_takes_over_and_launches_only_what_was_never_launched()
     );
     expect_demand(&mut side, 0).await;
     assert!(matches!(side.recv().await, Message::Suppress(_)));
-    assert!(read_state(&state).contains("[\"job-0\", \"job-1\", \"job-2\"]"));
+    assert!(read_state(&state).contains("[\"job-0\",\"job-1\",\"job-2\"]"));
     for (task, id) in [("job-0", "u2"), ("job-2", "u3")] {
         side.send(update(task, AGENT, TaskState::TaskFinished, "", id))
             .await;

@@ -238,7 +238,7 @@ pub const MAX_KILL_GRACE: Duration = Duration::from_secs(600);
 
 /// Parses `--kill-grace`: a humantime duration from 0s to 10m.
 fn parse_kill_grace(text: &str) -> Result<Duration, UsageError> {
-    match crate::duration::parse_duration(text) {
+    match humantime::parse_duration(text.trim()) {
         Ok(grace) if grace <= MAX_KILL_GRACE => Ok(grace),
         Ok(_) => Err(UsageError(format!(
             "--kill-grace must be from 0s to 10m, got {text:?}"

@@ -6,7 +6,6 @@
 //! binary against the SDK's fake master.
 
 mod batch;
-mod duration;
 mod exec;
 mod interrupt;
 mod report;

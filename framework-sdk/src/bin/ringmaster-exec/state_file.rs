@@ -11,10 +11,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The content of a state file.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExecState {
     /// `--name` of the run that wrote it (task ids are `<name>-<index>`).
@@ -34,8 +34,7 @@ impl ExecState {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
-        // JSON is YAML: the YAML parser the SDK already has reads it.
-        let state: ExecState = serde_yaml::from_str(&text)
+        let state: ExecState = serde_json::from_str(&text)
             .map_err(|e| format!("{} is not an exec state file: {e}", path.display()))?;
         if state.framework_id.trim().is_empty() {
             return Err(format!("{}: framework_id is empty", path.display()));
@@ -45,13 +44,9 @@ impl ExecState {
 
     /// The file's JSON text.
     pub fn to_json(&self) -> String {
-        let tasks: Vec<String> = self.tasks.iter().map(|t| json_string(t)).collect();
-        format!(
-            "{{\"name\": {}, \"framework_id\": {}, \"tasks\": [{}]}}\n",
-            json_string(&self.name),
-            json_string(&self.framework_id),
-            tasks.join(", ")
-        )
+        let mut text = serde_json::to_string(self).expect("strings always serialise");
+        text.push('\n');
+        text
     }
 
     /// Writes the file atomically: `<path>.tmp`, flushed to disk, renamed over `path`.
@@ -89,27 +84,6 @@ fn tmp_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// `text` as a JSON string literal.
-fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +111,7 @@ mod tests {
         };
         assert_eq!(
             plain.to_json(),
-            "{\"name\": \"job\", \"framework_id\": \"fw-1\", \"tasks\": [\"job-0\", \"job-1\"]}\n"
+            "{\"name\":\"job\",\"framework_id\":\"fw-1\",\"tasks\":[\"job-0\",\"job-1\"]}\n"
         );
         remove(&path);
         assert!(!path.exists());
