@@ -33,8 +33,8 @@ pub const WORK_DIR_NAME: &str = "ringmaster-agent";
     about = "Ringmaster agent: registers this machine with the master and runs its tasks"
 )]
 pub struct AgentArgs {
-    /// Address of the master, `HOST:PORT`.
-    #[arg(long, value_name = "ADDR")]
+    /// Address of the master, `HOST:PORT` (or `RINGMASTER_MASTER`).
+    #[arg(long, value_name = "ADDR", env = "RINGMASTER_MASTER")]
     pub master: String,
     /// Agent id to register with. Default: the id saved in `<work-dir>/agent_id` by an earlier
     /// run, else one assigned by the master.
@@ -752,5 +752,16 @@ mod tests {
             AgentArgs::try_parse_from(["x"]).is_err(),
             "--master is required"
         );
+    }
+
+    #[test]
+    fn the_master_address_may_come_from_the_environment() {
+        // The only test of this binary that reads the variable; the others pass --master.
+        std::env::set_var("RINGMASTER_MASTER", "from-env:5050");
+        let from_env = AgentArgs::try_parse_from(["x"]).map(|a| a.master);
+        let flag_wins = AgentArgs::try_parse_from(["x", "--master", "flag:1"]).map(|a| a.master);
+        std::env::remove_var("RINGMASTER_MASTER");
+        assert_eq!(from_env.unwrap(), "from-env:5050");
+        assert_eq!(flag_wins.unwrap(), "flag:1");
     }
 }

@@ -54,8 +54,8 @@ use ringmaster_proto::resources::{check_known_names, STANDARD_NAMES};
                   130 after SIGINT, 143 after SIGTERM."
 )]
 pub struct ExecArgs {
-    /// The master's address, host:port.
-    #[arg(long)]
+    /// The master's address, host:port (or `RINGMASTER_MASTER`).
+    #[arg(long, env = "RINGMASTER_MASTER")]
     pub master: String,
     /// Framework name; tasks are named NAME-0, NAME-1, ...
     #[arg(long)]
