@@ -101,15 +101,8 @@ enum Command {
     },
     /// Show a running master's state as tables (from its HTTP `/state`).
     Status {
-        /// The master's address: its protocol port (`--listen`), which serves HTTP too, or its
-        /// `--http` port.
-        #[arg(
-            long,
-            value_name = "ADDR",
-            env = "RINGMASTER_MASTER",
-            default_value = "127.0.0.1:5050"
-        )]
-        master: String,
+        #[command(flatten)]
+        master: MasterAddr,
         /// What to show.
         #[arg(value_enum, default_value_t = StatusView::Summary)]
         view: StatusView,
@@ -233,6 +226,20 @@ fn init_logging(default: &str) {
         .init();
 }
 
+/// `--master` of the client commands (`status`, `job`).
+#[derive(Debug, Args)]
+struct MasterAddr {
+    /// The master's address: its protocol port (`--listen`), which serves HTTP too, or its
+    /// `--http` port.
+    #[arg(
+        long = "master",
+        value_name = "ADDR",
+        env = "RINGMASTER_MASTER",
+        default_value = "127.0.0.1:5050"
+    )]
+    addr: String,
+}
+
 /// `ringmaster job ...`; `--master` is the master's address, as for `ringmaster status`.
 #[derive(Debug, Subcommand)]
 enum JobCommand {
@@ -243,14 +250,8 @@ enum JobCommand {
         /// For a batch job: wait until it is done; exit 0 iff every instance succeeded.
         #[arg(long)]
         wait: bool,
-        /// The master's address (its --listen; its --http port works too).
-        #[arg(
-            long,
-            value_name = "ADDR",
-            env = "RINGMASTER_MASTER",
-            default_value = "127.0.0.1:5050"
-        )]
-        master: String,
+        #[command(flatten)]
+        master: MasterAddr,
     },
     /// Show jobs and their instances (state, agent, restarts, last exit code).
     Status {
@@ -259,14 +260,8 @@ enum JobCommand {
         /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
-        /// The master's address (its --listen; its --http port works too).
-        #[arg(
-            long,
-            value_name = "ADDR",
-            env = "RINGMASTER_MASTER",
-            default_value = "127.0.0.1:5050"
-        )]
-        master: String,
+        #[command(flatten)]
+        master: MasterAddr,
     },
     /// Stop a job: SIGTERM to its tasks, SIGKILL after its kill grace.
     Stop {
@@ -274,60 +269,44 @@ enum JobCommand {
         /// Also forget the job.
         #[arg(long)]
         purge: bool,
-        /// The master's address (its --listen; its --http port works too).
-        #[arg(
-            long,
-            value_name = "ADDR",
-            env = "RINGMASTER_MASTER",
-            default_value = "127.0.0.1:5050"
-        )]
-        master: String,
+        #[command(flatten)]
+        master: MasterAddr,
     },
     /// Dry run: where each instance would go now, or why it cannot be placed (nothing is
     /// launched). Exit 0 iff every instance would be placed.
     Plan {
         /// The job spec (YAML, docs/jobs.md).
         file: String,
-        /// The master's address (its --listen; its --http port works too).
-        #[arg(
-            long,
-            value_name = "ADDR",
-            env = "RINGMASTER_MASTER",
-            default_value = "127.0.0.1:5050"
-        )]
-        master: String,
+        #[command(flatten)]
+        master: MasterAddr,
     },
     /// Set a job's instance count.
     Scale {
         name: String,
         count: u32,
-        /// The master's address (its --listen; its --http port works too).
-        #[arg(
-            long,
-            value_name = "ADDR",
-            env = "RINGMASTER_MASTER",
-            default_value = "127.0.0.1:5050"
-        )]
-        master: String,
+        #[command(flatten)]
+        master: MasterAddr,
     },
 }
 
 fn job_command(command: JobCommand) -> ExitCode {
     use ringmaster::jobs::cli;
     let result = match &command {
-        JobCommand::Run { file, wait, master } => cli::run(master, file, *wait),
-        JobCommand::Status { name, json, master } => cli::status(master, name.as_deref(), *json),
+        JobCommand::Run { file, wait, master } => cli::run(&master.addr, file, *wait),
+        JobCommand::Status { name, json, master } => {
+            cli::status(&master.addr, name.as_deref(), *json)
+        }
         JobCommand::Stop {
             name,
             purge,
             master,
-        } => cli::stop(master, name, *purge),
-        JobCommand::Plan { file, master } => cli::plan(master, file),
+        } => cli::stop(&master.addr, name, *purge),
+        JobCommand::Plan { file, master } => cli::plan(&master.addr, file),
         JobCommand::Scale {
             name,
             count,
             master,
-        } => cli::scale(master, name, *count),
+        } => cli::scale(&master.addr, name, *count),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -427,7 +406,11 @@ fn main() -> ExitCode {
             finish(result)
         }
         Command::Job { command } => job_command(command),
-        Command::Status { master, view, json } => {
+        Command::Status {
+            master: MasterAddr { addr: master },
+            view,
+            json,
+        } => {
             let snapshot = match ringmaster::status::fetch(&master) {
                 Ok(s) => s,
                 Err(e) => {

@@ -2,14 +2,14 @@
 //! naming the problem, before it touches the network or the work dir.
 
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Runs the agent with `args`; an agent that accepted them (and keeps retrying a master that
 /// is not there) is killed after 10 s and fails the test.
 fn agent(args: &[&str]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let work_dir = dir.path().join("work");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringmaster-agent"))
+    let child = Command::new(env!("CARGO_BIN_EXE_ringmaster-agent"))
         .args(["--master", "127.0.0.1:1", "--work-dir"])
         .arg(&work_dir)
         .args(args)
@@ -19,19 +19,23 @@ fn agent(args: &[&str]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            let out = child.wait_with_output().unwrap();
+    // The exit is the event waited on: a thread waits for it, the test for the thread.
+    let pid = child.id();
+    let (done, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match exited.recv_timeout(Duration::from_secs(10)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let out = exited.recv().unwrap().unwrap();
             panic!(
                 "the agent accepted {args:?} and kept running: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().unwrap()
 }
 
 #[test]

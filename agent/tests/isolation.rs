@@ -250,10 +250,21 @@ async fn a_busy_task_with_half_a_cpu_gets_about_half_a_core() {
         .existing_task_cgroup("fw", "busy", &resources)
         .expect("the task's cgroup");
     let usage = || cgroup.cpu_usage().expect("cpu usage of the cgroup");
-    // A measurement over a fixed window (the assertion is on the rate, with a wide band).
+    // Waits until the task has used one second of CPU, then divides by the wall time it took
+    // (the assertion is on the rate, with a wide band).
     let (u0, t0) = (usage(), Instant::now());
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (u1, t1) = (usage(), Instant::now());
+    let u1 = timeout(WAIT, async {
+        loop {
+            let u = usage();
+            if u - u0 >= Duration::from_secs(1) {
+                return u;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the busy task used a second of CPU");
+    let t1 = Instant::now();
     let cores = (u1 - u0).as_secs_f64() / (t1 - t0).as_secs_f64();
     println!("cpus:0.5 task used {cores:.3} cores");
     assert!((0.3..=0.7).contains(&cores), "used {cores:.3} cores");

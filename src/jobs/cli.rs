@@ -134,28 +134,12 @@ pub struct JobView {
     pub succeeded: bool,
 }
 
+/// A job as `GET /jobs` reports it (`done` and `succeeded` decided by the master).
 fn view(job: serde_json::Value) -> JobView {
-    let states: Vec<String> = job["instances"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|i| i["state"].as_str().unwrap_or("").to_string())
-                .collect()
-        })
-        .unwrap_or_default();
-    let batch = job["spec"]["type"] == "batch";
-    let ended = |s: &str| matches!(s, "succeeded" | "failed" | "stopped");
-    let done = if batch {
-        states.iter().all(|s| ended(s))
-    } else {
-        (job["stopped"] == true || !job["failed"].is_null())
-            && states.iter().all(|s| ended(s) || s == "pending")
-    };
-    let succeeded = states.iter().all(|s| s == "succeeded");
     JobView {
+        done: job["done"].as_bool().unwrap_or(false),
+        succeeded: job["succeeded"].as_bool().unwrap_or(false),
         job,
-        done,
-        succeeded,
     }
 }
 
@@ -312,8 +296,8 @@ mod tests {
         .unwrap();
         let mut engine = Engine::default();
         engine.put(spec);
-        let job: &Job = engine.job("b").unwrap();
-        let value = serde_json::to_value(job).unwrap();
+        let job: Job = engine.job("b").unwrap().clone();
+        let value = serde_json::to_value(job.report()).unwrap();
         let v = view(value);
         assert!(!v.done && !v.succeeded);
         assert_eq!(v.job["instances"][0]["state"], "pending");

@@ -109,6 +109,25 @@ impl Job {
             .iter()
             .all(|i| i.state == InstanceState::Succeeded)
     }
+
+    /// The job as the API reports it: with [`Job::done`] and [`Job::succeeded`], so clients
+    /// do not derive them again.
+    pub fn report(self) -> JobReport {
+        JobReport {
+            done: self.done(),
+            succeeded: self.succeeded(),
+            job: self,
+        }
+    }
+}
+
+/// A job with what follows from its instances (`GET /jobs`).
+#[derive(Clone, Debug, Serialize)]
+pub struct JobReport {
+    #[serde(flatten)]
+    pub job: Job,
+    pub done: bool,
+    pub succeeded: bool,
 }
 
 /// How a batch instance ended for good.

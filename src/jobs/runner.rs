@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::engine::{Engine, Job, OfferView, Outcome};
+use super::engine::{Engine, Job, JobReport, OfferView, Outcome};
 use super::spec::JobSpec;
 
 /// The jobs framework's name in `/state`.
@@ -105,9 +105,14 @@ impl JobsHandle {
         Ok(true)
     }
 
-    /// Every job with its instances.
-    pub fn jobs(&self) -> Vec<Job> {
-        self.lock().engine.jobs().cloned().collect()
+    /// Every job with its instances, as the API reports them.
+    pub fn jobs(&self) -> Vec<JobReport> {
+        self.lock()
+            .engine
+            .jobs()
+            .cloned()
+            .map(Job::report)
+            .collect()
     }
 }
 

@@ -204,7 +204,7 @@ async fn job_get(State(http): State<HttpState>, Path(name): Path<String>) -> Res
         Ok(jobs) => jobs,
         Err(response) => return *response,
     };
-    match jobs.jobs().into_iter().find(|j| j.spec.name == name) {
+    match jobs.jobs().into_iter().find(|j| j.job.spec.name == name) {
         Some(job) => Json(job).into_response(),
         None => no_such_job(&name),
     }
