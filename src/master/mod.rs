@@ -21,7 +21,8 @@
 //!   allocator.rs    Allocator: the placement books (cluster, DRF, quota ledger, device book,
 //!                   launched shapes, key↔id maps) and the one allocation cycle (`run`)
 //!   agents.rs frameworks.rs tasks.rs offers.rs batch.rs pending.rs durability.rs
-//!                   `impl MasterState` by conversation (handlers of the actor)
+//!   read_file.rs    `impl MasterState` by conversation (handlers of the actor)
+//!   files.rs        reads of task output in flight (the bounded pending-read map)
 //!   owners.rs       which principal owns each id (and `Peer`)
 //!   ids.rs          id minting; registry.rs: the durable store (redb)
 //!   server/         listener.rs (accept loop, connection cap, task tracker),
@@ -33,7 +34,7 @@
 //!
 //! Imports point down this list, never up (`use` and paths alike):
 //!
-//! 1. leaves, which import no other master module: `ids`, `registry`, `owners`, `allocator`
+//! 1. leaves, which import no other master module: `ids`, `registry`, `owners`, `files`, `allocator`
 //!    (the placement books; knows ids and keys, not the records, which it is told about),
 //!    `ops::metrics` (fed plain numbers; knows no state type), `ops::model` (the answers to
 //!    query events as plain data), `server::limits` (the bounded
@@ -41,7 +42,8 @@
 //! 2. `state` (the fields and the actor loop) and `events` (its vocabulary): `state` imports
 //!    the leaves and `events`, and none of the handlers, `ops::{http, views}` or
 //!    `server::{listener, task}`.
-//! 3. handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `pending`, `durability`):
+//! 3. handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `pending`, `durability`,
+//!    `read_file`):
 //!    `impl MasterState` blocks importing `state` (and leaves); `state` calls their methods
 //!    without importing them. `offers` also imports `pending`. They change the placement books
 //!    only through `state.alloc`'s methods, so the books move together (see `allocator`).
@@ -58,6 +60,7 @@ mod allocator;
 mod batch;
 mod durability;
 mod events;
+mod files;
 mod frameworks;
 #[cfg(test)]
 mod harness;
@@ -71,6 +74,7 @@ pub mod ops;
 mod owners;
 mod pending;
 pub mod plan;
+mod read_file;
 pub mod registry;
 mod server;
 mod state;
