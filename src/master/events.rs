@@ -44,7 +44,7 @@ pub(crate) enum Event {
     /// A window of a task's stdout/stderr, read by its agent (`GET /files/read`). Answered
     /// when the agent answers, its connection ends, or after `files::READ_TIMEOUT`.
     ReadFile {
-        request: super::read_file::FileRequest,
+        request: super::files::FileRequest,
         reply: super::files::FileReply,
     },
     /// Where would `count` instances of `demand` go now? (`POST /jobs/plan`)

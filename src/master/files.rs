@@ -20,6 +20,16 @@ pub(crate) const MAX_PENDING_READS: usize = 256;
 /// A read the agent has not answered within this is failed.
 pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What an HTTP client asks to read.
+#[derive(Clone, Debug)]
+pub struct FileRequest {
+    pub framework_id: String,
+    pub task_id: String,
+    pub file: ringmaster_proto::FileKind,
+    pub offset: u64,
+    pub length: u32,
+}
+
 /// A window of a task's output, as the agent read it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FileWindow {

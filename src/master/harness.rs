@@ -289,7 +289,7 @@ impl Harness {
         length: u32,
     ) -> tokio::sync::oneshot::Receiver<super::files::FileReadResult> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let request = super::read_file::FileRequest {
+        let request = super::files::FileRequest {
             framework_id: framework_id.to_string(),
             task_id: task_id.to_string(),
             file,

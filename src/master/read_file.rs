@@ -3,21 +3,11 @@
 //! (`GET /files/read`, `GET /jobs/NAME/logs`). The reads in flight are kept in
 //! [`super::files::PendingReads`]; this is where a request meets the task table and the agent.
 
-use ringmaster_proto::{FileData, FileKind, Message, ReadFile};
+use ringmaster_proto::{FileData, Message, ReadFile};
 use tokio::time::Instant;
 
-use super::files::{FileReadError, FileReply};
+use super::files::{FileReadError, FileReply, FileRequest};
 use super::state::{make_task_key, MasterState};
-
-/// What an HTTP client asks to read.
-#[derive(Clone, Debug)]
-pub(crate) struct FileRequest {
-    pub framework_id: String,
-    pub task_id: String,
-    pub file: FileKind,
-    pub offset: u64,
-    pub length: u32,
-}
 
 impl MasterState {
     /// Sends the read to the task's agent, or answers at once why it cannot be read.
