@@ -42,33 +42,37 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 
 /// The window parameters of a query: `file` (stdout, the default, or stderr), `offset`
 /// (default 0) and `length` (default and at most [`MAX_LENGTH`]).
-fn window(query: &HashMap<String, String>) -> Result<(FileKind, u64, u32), Response> {
-    let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
+fn window(query: &HashMap<String, String>) -> Result<(FileKind, u64, u32), String> {
     let file = match query.get("file").map(String::as_str) {
         None | Some("stdout") => FileKind::Stdout,
         Some("stderr") => FileKind::Stderr,
-        Some(other) => return Err(bad(format!("file must be stdout or stderr, not {other:?}"))),
+        Some(other) => return Err(format!("file must be stdout or stderr, not {other:?}")),
     };
     let offset = match query.get("offset") {
         None => 0,
         Some(text) => text
             .parse::<u64>()
-            .map_err(|_| bad(format!("offset must be a byte count, not {text:?}")))?,
+            .map_err(|_| format!("offset must be a byte count, not {text:?}"))?,
     };
     let length = match query.get("length") {
         None => MAX_LENGTH,
         Some(text) => text
             .parse::<u64>()
-            .map_err(|_| bad(format!("length must be a byte count, not {text:?}")))?
+            .map_err(|_| format!("length must be a byte count, not {text:?}"))?
             .min(u64::from(MAX_LENGTH)) as u32,
     };
     Ok((file, offset, length))
 }
 
 /// Asks the actor for the read and waits for its answer.
-async fn read(http: &HttpState, request: FileRequest) -> Result<FileWindow, Response> {
+async fn read(http: &HttpState, request: FileRequest) -> Result<FileWindow, Box<Response>> {
     let (reply, answer) = oneshot::channel();
-    let stopping = || error(StatusCode::SERVICE_UNAVAILABLE, "the master is stopping");
+    let stopping = || {
+        Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the master is stopping",
+        ))
+    };
     match tokio::time::timeout(
         ACTOR_TIMEOUT,
         http.events.send(Event::ReadFile { request, reply }),
@@ -78,20 +82,20 @@ async fn read(http: &HttpState, request: FileRequest) -> Result<FileWindow, Resp
         Ok(Ok(())) => {}
         Ok(Err(_)) => return Err(stopping()),
         Err(_) => {
-            return Err(error(
+            return Err(Box::new(error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the master did not take the request within 5 s",
-            ))
+            )))
         }
     }
     let result = match tokio::time::timeout(READ_TIMEOUT + SLACK, answer).await {
         Ok(Ok(result)) => result,
         Ok(Err(_)) => return Err(stopping()),
         Err(_) => {
-            return Err(error(
+            return Err(Box::new(error(
                 StatusCode::GATEWAY_TIMEOUT,
                 "the master did not answer in time",
-            ))
+            )))
         }
     };
     result.map_err(|e| {
@@ -101,7 +105,7 @@ async fn read(http: &HttpState, request: FileRequest) -> Result<FileWindow, Resp
             FileReadError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             FileReadError::Busy => StatusCode::SERVICE_UNAVAILABLE,
         };
-        error(status, e.to_string())
+        Box::new(error(status, e.to_string()))
     })
 }
 
@@ -164,7 +168,7 @@ pub(super) async fn files_read(
     };
     let (file, offset, length) = match window(&query) {
         Ok(window) => window,
-        Err(response) => return response,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let request = FileRequest {
         framework_id: framework_id.clone(),
@@ -175,7 +179,7 @@ pub(super) async fn files_read(
     };
     match read(&http, request).await {
         Ok(window) => ok(body(window)),
-        Err(response) => response,
+        Err(response) => *response,
     }
 }
 
@@ -206,7 +210,7 @@ pub(super) async fn job_logs(
     };
     let (file, offset, length) = match window(&query) {
         Ok(window) => window,
-        Err(response) => return response,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let (framework_id, task_id) = match jobs.instance_task(&name, index) {
         Ok(found) => found,
@@ -240,7 +244,7 @@ pub(super) async fn job_logs(
             value["instance"] = json!(index);
             ok(value)
         }
-        Err(response) => response,
+        Err(response) => *response,
     }
 }
 
