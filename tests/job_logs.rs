@@ -132,6 +132,29 @@ fn job_logs_prints_stdout_stderr_and_follows_a_service() {
     ));
     assert_eq!(code, 400, "{answer}");
 
+    // ringmaster-exec --logs: each task's stdout once it ended, prefixed with its id.
+    let (code, out) = exec(
+        &addr,
+        &[
+            "--name",
+            "say",
+            "--resources",
+            "cpus:0.1;mem:32",
+            "--instances",
+            "2",
+            "--logs",
+            "--",
+            "echo hello from $RINGMASTER_TASK_ID; echo bye",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    for task in ["say-0", "say-1"] {
+        assert!(
+            out.contains(&format!("[{task}] hello from {task}\n[{task}] bye\n")),
+            "{out}"
+        );
+    }
+
     // --follow on a service: lines as the task writes them.
     let ticker = dir.path().join("ticker.yaml");
     std::fs::write(&ticker, TICKER).unwrap();
@@ -179,4 +202,36 @@ fn job_logs_prints_stdout_stderr_and_follows_a_service() {
     for (i, line) in rest.iter().enumerate() {
         assert_eq!(*line, format!("tick-{}", i + 6), "{rest:?}");
     }
+}
+
+#[test]
+fn exec_logs_goes_on_without_the_masters_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("master.yaml");
+    std::fs::write(&config, "master:\n  allocation_interval: 5ms\n").unwrap();
+    let (_master, addr, logs) = start_master_with(&config, "127.0.0.1:0", &["--http", "none"]);
+    let _agent = start_agent(&addr, "a1", "cpus:2;mem:1024", &dir.path().join("agent"));
+    wait_registered(&logs, &["a1"]);
+    let out = Command::new(workspace_bin("ringmaster-exec"))
+        .args([
+            "--master",
+            &addr,
+            "--name",
+            "quiet",
+            "--resources",
+            "cpus:0.1",
+        ])
+        .args(["--instances", "2", "--logs", "--", "echo hi"])
+        .output()
+        .expect("run ringmaster-exec");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(stdout.matches("FINISHED").count(), 2, "{stdout}");
+    assert!(!stdout.contains("[quiet-"), "{stdout}");
+    assert_eq!(
+        stderr.matches("the master's HTTP is not reachable").count(),
+        1,
+        "said once: {stderr}"
+    );
 }
