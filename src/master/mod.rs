@@ -27,7 +27,8 @@
 //!   ids.rs          id minting; registry.rs: the durable store (redb)
 //!   server/         listener.rs (accept loop, connection cap, task tracker),
 //!                   task.rs (ConnectionTask: TLS, handshake, serve), limits.rs
-//!   ops/            http.rs, metrics.rs, model.rs (answers as data), views.rs, dashboard.html
+//!   ops/            http.rs, logs.rs (task output over HTTP), metrics.rs, model.rs (answers
+//!                   as data), views.rs, dashboard.html
 //! ```
 //!
 //! # Dependency direction
@@ -48,7 +49,8 @@
 //!    without importing them. `offers` also imports `pending`. They change the placement books
 //!    only through `state.alloc`'s methods, so the books move together (see `allocator`).
 //! 4. readers and clients: `ops::views` (reads `&MasterState` into views and metrics),
-//!    `ops::http` and `server::{listener, task}` (speak only `events`; never touch the state).
+//!    `ops::http`, `ops::logs` and `server::{listener, task}` (speak only `events`, and the
+//!    leaves' plain data; never touch the state).
 //! 5. `mod.rs` (`Master`), which wires them together.
 //!
 //! No loop is left: the answers to the query events (`Snapshot` and its views, `Health`,
