@@ -280,6 +280,22 @@ enum JobCommand {
         #[command(flatten)]
         master: MasterAddr,
     },
+    /// Print an instance's stdout (or stderr) as its agent has it; --follow keeps printing
+    /// what it writes until its task ends (following the instance to a new task).
+    Logs {
+        name: String,
+        /// The instance number.
+        #[arg(long, default_value_t = 0)]
+        instance: u32,
+        /// Print stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing new output until the task has ended and all of it is printed.
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        master: MasterAddr,
+    },
     /// Set a job's instance count.
     Scale {
         name: String,
@@ -302,6 +318,13 @@ fn job_command(command: JobCommand) -> ExitCode {
             master,
         } => cli::stop(&master.addr, name, *purge),
         JobCommand::Plan { file, master } => cli::plan(&master.addr, file),
+        JobCommand::Logs {
+            name,
+            instance,
+            stderr,
+            follow,
+            master,
+        } => ringmaster::jobs::logs::logs(&master.addr, name, *instance, *stderr, *follow),
         JobCommand::Scale {
             name,
             count,

@@ -43,7 +43,9 @@
 //!    group (and every process of its cgroup), SIGKILL after the grace (`TaskInfo.kill_grace_ms`,
 //!    else `--kill-grace`, 3 s), then `KILLED` with the kill's reason (`killed` when empty); an
 //!    unknown task → `LOST` `unknown_task`. `StatusAck{update_id}` removes that update from the
-//!    queue.
+//!    queue. `ReadFile{request_id, framework_id, task_id, file, offset, length}` →
+//!    `FileData{request_id, data, offset, size, error}`: at most 64 KiB of the task's sandbox
+//!    `stdout`/`stderr` from `offset`, read safely ([`files`]).
 //! 5. **Reliable updates.** Every `StatusUpdate` has a unique `update_id`
 //!    (`<agent_id>-<incarnation ms>-<counter>`) and `timestamp_ms`; it is resent every 2 s
 //!    until acknowledged. A terminal task is forgotten once no update of it awaits an ack.
@@ -58,6 +60,7 @@
 
 mod config;
 mod detect;
+pub mod files;
 pub mod isolation;
 pub mod process;
 pub mod sandbox;

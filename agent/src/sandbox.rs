@@ -49,19 +49,38 @@ pub fn sandbox_dir(work_dir: &Path, framework_id: &str, task_id: &str) -> PathBu
 /// FIFO or a hard link to another user's file there: only a regular file, opened without
 /// following a symlink and owned by the sandbox's owner, is read.
 pub fn stderr_tail(sandbox: &Path) -> Option<String> {
-    let owner = std::fs::symlink_metadata(sandbox).ok()?.uid();
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(sandbox.join("stderr"))
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.uid() != owner {
-        return None;
-    }
+    let file = open_output(sandbox, "stderr").ok()?;
     let (bytes, cut) = read_tail(file, STDERR_TAIL_BYTES).ok()?;
     let tail = tail_text(&bytes, cut, STDERR_TAIL_LINES);
     (!tail.is_empty()).then_some(tail)
+}
+
+/// Opens `<sandbox>/<name>` (a task's `stdout` or `stderr`) for reading without trusting the
+/// task, which owns its sandbox: the sandbox must be a directory (not a symlink); the file is
+/// opened without following a symlink and without blocking on a FIFO, and must be a regular
+/// file owned by the sandbox's owner with one link only (a hard link to a file of the agent's
+/// own user, e.g. a secret in its work dir, is refused even when the task runs as that user).
+pub fn open_output(sandbox: &Path, name: &str) -> io::Result<File> {
+    let refuse = |why: &str| io::Error::new(io::ErrorKind::PermissionDenied, why.to_string());
+    let dir = std::fs::symlink_metadata(sandbox)?;
+    if !dir.is_dir() {
+        return Err(refuse("the sandbox is not a directory"));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(sandbox.join(name))?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(refuse("not a regular file"));
+    }
+    if meta.uid() != dir.uid() {
+        return Err(refuse("not owned by the sandbox's owner"));
+    }
+    if meta.nlink() != 1 {
+        return Err(refuse("the file has other hard links"));
+    }
+    Ok(file)
 }
 
 /// The last `max_bytes` bytes of `file` (never more, whatever its size), and whether anything
@@ -221,6 +240,31 @@ mod tests {
         std::fs::remove_file(sandbox.join("stderr")).unwrap();
         std::fs::create_dir(sandbox.join("stderr")).unwrap();
         assert_eq!(stderr_tail(&sandbox), None);
+    }
+
+    #[test]
+    fn a_hard_link_in_place_of_stderr_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "top secret\n").unwrap();
+        let sandbox = dir.path().join("box");
+        std::fs::create_dir(&sandbox).unwrap();
+        std::fs::hard_link(&secret, sandbox.join("stderr")).unwrap();
+        assert_eq!(stderr_tail(&sandbox), None);
+        let error = open_output(&sandbox, "stderr").unwrap_err();
+        assert!(error.to_string().contains("hard links"), "{error}");
+    }
+
+    #[test]
+    fn a_sandbox_that_is_a_symlink_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("stdout"), "out\n").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(open_output(&real, "stdout").is_ok());
+        assert!(open_output(&link, "stdout").is_err());
     }
 
     #[test]

@@ -247,10 +247,16 @@ async fn serve<F: Future<Output = ()>>(
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry = tokio::time::interval(RETRY_CHECK);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Answers to ReadFile, read on the blocking pool (crate::files) and sent from this loop.
+    let (files_tx, mut files_rx) = tokio::sync::mpsc::unbounded_channel();
     loop {
         let outbox = tokio::select! {
             _ = shutdown.as_mut() => return Ended::Shutdown(Some(conn)),
             received = conn.recv() => match received {
+                Ok(Some(Message::ReadFile(request))) => {
+                    read_file(state, request, &files_tx);
+                    Vec::new()
+                }
                 Ok(Some(message)) => handle_master_message(state, message),
                 Ok(None) => return Ended::Retry(anyhow!("the master closed the connection")),
                 Err(ConnectionError::UnknownMessage) => {
@@ -262,11 +268,27 @@ async fn serve<F: Future<Output = ()>>(
             Some((key, outcome)) = exits.recv() => state.process_exited(key, outcome),
             _ = heartbeat.tick() => vec![state.heartbeat()],
             _ = retry.tick() => state.due_updates(STATUS_RETRY),
+            Some(data) = files_rx.recv() => vec![Message::FileData(data)],
         };
         if let Err(e) = send_all(&mut conn, outbox).await {
             return Ended::Retry(e);
         }
     }
+}
+
+/// Reads the window a `ReadFile` asks for off the session loop; the answer comes back on
+/// `answers`. The master bounds how many reads it has outstanding (docs/protocol.md).
+fn read_file(
+    state: &AgentState,
+    request: ringmaster_proto::ReadFile,
+    answers: &tokio::sync::mpsc::UnboundedSender<ringmaster_proto::FileData>,
+) {
+    let work_dir = state.config().work_dir.clone();
+    let answers = answers.clone();
+    tokio::task::spawn_blocking(move || {
+        // The session may have ended meanwhile; the master fails the read on its own then.
+        let _ = answers.send(crate::files::read(&work_dir, &request));
+    });
 }
 
 /// What one message from the master asks of the agent, as messages to send back.

@@ -92,6 +92,8 @@ impl Message {
             Message::BatchResult(_) => "BatchResult",
             Message::Authenticate(_) => "Authenticate",
             Message::Authenticated(_) => "Authenticated",
+            Message::ReadFile(_) => "ReadFile",
+            Message::FileData(_) => "FileData",
         }
     }
 }

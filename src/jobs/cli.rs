@@ -15,14 +15,14 @@ pub struct CliError {
     pub code: u8,
 }
 
-fn failure(message: impl Into<String>) -> CliError {
+pub(crate) fn failure(message: impl Into<String>) -> CliError {
     CliError {
         message: message.into(),
         code: 1,
     }
 }
 
-fn base(master: &str) -> String {
+pub(crate) fn base(master: &str) -> String {
     if master.starts_with("http://") {
         master.trim_end_matches('/').to_string()
     } else {
@@ -30,7 +30,7 @@ fn base(master: &str) -> String {
     }
 }
 
-fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .timeout_global(Some(HTTP_TIMEOUT))
         .http_status_as_error(false)

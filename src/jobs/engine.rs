@@ -56,6 +56,9 @@ pub struct Instance {
     generation: u32,
     pub state: InstanceState,
     pub task_id: Option<String>,
+    /// The task it ran last (its current one while it has one): where its logs are.
+    #[serde(skip)]
+    pub last_task_id: Option<String>,
     pub agent: Option<String>,
     /// Launches after the first.
     pub restarts: u32,
@@ -406,6 +409,7 @@ impl Engine {
                 );
                 instance.state = InstanceState::Starting;
                 instance.task_id = Some(task_id.clone());
+                instance.last_task_id = Some(task_id.clone());
                 instance.agent = Some(offers[slot].agent.to_string());
                 instance.outdated = false;
                 instance.not_before = None;
@@ -463,6 +467,7 @@ impl Engine {
                 instance.generation = generation;
                 instance.attempt = attempt;
                 instance.task_id = Some(task_id.to_string());
+                instance.last_task_id = Some(task_id.to_string());
                 instance.agent = Some(agent.to_string());
                 instance.state = if running {
                     InstanceState::Running
@@ -565,6 +570,7 @@ fn new_instance(index: u32) -> Instance {
         generation: 0,
         state: InstanceState::Pending,
         task_id: None,
+        last_task_id: None,
         agent: None,
         restarts: 0,
         last_exit_code: None,

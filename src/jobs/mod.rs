@@ -4,5 +4,6 @@
 
 pub mod cli;
 pub mod engine;
+pub mod logs;
 pub mod runner;
 pub mod spec;

@@ -105,6 +105,25 @@ impl JobsHandle {
         Ok(true)
     }
 
+    /// The jobs framework's id and the task of instance `index` of job `name` whose output
+    /// `job logs` reads: its current task, else the one it ran last.
+    pub fn instance_task(&self, name: &str, index: u32) -> Result<(String, String), LogsLookup> {
+        let shared = self.lock();
+        let job = shared.engine.job(name).ok_or(LogsLookup::NoJob)?;
+        let instance = job
+            .instances
+            .iter()
+            .find(|i| i.index == index)
+            .ok_or(LogsLookup::NoInstance(job.instances.len()))?;
+        let task = instance
+            .task_id
+            .clone()
+            .or_else(|| instance.last_task_id.clone())
+            .ok_or(LogsLookup::NoTaskYet)?;
+        let framework = shared.framework_id.clone().ok_or(LogsLookup::NoTaskYet)?;
+        Ok((framework, task))
+    }
+
     /// Every job with its instances, as the API reports them.
     pub fn jobs(&self) -> Vec<JobReport> {
         self.lock()
@@ -114,6 +133,16 @@ impl JobsHandle {
             .map(Job::report)
             .collect()
     }
+}
+
+/// Why [`JobsHandle::instance_task`] found no task.
+#[derive(Debug, PartialEq)]
+pub enum LogsLookup {
+    NoJob,
+    /// The job has this many instances, none with the index asked for.
+    NoInstance(usize),
+    /// The instance has not been launched yet (or not since a master restart).
+    NoTaskYet,
 }
 
 impl Shared {

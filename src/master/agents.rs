@@ -315,6 +315,7 @@ impl MasterState {
                     self.send(conn, Message::StatusAck(StatusAck { task_id, update_id }));
                 }
             }
+            Message::FileData(answer) => self.file_data(agent_id, answer),
             Message::Ping(ping) => self.send(conn, Message::Pong(Pong { nonce: ping.nonce })),
             Message::Pong(_) => {}
             Message::Error(error) => {
@@ -382,6 +383,7 @@ impl MasterState {
         }
         agent.conn = None;
         tracing::warn!(agent = %agent_id, "agent disconnected; lost unless it returns within agent_timeout");
+        self.reads.agent_gone(agent_id);
         // Nothing can be launched on it now: its offers are void.
         self.rescind_offers_on_agent(agent_id, "agent_disconnected");
         self.request_allocation(now);
@@ -459,6 +461,7 @@ impl MasterState {
             agent.lost = true;
             agent.reregister_by = None;
             let conn = agent.conn.take();
+            self.reads.agent_gone(agent_id);
             if let Some(key) = agent.key.take() {
                 self.alloc.remove_agent(key);
             }

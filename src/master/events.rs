@@ -41,6 +41,12 @@ pub(crate) enum Event {
     PublishMetrics(oneshot::Sender<()>),
     /// Is the actor alive? (`GET /health`)
     Health(oneshot::Sender<Health>),
+    /// A window of a task's stdout/stderr, read by its agent (`GET /files/read`). Answered
+    /// when the agent answers, its connection ends, or after `files::READ_TIMEOUT`.
+    ReadFile {
+        request: super::files::FileRequest,
+        reply: super::files::FileReply,
+    },
     /// Where would `count` instances of `demand` go now? (`POST /jobs/plan`)
     Plan {
         demand: ringmaster_proto::resources::Resources,

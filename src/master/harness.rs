@@ -278,6 +278,30 @@ impl Harness {
         self.commit();
     }
 
+    /// Asks, as `GET /files/read` does, for a window of a task's output; the answer arrives on
+    /// the receiver (at once when the master can tell without the agent).
+    pub fn read_file(
+        &mut self,
+        framework_id: &str,
+        task_id: &str,
+        file: ringmaster_proto::FileKind,
+        offset: u64,
+        length: u32,
+    ) -> tokio::sync::oneshot::Receiver<super::files::FileReadResult> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = super::files::FileRequest {
+            framework_id: framework_id.to_string(),
+            task_id: task_id.to_string(),
+            file,
+            offset,
+            length,
+        };
+        self.state
+            .handle(Event::ReadFile { request, reply }, self.now);
+        self.commit();
+        answer
+    }
+
     /// The connection ends (peer closed, error or the master closed it).
     pub fn disconnect(&mut self, conn: ConnId) {
         self.state.handle(Event::Closed { conn }, self.now);

@@ -21,19 +21,21 @@
 //!   allocator.rs    Allocator: the placement books (cluster, DRF, quota ledger, device book,
 //!                   launched shapes, key↔id maps) and the one allocation cycle (`run`)
 //!   agents.rs frameworks.rs tasks.rs offers.rs batch.rs pending.rs durability.rs
-//!                   `impl MasterState` by conversation (handlers of the actor)
+//!   read_file.rs    `impl MasterState` by conversation (handlers of the actor)
+//!   files.rs        reads of task output in flight (the bounded pending-read map)
 //!   owners.rs       which principal owns each id (and `Peer`)
 //!   ids.rs          id minting; registry.rs: the durable store (redb)
 //!   server/         listener.rs (accept loop, connection cap, task tracker),
 //!                   task.rs (ConnectionTask: TLS, handshake, serve), limits.rs
-//!   ops/            http.rs, metrics.rs, model.rs (answers as data), views.rs, dashboard.html
+//!   ops/            http.rs, logs.rs (task output over HTTP), metrics.rs, model.rs (answers
+//!                   as data), views.rs, dashboard.html
 //! ```
 //!
 //! # Dependency direction
 //!
 //! Imports point down this list, never up (`use` and paths alike):
 //!
-//! 1. leaves, which import no other master module: `ids`, `registry`, `owners`, `allocator`
+//! 1. leaves, which import no other master module: `ids`, `registry`, `owners`, `files`, `allocator`
 //!    (the placement books; knows ids and keys, not the records, which it is told about),
 //!    `ops::metrics` (fed plain numbers; knows no state type), `ops::model` (the answers to
 //!    query events as plain data), `server::limits` (the bounded
@@ -41,12 +43,14 @@
 //! 2. `state` (the fields and the actor loop) and `events` (its vocabulary): `state` imports
 //!    the leaves and `events`, and none of the handlers, `ops::{http, views}` or
 //!    `server::{listener, task}`.
-//! 3. handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `pending`, `durability`):
+//! 3. handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `pending`, `durability`,
+//!    `read_file`):
 //!    `impl MasterState` blocks importing `state` (and leaves); `state` calls their methods
 //!    without importing them. `offers` also imports `pending`. They change the placement books
 //!    only through `state.alloc`'s methods, so the books move together (see `allocator`).
 //! 4. readers and clients: `ops::views` (reads `&MasterState` into views and metrics),
-//!    `ops::http` and `server::{listener, task}` (speak only `events`; never touch the state).
+//!    `ops::http`, `ops::logs` and `server::{listener, task}` (speak only `events`, and the
+//!    leaves' plain data; never touch the state).
 //! 5. `mod.rs` (`Master`), which wires them together.
 //!
 //! No loop is left: the answers to the query events (`Snapshot` and its views, `Health`,
@@ -58,6 +62,7 @@ mod allocator;
 mod batch;
 mod durability;
 mod events;
+mod files;
 mod frameworks;
 #[cfg(test)]
 mod harness;
@@ -71,6 +76,7 @@ pub mod ops;
 mod owners;
 mod pending;
 pub mod plan;
+mod read_file;
 pub mod registry;
 mod server;
 mod state;

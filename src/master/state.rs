@@ -250,6 +250,8 @@ pub struct MasterState {
     /// The durable registry (`--work-dir`) and this turn's changes to it; `None` keeps
     /// everything in memory only.
     pub(crate) durable: Option<Durable>,
+    /// Reads of task output sent to agents and not answered yet (bounded).
+    pub(crate) reads: super::files::PendingReads,
 }
 
 pub use super::ops::model::Counters;
@@ -281,6 +283,7 @@ impl MasterState {
             launches: 0,
             owners: IdOwners::default(),
             durable: None,
+            reads: Default::default(),
         }
     }
 
@@ -406,6 +409,7 @@ impl MasterState {
             } => {
                 let _ = reply.send(self.plan(&demand, count));
             }
+            Event::ReadFile { request, reply } => self.read_file(request, reply, now),
             Event::Health(reply) => {
                 let _ = reply.send(self.health(now));
             }
@@ -418,6 +422,7 @@ impl MasterState {
         self.expire_offers(now);
         self.expire_frameworks(now);
         self.retry_updates(now);
+        self.reads.expire(now);
         // Either may free agents for other frameworks: both run, then one allocation request.
         let filters = self.filters_expired(now);
         let holds = self.holds_expired(now);

@@ -3,6 +3,7 @@
 
 mod agents;
 mod batch;
+mod files;
 mod frameworks;
 mod liveness;
 mod offers;

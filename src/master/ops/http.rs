@@ -1,5 +1,6 @@
 //! The operator surface over HTTP: `GET /state` (JSON), `GET /metrics` (Prometheus text),
-//! `GET /health`, and the live dashboard at `/`.
+//! `GET /health`, the live dashboard at `/`, `/jobs`, and task output (`/files/read`,
+//! `/jobs/{name}/logs`, in [`super::logs`]).
 //!
 //! Handlers are clients of the actor like connection tasks are: each request sends one
 //! [`Event`] and awaits the answer on a oneshot channel, so the state has one owner and a
@@ -35,10 +36,10 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Clone)]
-struct HttpState {
-    events: mpsc::Sender<Event>,
+pub(super) struct HttpState {
+    pub(super) events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
-    jobs: Arc<OnceLock<JobsHandle>>,
+    pub(super) jobs: Arc<OnceLock<JobsHandle>>,
 }
 
 /// The HTTP server's connections: its own port's, and those the protocol port handed over
@@ -92,6 +93,8 @@ pub(crate) async fn serve(
         .route("/jobs/{name}", get(job_get))
         .route("/jobs/{name}/stop", post(job_stop))
         .route("/jobs/{name}/scale", post(job_scale))
+        .route("/jobs/{name}/logs", get(super::logs::job_logs))
+        .route("/files/read", get(super::logs::files_read))
         .fallback(not_found)
         .with_state(HttpState {
             events,
@@ -305,7 +308,7 @@ async fn job_scale(
 async fn not_found() -> (StatusCode, &'static str) {
     (
         StatusCode::NOT_FOUND,
-        "not found; this master serves / (dashboard), /state, /metrics, /health and /jobs\n",
+        "not found; this master serves / (dashboard), /state, /metrics, /health, /jobs and /files/read\n",
     )
 }
 

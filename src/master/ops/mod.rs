@@ -2,6 +2,8 @@
 //!
 //! - [`http`]: `GET /state` (JSON), `/metrics` (Prometheus text), `/health` and the dashboard
 //!   (`dashboard.html`, compiled in). A client of the actor: it asks through the event channel.
+//! - `logs`: task output over HTTP (`/files/read`, `/jobs/{name}/logs`), read through the
+//!   actor from the task's agent.
 //! - [`metrics`]: the shared Prometheus registry. Counted where things happen (connection
 //!   tasks, the actor) and fed plain numbers read off the state; it knows no state types.
 //! - [`model`]: the answers as plain data (`Snapshot` and its views, `Health`, `PendingView`).
@@ -9,6 +11,7 @@
 //!   here that reads `MasterState`.
 
 pub mod http;
+mod logs;
 pub mod metrics;
 pub mod model;
 pub(crate) mod views;

@@ -217,6 +217,7 @@ fn allowed(role: Role, message: &Message) -> bool {
             message,
             Message::AgentHeartbeat(_)
                 | Message::StatusUpdate(_)
+                | Message::FileData(_)
                 | Message::Ping(_)
                 | Message::Pong(_)
                 | Message::Error(_)

@@ -118,6 +118,10 @@ pub struct ExecArgs {
     /// docs/batch.md); then no --resources, --instances or command.
     #[arg(long, value_name = "FILE")]
     pub batch: Option<std::path::PathBuf>,
+    /// Print each task's stdout, every line prefixed `[TASK_ID] `, once the task has ended
+    /// (read through the master's HTTP `/files/read` on the --master address).
+    #[arg(long, conflicts_with = "batch")]
+    pub logs: bool,
     /// TLS and authentication (docs/security.md).
     #[command(flatten)]
     pub security: SecurityFlags,
@@ -158,6 +162,8 @@ pub struct ExecPlan {
     pub state_file: Option<std::path::PathBuf>,
     /// The framework to take over (`--framework-id`, or the state file's), if any.
     pub takeover: Option<Takeover>,
+    /// `--logs`: where ended tasks' stdout is read from.
+    pub logs: Option<crate::logs::LogsReader>,
 }
 
 /// A framework a restarted exec takes over.
@@ -412,6 +418,9 @@ impl ExecArgs {
             kill_grace,
             state_file: self.state_file.clone(),
             takeover,
+            logs: self
+                .logs
+                .then(|| crate::logs::LogsReader::new(&self.master)),
         })
     }
 }
@@ -447,6 +456,10 @@ pub fn tasks_fitting(offered: &Resources, unit: &Resources, remaining: u32) -> u
 
 /// The scheduler behind `ringmaster-exec`; `out` receives the state lines.
 pub struct ExecScheduler<W> {
+    /// `--logs`: prints each ended task's stdout.
+    logs: Option<crate::logs::LogsReader>,
+    /// The master's HTTP was found unreachable (said once).
+    logs_warned: bool,
     name: String,
     unit: Resources,
     command: String,
@@ -517,6 +530,8 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
                 Instant::now(),
             ))),
             ticker: None,
+            logs: plan.logs.clone(),
+            logs_warned: false,
             out,
         }
     }
@@ -596,18 +611,58 @@ impl<W: Write + Send + 'static> ExecScheduler<W> {
     }
 
     /// Records a state; prints a line when it changed (see [`TaskBook`]).
-    fn record(&mut self, status: &TaskStatus) {
+    /// Records and prints a task's state; true when it was new.
+    fn record(&mut self, status: &TaskStatus) -> bool {
         let Some(&index) = self.index_of.get(&status.task_id) else {
             warn!(task_id = %status.task_id, "status of a task this run did not launch ignored");
-            return;
+            return false;
         };
         if !self.book.record(index, status) {
-            return;
+            return false;
         }
         if let Err(e) =
             writeln!(self.out, "{}", status_line(status)).and_then(|()| self.out.flush())
         {
             warn!(error = %e, "could not print a task state");
+        }
+        true
+    }
+
+    /// `--logs`: prints the stdout of a task that ended, read through the master's HTTP.
+    async fn print_logs(&mut self, driver: &Driver, task_id: &str) {
+        let Some(reader) = self.logs.clone() else {
+            return;
+        };
+        if self.logs_warned {
+            return;
+        }
+        let Some(framework_id) = driver.framework_id() else {
+            return;
+        };
+        let task = task_id.to_string();
+        let read = tokio::task::spawn_blocking(move || reader.stdout(&framework_id, &task)).await;
+        match read {
+            Ok(Ok(text)) => {
+                let text = crate::logs::prefixed(task_id, &text);
+                if let Err(e) = self
+                    .out
+                    .write_all(text.as_bytes())
+                    .and_then(|()| self.out.flush())
+                {
+                    warn!(error = %e, "could not print a task's output");
+                }
+            }
+            Ok(Err(crate::logs::LogsError::Refused(why))) => {
+                eprintln!("ringmaster-exec: no output of task {task_id}: {why}");
+            }
+            Ok(Err(crate::logs::LogsError::Unreachable(why))) => {
+                self.logs_warned = true;
+                eprintln!(
+                    "ringmaster-exec: --logs: the master's HTTP is not reachable ({why}); \
+                     going on without task output"
+                );
+            }
+            Err(e) => warn!(error = %e, "reading a task's output failed"),
         }
     }
 
@@ -758,7 +813,9 @@ impl<W: Write + Send + 'static> Scheduler for ExecScheduler<W> {
             );
             return;
         }
-        self.record(&status);
+        if self.record(&status) && status.state().is_terminal() {
+            self.print_logs(driver, &status.task_id).await;
+        }
         self.stop_when_done(driver);
     }
 

@@ -8,6 +8,7 @@
 mod batch;
 mod exec;
 mod interrupt;
+mod logs;
 mod report;
 mod state_file;
 mod waiting;
