@@ -57,8 +57,10 @@
 //!    the exit status their wrapper recorded ([`process::adopt`], docs/reliability.md).
 
 mod config;
+pub mod config_file;
 mod detect;
 pub mod isolation;
+pub mod mps;
 pub mod process;
 pub mod sandbox;
 mod session;
@@ -149,10 +151,11 @@ fn saved_agent_id(config: &AgentConfig) -> anyhow::Result<String> {
     }
 }
 
-/// The binary's body: validates the flags, runs until Ctrl-C or SIGTERM, and maps the result
+/// The binary's body: reads the `--config` file under the flags, validates them, runs until Ctrl-C or SIGTERM, and maps the result
 /// to an exit code (2 for bad flags, 1 for a fatal error).
 pub async fn main_with_args(args: AgentArgs) -> ExitCode {
-    let flags = isolation_from_args(&args).and_then(|isolation| {
+    let flags = args.load().and_then(|args| {
+        let isolation = isolation_from_args(&args)?;
         let config = AgentConfig::from_args(args)?;
         Ok((config, isolation))
     });

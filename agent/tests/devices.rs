@@ -28,6 +28,7 @@ fn config(work_dir: &std::path::Path, spec: &str, selection: DeviceSelection) ->
         security: Default::default(),
         task_user: ringmaster_agent::users::default_task_user(),
         allow_root_tasks: false,
+        gpu_sharing: Default::default(),
     }
 }
 
