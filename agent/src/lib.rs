@@ -59,6 +59,7 @@
 mod config;
 pub mod config_file;
 mod detect;
+pub mod device_rules;
 pub mod isolation;
 pub mod mps;
 pub mod process;
