@@ -11,9 +11,12 @@
 //! default (`a *:* rwm`: a deny is then kept but not shown, and an allow cannot punch a hole in
 //! it), so the task cgroup is switched to deny-by-default (`devices.deny a`) and given an
 //! explicit allow list: the parent's entries with major 195 (and, for a task without GPUs,
-//! `nvidia-uvm`) taken out — a wildcard major becomes one entry per character major the kernel
-//! can hand out (0–511) — then the task's own GPU nodes. `devices.list` of the task cgroup so
-//! shows exactly what the task may open. [`task_device_rules`] is the pure computation;
+//! `nvidia-uvm`) taken out — a wildcard major becomes one entry per character major registered
+//! in `/proc/devices` when the task starts (a major no driver holds has no device to open) —
+//! then the task's own GPU nodes. `devices.list` of the task cgroup so shows exactly what the
+//! task may open. (Listing every possible major, 0–511, instead cost about 15 ms per task
+//! cgroup in a debug build; the registered ones are a few dozen.) A driver loaded while a task
+//! runs is not in that task's list. [`task_device_rules`] is the pure computation;
 //! [`crate::isolation`] writes it with cgroups-rs' devices controller. cgroup v2 controls
 //! devices with eBPF programs, which this agent does not install: there the rule is not
 //! enforced (logged once at startup; docs/security.md).
@@ -24,8 +27,6 @@ use std::fmt;
 pub const NVIDIA_MAJOR: u32 = 195;
 /// `/dev/nvidiactl`.
 pub const NVIDIACTL_MINOR: u32 = 255;
-/// The kernel hands out character majors below this (`CHRDEV_MAJOR_MAX`).
-pub const CHAR_MAJORS: u32 = 512;
 /// The `/proc/devices` name of the unified-memory driver's major.
 pub const UVM_DRIVER: &str = "nvidia-uvm";
 
@@ -110,6 +111,30 @@ pub fn parse_list(text: &str) -> Vec<DeviceRule> {
     text.lines().filter_map(DeviceRule::parse).collect()
 }
 
+/// The character majors registered in `/proc/devices`, ascending, each once.
+pub fn char_majors(proc_devices: &str) -> Vec<u32> {
+    let mut in_char = false;
+    let mut majors = Vec::new();
+    for line in proc_devices.lines() {
+        let line = line.trim();
+        if line.ends_with(':') {
+            in_char = line == "Character devices:";
+            continue;
+        }
+        if let Some(major) = line
+            .split_whitespace()
+            .next()
+            .filter(|_| in_char)
+            .and_then(|m| m.parse().ok())
+        {
+            majors.push(major);
+        }
+    }
+    majors.sort_unstable();
+    majors.dedup();
+    majors
+}
+
 /// The character major `name` is registered under in `/proc/devices` (its "Character devices:"
 /// section), e.g. `nvidia-uvm`.
 pub fn char_major(proc_devices: &str, name: &str) -> Option<u32> {
@@ -134,18 +159,21 @@ pub fn char_major(proc_devices: &str, name: &str) -> Option<u32> {
 }
 
 /// The allow list of a task cgroup switched to deny-by-default, from its parent's `devices.list`
-/// (`parent`), the GPU indices the task holds (`gpus`, empty: none) and `nvidia-uvm`'s major.
-/// Only what the parent allows is listed (the kernel refuses more).
+/// (`parent`), the GPU indices the task holds (`gpus`, empty: none) and `/proc/devices` (the
+/// registered character majors and `nvidia-uvm`'s). Only what the parent allows is listed (the
+/// kernel refuses more).
 pub fn task_device_rules(
     parent: &[DeviceRule],
     gpus: &[u32],
-    uvm_major: Option<u32>,
+    proc_devices: &str,
 ) -> Vec<DeviceRule> {
+    let registered = char_majors(proc_devices);
+    let uvm_major = char_major(proc_devices, UVM_DRIVER);
     let gpu_task = !gpus.is_empty();
     let hidden = |major: u32| major == NVIDIA_MAJOR || (!gpu_task && uvm_major == Some(major));
     let mut out: Vec<DeviceRule> = Vec::new();
     let char_majors = |minor: Option<u32>, access: &str, out: &mut Vec<DeviceRule>| {
-        for major in (0..CHAR_MAJORS).filter(|m| !hidden(*m)) {
+        for &major in registered.iter().filter(|m| !hidden(**m)) {
             out.push(DeviceRule {
                 kind: 'c',
                 major: Some(major),
@@ -203,6 +231,13 @@ pub fn task_device_rules(
 mod tests {
     use super::*;
 
+    const PROC_DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n136 pts\n\
+                                195 nvidia-frontend\n195 nvidia\n234 nvidia-uvm\n\
+                                509 nvidia-caps\n\nBlock devices:\n  8 sd\n\
+                                235 nvidia-uvm-fake\n";
+    const NO_UVM: &str = "Character devices:\n  1 mem\n136 pts\n195 nvidia\n234 nvidia-caps\n\n\
+                          Block devices:\n  8 sd\n";
+
     fn allow_all() -> Vec<DeviceRule> {
         parse_list("a *:* rwm\n")
     }
@@ -216,12 +251,8 @@ mod tests {
         rules.iter().any(|r| r.covers(&want))
     }
 
-    const PROC_DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n195 nvidia-frontend\n\
-                                195 nvidia\n234 nvidia-uvm\n509 nvidia-caps\n\nBlock devices:\n\
-                                  8 sd\n234 nvidia-uvm-fake\n";
-
     #[test]
-    fn uvm_major_comes_from_the_character_section() {
+    fn majors_come_from_the_character_section() {
         assert_eq!(char_major(PROC_DEVICES, UVM_DRIVER), Some(234));
         assert_eq!(char_major(PROC_DEVICES, "mem"), Some(1));
         assert_eq!(char_major(PROC_DEVICES, "sd"), None, "block, not character");
@@ -230,11 +261,13 @@ mod tests {
             char_major("Character devices:\n x nvidia-uvm\n", UVM_DRIVER),
             None
         );
+        assert_eq!(char_majors(PROC_DEVICES), [1, 4, 136, 195, 234, 509]);
+        assert!(char_majors("garbage\n").is_empty());
     }
 
     #[test]
     fn a_gpu_task_gets_its_own_nodes_and_the_control_nodes_only() {
-        let rules = task_device_rules(&allow_all(), &[2, 0], Some(234));
+        let rules = task_device_rules(&allow_all(), &[2, 0], PROC_DEVICES);
         assert!(allows(&rules, 195, 0) && allows(&rules, 195, 2));
         assert!(allows(&rules, 195, 255), "nvidiactl");
         assert!(
@@ -244,10 +277,11 @@ mod tests {
         for other in [1, 3, 7, 254] {
             assert!(!allows(&rules, 195, other), "195:{other}");
         }
-        // Everything else as before: other char majors, block devices.
+        // Everything else as before: other registered char majors, block devices.
         assert!(allows(&rules, 1, 3), "/dev/null");
         assert!(allows(&rules, 136, 4), "ptys");
-        assert!(allows(&rules, 511, 0));
+        assert!(allows(&rules, 509, 0));
+        assert!(!allows(&rules, 300, 0), "no driver holds major 300");
         assert!(lines(&rules).contains(&"b *:* rwm".to_string()));
         assert!(!lines(&rules).iter().any(|l| l.starts_with("a ")));
         let own: Vec<String> = lines(&rules)
@@ -255,21 +289,29 @@ mod tests {
             .filter(|l| l.starts_with("c 195:"))
             .collect();
         assert_eq!(own, ["c 195:0 rwm", "c 195:2 rwm", "c 195:255 rwm"]);
-        // 511 char majors (all but 195) and one block wildcard, then the three own nodes.
-        assert_eq!(rules.len(), 1 + 511 + 3);
+        // The block wildcard, the registered char majors but 195, then the own nodes.
+        assert_eq!(rules.len(), 1 + 5 + 3);
     }
 
     #[test]
     fn a_task_without_gpus_gets_no_nvidia_node() {
-        let rules = task_device_rules(&allow_all(), &[], Some(234));
+        let rules = task_device_rules(&allow_all(), &[], PROC_DEVICES);
         for minor in [0, 1, 254, 255] {
             assert!(!allows(&rules, 195, minor), "195:{minor}");
         }
         assert!(!allows(&rules, 234, 0), "no nvidia-uvm without a GPU");
-        assert!(allows(&rules, 1, 3));
-        assert_eq!(rules.len(), 1 + 510);
+        assert_eq!(
+            lines(&rules),
+            [
+                "b *:* rwm",
+                "c 1:* rwm",
+                "c 4:* rwm",
+                "c 136:* rwm",
+                "c 509:* rwm"
+            ]
+        );
         // Without nvidia-uvm loaded, only 195 goes.
-        let rules = task_device_rules(&allow_all(), &[], None);
+        let rules = task_device_rules(&allow_all(), &[], NO_UVM);
         assert!(allows(&rules, 234, 0));
         assert!(!allows(&rules, 195, 0));
     }
@@ -280,7 +322,7 @@ mod tests {
         let parent = parse_list(
             "c *:* m\nb *:* m\nc 1:3 rwm\nc 136:* rwm\nc 195:0 rwm\nc 195:1 rwm\nc 195:255 rw\n",
         );
-        let rules = task_device_rules(&parent, &[1], Some(234));
+        let rules = task_device_rules(&parent, &[1], PROC_DEVICES);
         assert_eq!(
             lines(&rules),
             [
@@ -292,7 +334,7 @@ mod tests {
             ]
         );
         // 195:255 is only `rw` in the parent and uvm not at all: not asked for.
-        let none = task_device_rules(&parent, &[], Some(234));
+        let none = task_device_rules(&parent, &[], PROC_DEVICES);
         assert_eq!(
             lines(&none),
             ["c *:* m", "b *:* m", "c 1:3 rwm", "c 136:* rwm"]

@@ -228,15 +228,8 @@ struct CgroupRoot {
     controllers: Vec<String>,
     v2: bool,
     /// With the v1 `devices` controller: task cgroups get the NVIDIA device rule
-    /// ([`crate::device_rules`]); `None` without it (and always on v2).
-    devices: Option<DeviceSetup>,
-}
-
-/// What the devices rule needs to know about the machine, read once at startup.
-#[derive(Debug, Clone, Copy)]
-struct DeviceSetup {
-    /// The character major of `nvidia-uvm` in `/proc/devices`, when the driver is loaded.
-    uvm_major: Option<u32>,
+    /// ([`crate::device_rules`]); false without it (and always on v2).
+    devices: bool,
 }
 
 /// What a task may open of the NVIDIA devices, for its cgroup's devices rule.
@@ -317,7 +310,7 @@ impl Isolation {
 
     /// True when task cgroups carry the NVIDIA devices rule (cgroup v1 with `devices`).
     pub fn device_rules(&self) -> bool {
-        self.root.as_ref().is_some_and(|r| r.devices.is_some())
+        self.root.as_ref().is_some_and(|r| r.devices)
     }
 
     /// For the startup log: `cgroups v1 under ringmaster/<agent>` or `none`.
@@ -329,7 +322,7 @@ impl Isolation {
                 root.controllers.join(","),
                 root.agent_path,
                 self.pids_per_task,
-                if root.devices.is_some() { "on" } else { "off" }
+                if root.devices { "on" } else { "off" }
             ),
             None => "none (process groups only)".into(),
         }
@@ -387,8 +380,8 @@ impl Isolation {
             let _ = task.remove();
             return Err(e);
         }
-        if let (Some(setup), GpuAccess::Devices(gpus)) = (root.devices, gpus) {
-            if let Err(e) = task.apply_device_rules(gpus, setup.uvm_major) {
+        if let (true, GpuAccess::Devices(gpus)) = (root.devices, gpus) {
+            if let Err(e) = task.apply_device_rules(gpus) {
                 let _ = task.remove();
                 return Err(e);
             }
@@ -499,19 +492,16 @@ impl CgroupRoot {
                  eBPF programs, which the agent does not install); a task can open any GPU its \
                  user may (docs/security.md)",
             );
-            None
+            false
         } else if available.iter().any(|a| a == "devices") {
             controllers.push("devices".into());
-            let proc_devices = std::fs::read_to_string("/proc/devices").unwrap_or_default();
-            Some(DeviceSetup {
-                uvm_major: device_rules::char_major(&proc_devices, device_rules::UVM_DRIVER),
-            })
+            true
         } else {
             devices_note_once(
                 "cgroup v1 without the devices controller: the NVIDIA devices rule is not \
                  enforced (docs/security.md)",
             );
-            None
+            false
         };
         let mut root = CgroupRoot {
             agent_path: format!("{CGROUP_PARENT}/{}", agent_cgroup_name(work_dir)),
@@ -535,9 +525,10 @@ impl CgroupRoot {
             memory_bytes: None,
             pids_max: DEFAULT_PIDS_PER_TASK,
         });
-        let devices_checked = match root.devices {
-            Some(setup) if checked.is_ok() => probe.apply_device_rules(&[], setup.uvm_major),
-            _ => Ok(()),
+        let devices_checked = if root.devices && checked.is_ok() {
+            probe.apply_device_rules(&[])
+        } else {
+            Ok(())
         };
         let removed = probe.remove();
         checked?;
@@ -547,7 +538,7 @@ impl CgroupRoot {
                 "the devices controller is not usable ({e}); the NVIDIA devices rule is not \
                  enforced"
             ));
-            root.devices = None;
+            root.devices = false;
             root.controllers.retain(|c| c != "devices");
         }
         Ok(root)
@@ -672,7 +663,7 @@ impl TaskCgroup {
     /// Switches the cgroup's devices controller to deny-by-default and allows what
     /// [`device_rules::task_device_rules`] computes from the parent's `devices.list` for a task
     /// holding `gpus`.
-    fn apply_device_rules(&self, gpus: &[u32], uvm_major: Option<u32>) -> Result<(), String> {
+    fn apply_device_rules(&self, gpus: &[u32]) -> Result<(), String> {
         let path = &self.path;
         let devices: &DevicesController = self
             .cgroup
@@ -685,8 +676,14 @@ impl TaskCgroup {
             .ok_or_else(|| format!("cgroup {path} has no parent in the devices hierarchy"))?;
         let parent = std::fs::read_to_string(&parent_list)
             .map_err(|e| format!("cannot read {}: {e}", parent_list.display()))?;
-        let rules =
-            device_rules::task_device_rules(&device_rules::parse_list(&parent), gpus, uvm_major);
+        // Read at every task start: a driver loaded since (nvidia-uvm) counts.
+        let proc_devices = std::fs::read_to_string("/proc/devices")
+            .map_err(|e| format!("cannot read /proc/devices: {e}"))?;
+        let rules = device_rules::task_device_rules(
+            &device_rules::parse_list(&parent),
+            gpus,
+            &proc_devices,
+        );
         devices
             .deny_device(DeviceType::All, -1, -1, &DevicePermissions::all())
             .map_err(|e| format!("cannot set the devices rule of cgroup {path}: {e}"))?;
