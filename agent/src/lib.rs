@@ -109,6 +109,16 @@ pub async fn run_with_isolation(
     tracing::info!(master = %config.master, hostname = %config.hostname,
         resources = %config.resources, work_dir = %config.work_dir.display(),
         agent_id = %agent_id, isolation = %isolation.describe(), "agent starting");
+    if config.gpu_sharing.mode == mps::GpuSharingMode::Mps {
+        let dir = &config.gpu_sharing.pipe_dir;
+        if mps::daemon_running(dir) {
+            tracing::info!(pipe_dir = %dir.display(), "gpu_sharing: mps; the MPS control daemon is up");
+        } else {
+            tracing::warn!(pipe_dir = %dir.display(), mps_start = config.gpu_sharing.start,
+                "gpu_sharing: mps but the MPS control daemon is not running yet; GPU slice tasks \
+                 {}", if config.gpu_sharing.start { "will start it" } else { "will fail until it runs" });
+        }
+    }
     let (mut state, exits) = state::AgentState::with_isolation(config, isolation, agent_id);
     let recovered = state.recover_tasks();
     if recovered > 0 {
