@@ -30,7 +30,9 @@
 //!    master's binding (`TaskInfo.devices`, checked against the agent's own per-device
 //!    accounting) or, without one, devices picked by `--device-selection`; the task sees
 //!    `CUDA_VISIBLE_DEVICES` and `RINGMASTER_DEVICES` (`gpu:INDEX:SHARE:MEMORY,…`; both empty
-//!    for tasks without GPUs) and `RUNNING` carries the binding in `TaskStatus.devices`; no
+//!    for tasks without GPUs; with `--gpu-sharing mps` a slice also gets its `CUDA_MPS_*`
+//!    limits, [`mps`], and fails `launch_failed` while the MPS daemon is down; with cgroup v1
+//!    its cgroup opens only its own NVIDIA nodes, [`device_rules`]) and `RUNNING` carries the binding in `TaskStatus.devices`; no
 //!    device with room → `FAILED` `insufficient_resources`. Registration sends `devices`,
 //!    heartbeats `free_devices`; a spawn failure → `FAILED` `launch_failed`. When the
 //!    process ends (and its whole group is gone): exit 0 → `FINISHED` (`exit_code` 0); non-zero
