@@ -852,6 +852,31 @@ mod tests {
     }
 
     #[test]
+    fn gpu_sharing_flags() {
+        let config = AgentConfig::from_args(args(&[])).unwrap();
+        assert_eq!(config.gpu_sharing, GpuSharing::default());
+        let config = AgentConfig::from_args(args(&[
+            "--gpu-sharing",
+            "mps",
+            "--mps-pipe-dir",
+            "/run/mps",
+            "--mps-start",
+        ]))
+        .unwrap();
+        assert_eq!(config.gpu_sharing.mode, crate::mps::GpuSharingMode::Mps);
+        assert_eq!(config.gpu_sharing.pipe_dir, PathBuf::from("/run/mps"));
+        assert!(config.gpu_sharing.start);
+        let err = error_of(&["--gpu-sharing", "mig"]);
+        assert!(err.contains("--gpu-sharing"), "{err}");
+        assert!(err.contains("expected none or mps"), "{err}");
+        let err = error_of(&["--mps-pipe-dir", "mps"]);
+        assert!(
+            err.contains("--mps-pipe-dir: `mps` is not an absolute path"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn task_user_flags() {
         let config = AgentConfig::from_args(args(&[])).unwrap();
         assert_eq!(config.task_user, default_task_user());
