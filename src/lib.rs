@@ -23,4 +23,6 @@ pub mod master;
 pub mod security;
 pub mod sim;
 pub mod status;
-mod yaml;
+/// The located-YAML errors live in `ringmaster_proto::yaml` (shared with the agent's config
+/// file); `crate::yaml` keeps naming them here.
+use ringmaster_proto::yaml;

@@ -91,6 +91,7 @@ impl LocalCluster {
                 security: Default::default(),
                 task_user: ringmaster_agent::users::default_task_user(),
                 allow_root_tasks: false,
+                gpu_sharing: Default::default(),
             };
             let mut stop = stop_rx.clone();
             agents.push(tokio::spawn(async move {

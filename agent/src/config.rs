@@ -16,26 +16,39 @@ use crate::detect::{detect_gpus, detect_hostname, detect_resources};
 use crate::isolation::{
     IsolationConfig, IsolationMode, DEFAULT_PIDS_PER_TASK, PIDS_PER_TASK_RANGE,
 };
+use crate::mps::GpuSharing;
 use crate::users::default_task_user;
 
 /// Grace between SIGTERM and SIGKILL when a task is killed.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
+/// The values `--kill-grace` accepts.
+pub const KILL_GRACE_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(100)..=Duration::from_secs(24 * 3600);
 /// Longest wait between two attempts to reach the master.
 pub const DEFAULT_RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The last component of the default work dir (see [`default_work_dir`]).
 pub const WORK_DIR_NAME: &str = "ringmaster-agent";
 
-/// The agent's command-line flags.
-#[derive(Debug, Clone, clap::Parser)]
+/// The agent's command-line flags. Every flag but `--config` is also a key of the config file
+/// (snake_case, [`crate::config_file`]); a flag given on the command line wins over the file.
+/// Flags with a default are `Option`s here so that "not given" can be told from "given as the
+/// default"; the defaults are applied after the file is merged.
+#[derive(Debug, Clone, Default, clap::Parser)]
 #[command(
     name = "ringmaster-agent",
     version,
     about = "Ringmaster agent: registers this machine with the master and runs its tasks"
 )]
 pub struct AgentArgs {
-    /// Address of the master, `HOST:PORT` (or `RINGMASTER_MASTER`).
+    /// Read settings from this YAML file (keys as the flags, snake_case: `kill_grace: 5s`);
+    /// flags given here override it. Unknown keys and bad values stop the agent with
+    /// `FILE:LINE: KEY: MESSAGE`. See docs/operations.md.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address of the master, `HOST:PORT` (or `RINGMASTER_MASTER`, or `master:` in the
+    /// config file). Required.
     #[arg(long, value_name = "ADDR", env = "RINGMASTER_MASTER")]
-    pub master: String,
+    pub master: Option<String>,
     /// Agent id to register with. Default: the id saved in `<work-dir>/agent_id` by an earlier
     /// run, else one assigned by the master.
     #[arg(long, value_name = "NAME")]
@@ -54,8 +67,9 @@ pub struct AgentArgs {
     pub custom_resources: Vec<String>,
     /// How a GPU slice picks its device: `least-used` (spread) or `most-used-that-fits` (pack).
     /// Used when the master sends no binding of its own.
-    #[arg(long, value_name = "POLICY", default_value = "least-used")]
-    pub device_selection: String,
+    /// Default: least-used.
+    #[arg(long, value_name = "POLICY")]
+    pub device_selection: Option<String>,
     /// Attributes of this agent, `key:value;key:value` (e.g. `partition:gpu;rack:r1`).
     #[arg(long, value_name = "SPEC")]
     pub attributes: Option<String>,
@@ -92,16 +106,30 @@ pub struct AgentArgs {
     /// How tasks are isolated: `auto` (cgroups when the agent runs as root and the cgroup
     /// hierarchy is writable, else none with a warning), `cgroups` (each task in its own cgroup
     /// with cpu, memory and process limits; the agent does not start without them) or `none`
-    /// (process groups only). See docs/security.md.
-    #[arg(long, value_name = "LEVEL", default_value = "auto")]
-    pub isolation: String,
-    /// With cgroups: the most processes (and threads) one task may have at once (16 - 4194304).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_PIDS_PER_TASK)]
-    pub pids_per_task: u64,
+    /// (process groups only). Default: auto. See docs/security.md.
+    #[arg(long, value_name = "LEVEL")]
+    pub isolation: Option<String>,
+    /// With cgroups: the most processes (and threads) one task may have at once (16 - 4194304;
+    /// default 4096).
+    #[arg(long, value_name = "N")]
+    pub pids_per_task: Option<u64>,
     /// Grace between SIGTERM and SIGKILL when a task is killed, unless the task sets its own
-    /// (`TaskInfo.kill_grace_ms`): `500ms`, `3s`, `2m`, `1h` (100ms - 1 day).
-    #[arg(long, value_name = "DURATION", default_value = "3s")]
-    pub kill_grace: String,
+    /// (`TaskInfo.kill_grace_ms`): `500ms`, `3s`, `2m`, `1h` (100ms - 1 day; default 3s).
+    #[arg(long, value_name = "DURATION")]
+    pub kill_grace: Option<String>,
+    /// How tasks holding part of a GPU share it: `none` (by convention, no limits) or `mps`
+    /// (NVIDIA MPS: a slice gets a compute percentage and a device memory limit). Default:
+    /// none. See docs/devices.md.
+    #[arg(long, value_name = "MODE")]
+    pub gpu_sharing: Option<String>,
+    /// The MPS control daemon's pipe directory (`CUDA_MPS_PIPE_DIRECTORY`), absolute. Default:
+    /// /tmp/nvidia-mps.
+    #[arg(long, value_name = "DIR")]
+    pub mps_pipe_dir: Option<PathBuf>,
+    /// With `--gpu-sharing mps`: start `nvidia-cuda-mps-control -d` when a GPU slice task finds
+    /// the daemon not running (else such a task fails).
+    #[arg(long)]
+    pub mps_start: bool,
 }
 
 /// The validated configuration of one agent.
@@ -130,16 +158,26 @@ pub struct AgentConfig {
     pub task_user: String,
     /// Tasks may run as root (`--allow-root-tasks`).
     pub allow_root_tasks: bool,
+    /// How GPU slices share a device (`--gpu-sharing`, `--mps-pipe-dir`, `--mps-start`).
+    pub gpu_sharing: GpuSharing,
 }
 
 impl AgentConfig {
-    /// Validates the flags, detecting whatever they leave out.
+    /// Validates the flags (already merged with the config file, see [`AgentArgs::load`]),
+    /// detecting whatever they leave out.
     pub fn from_args(args: AgentArgs) -> anyhow::Result<Self> {
-        check_master_address(&args.master)?;
+        let Some(master) = args.master.clone() else {
+            bail!(
+                "the master's address is required: --master HOST:PORT, RINGMASTER_MASTER or                  `master:` in the --config file"
+            );
+        };
+        check_master_address(&master).map_err(|m| anyhow::anyhow!("--master `{master}`: {m}"))?;
         if let Some(id) = &args.id {
             check_agent_id(id).with_context(|| format!("--id `{id}`"))?;
         }
-        let custom = check_custom_resources(&args.custom_resources)?;
+        let gpu_sharing = gpu_sharing_from_args(&args)?;
+        let custom = check_custom_resources(&args.custom_resources)
+            .map_err(|m| anyhow::anyhow!("--custom-resources: {m}"))?;
         let work_dir = match args.work_dir {
             Some(dir) => dir,
             None => {
@@ -158,6 +196,7 @@ impl AgentConfig {
                 parse_agent_resources(spec).with_context(|| format!("--resources `{spec}`"))?;
             let zeros = zero_dimensions(spec);
             check_resource_names(&given, &zeros, &custom)
+                .map_err(anyhow::Error::msg)
                 .with_context(|| format!("--resources `{spec}`"))?;
             if !given_devices.is_empty() || zeros.iter().any(|n| n == "gpus") {
                 devices = given_devices;
@@ -192,10 +231,10 @@ impl AgentConfig {
                 sums.milli(ringmaster_proto::devices::GPUS),
             );
         }
-        let device_selection: DeviceSelection = args
-            .device_selection
+        let selection = args.device_selection.as_deref().unwrap_or("least-used");
+        let device_selection: DeviceSelection = selection
             .parse()
-            .with_context(|| format!("--device-selection `{}`", args.device_selection))?;
+            .with_context(|| format!("--device-selection `{selection}`"))?;
         let attributes = match &args.attributes {
             Some(spec) => {
                 parse_attributes(spec).with_context(|| format!("--attributes `{spec}`"))?
@@ -215,21 +254,19 @@ impl AgentConfig {
             args.secret_file.as_deref(),
         )
         .map_err(anyhow::Error::msg)?;
-        let kill_grace = parse_duration(&args.kill_grace)
-            .with_context(|| format!("--kill-grace `{}`", args.kill_grace))?;
-        if !(Duration::from_millis(100)..=Duration::from_secs(24 * 3600)).contains(&kill_grace) {
-            bail!(
-                "--kill-grace `{}` is out of range: must be from 100ms to 1 day",
-                args.kill_grace
-            );
-        }
+        let kill_grace = match &args.kill_grace {
+            Some(text) => {
+                check_kill_grace(text).map_err(|m| anyhow::anyhow!("--kill-grace `{text}`: {m}"))?
+            }
+            None => DEFAULT_KILL_GRACE,
+        };
         let task_user = match args.task_user {
             Some(u) if u.trim().is_empty() => bail!("--task-user must not be empty"),
             Some(u) => u,
             None => default_task_user(),
         };
         Ok(AgentConfig {
-            master: args.master,
+            master,
             id: args.id,
             hostname,
             resources,
@@ -242,28 +279,121 @@ impl AgentConfig {
             security,
             task_user,
             allow_root_tasks: args.allow_root_tasks,
+            gpu_sharing,
         })
     }
 }
 
-/// Validates `--isolation` and `--pids-per-task`.
-pub fn isolation_from_args(args: &AgentArgs) -> anyhow::Result<IsolationConfig> {
-    let mode: IsolationMode = args
-        .isolation
-        .parse()
-        .map_err(anyhow::Error::msg)
-        .with_context(|| "--isolation".to_string())?;
-    if !PIDS_PER_TASK_RANGE.contains(&args.pids_per_task) {
-        bail!(
-            "--pids-per-task {} is out of range: must be from {} to {}",
-            args.pids_per_task,
+impl AgentArgs {
+    /// The flags merged with the `--config` file, when one is given: every flag given on the
+    /// command line (or `RINGMASTER_MASTER`) wins over the file's key. A file that cannot be
+    /// read, has an unknown key or a bad value is an error naming `FILE:LINE: KEY`.
+    pub fn load(self) -> anyhow::Result<AgentArgs> {
+        let Some(path) = self.config.clone() else {
+            return Ok(self);
+        };
+        let file = crate::config_file::read(&path)?;
+        Ok(self.over(file))
+    }
+
+    /// `self` (the command line) over `file`: a value given in `self` wins; a switch is on when
+    /// either turns it on; a list given in `self` replaces the file's.
+    pub fn over(self, file: AgentArgs) -> AgentArgs {
+        AgentArgs {
+            config: self.config.or(file.config),
+            master: self.master.or(file.master),
+            id: self.id.or(file.id),
+            resources: self.resources.or(file.resources),
+            custom_resources: if self.custom_resources.is_empty() {
+                file.custom_resources
+            } else {
+                self.custom_resources
+            },
+            device_selection: self.device_selection.or(file.device_selection),
+            attributes: self.attributes.or(file.attributes),
+            work_dir: self.work_dir.or(file.work_dir),
+            hostname: self.hostname.or(file.hostname),
+            tls_ca: self.tls_ca.or(file.tls_ca),
+            tls_cert: self.tls_cert.or(file.tls_cert),
+            tls_key: self.tls_key.or(file.tls_key),
+            principal: self.principal.or(file.principal),
+            secret_file: self.secret_file.or(file.secret_file),
+            task_user: self.task_user.or(file.task_user),
+            allow_root_tasks: self.allow_root_tasks || file.allow_root_tasks,
+            isolation: self.isolation.or(file.isolation),
+            pids_per_task: self.pids_per_task.or(file.pids_per_task),
+            kill_grace: self.kill_grace.or(file.kill_grace),
+            gpu_sharing: self.gpu_sharing.or(file.gpu_sharing),
+            mps_pipe_dir: self.mps_pipe_dir.or(file.mps_pipe_dir),
+            mps_start: self.mps_start || file.mps_start,
+        }
+    }
+}
+
+/// Validates `--gpu-sharing`, `--mps-pipe-dir` and `--mps-start`.
+fn gpu_sharing_from_args(args: &AgentArgs) -> anyhow::Result<GpuSharing> {
+    let mut sharing = GpuSharing::default();
+    if let Some(mode) = &args.gpu_sharing {
+        sharing.mode = mode
+            .parse()
+            .map_err(|m: String| anyhow::anyhow!("--gpu-sharing: {m}"))?;
+    }
+    if let Some(dir) = &args.mps_pipe_dir {
+        check_pipe_dir(dir).map_err(|m| anyhow::anyhow!("--mps-pipe-dir: {m}"))?;
+        sharing.pipe_dir = dir.clone();
+    }
+    sharing.start = args.mps_start;
+    Ok(sharing)
+}
+
+/// The MPS pipe directory travels to tasks (whose working directory is their sandbox), so it
+/// must be absolute.
+pub(crate) fn check_pipe_dir(dir: &Path) -> Result<(), String> {
+    if dir.is_absolute() {
+        Ok(())
+    } else {
+        Err(format!("`{}` is not an absolute path", dir.display()))
+    }
+}
+
+/// Parses a kill grace and checks its range (100ms - 1 day).
+pub(crate) fn check_kill_grace(text: &str) -> Result<Duration, String> {
+    let grace = parse_duration(text).map_err(|e| e.to_string())?;
+    if !KILL_GRACE_RANGE.contains(&grace) {
+        return Err("out of range (100ms - 1 day)".into());
+    }
+    Ok(grace)
+}
+
+/// Checks `--pids-per-task` against its range.
+pub(crate) fn check_pids_per_task(n: u64) -> Result<u64, String> {
+    if PIDS_PER_TASK_RANGE.contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "{n} is out of range ({} - {})",
             PIDS_PER_TASK_RANGE.start(),
             PIDS_PER_TASK_RANGE.end()
-        );
+        ))
     }
+}
+
+/// Validates `--isolation` and `--pids-per-task` (defaults: auto, 4096).
+pub fn isolation_from_args(args: &AgentArgs) -> anyhow::Result<IsolationConfig> {
+    let mode: IsolationMode = match &args.isolation {
+        Some(level) => level
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .with_context(|| "--isolation".to_string())?,
+        None => IsolationMode::Auto,
+    };
+    let pids_per_task = match args.pids_per_task {
+        Some(n) => check_pids_per_task(n).map_err(|m| anyhow::anyhow!("--pids-per-task {m}"))?,
+        None => DEFAULT_PIDS_PER_TASK,
+    };
     Ok(IsolationConfig {
         mode,
-        pids_per_task: args.pids_per_task,
+        pids_per_task,
     })
 }
 
@@ -297,7 +427,7 @@ pub fn default_work_dir(
 /// Checks the names of `--custom-resources`: resource-name syntax (a letter, then letters,
 /// digits, `_` and `-`), not a standard name, none twice. Returns every name `--resources`
 /// may use (the standard ones and these).
-fn check_custom_resources(names: &[String]) -> anyhow::Result<Vec<String>> {
+pub(crate) fn check_custom_resources(names: &[String]) -> Result<Vec<String>, String> {
     let mut known: Vec<String> = STANDARD_NAMES.iter().map(|n| n.to_string()).collect();
     for raw in names {
         let name = raw.trim();
@@ -305,16 +435,18 @@ fn check_custom_resources(names: &[String]) -> anyhow::Result<Vec<String>> {
         let valid = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
             && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !valid {
-            bail!(
-                "--custom-resources: `{name}` is not a valid resource name (letters, digits, \
-                 `_` and `-`, starting with a letter)"
-            );
+            return Err(format!(
+                "`{name}` is not a valid resource name (letters, digits, `_` and `-`, starting \
+                 with a letter)"
+            ));
         }
         if STANDARD_NAMES.contains(&name) {
-            bail!("--custom-resources: `{name}` is a standard resource; declare only other names");
+            return Err(format!(
+                "`{name}` is a standard resource; declare only other names"
+            ));
         }
         if known.iter().any(|k| k == name) {
-            bail!("--custom-resources: `{name}` appears more than once");
+            return Err(format!("`{name}` appears more than once"));
         }
         known.push(name.to_string());
     }
@@ -323,11 +455,11 @@ fn check_custom_resources(names: &[String]) -> anyhow::Result<Vec<String>> {
 
 /// Refuses a name of `--resources` (with an amount, or given as zero) outside `known`, with
 /// the core's "did you mean" hint.
-fn check_resource_names(
+pub(crate) fn check_resource_names(
     given: &Resources,
     zeros: &[String],
     known: &[String],
-) -> anyhow::Result<()> {
+) -> Result<(), String> {
     let mut named = given.clone();
     for name in zeros {
         // A zero amount is not kept in a bundle; count it so `cpu:0` is caught too.
@@ -335,7 +467,9 @@ fn check_resource_names(
     }
     let known: Vec<&str> = known.iter().map(String::as_str).collect();
     if let Err(message) = check_known_names(&named, &known) {
-        bail!("{message} (declare other names with --custom-resources NAME,NAME)");
+        return Err(format!(
+            "{message} (declare other names with --custom-resources NAME,NAME)"
+        ));
     }
     Ok(())
 }
@@ -363,15 +497,17 @@ fn parse_duration(text: &str) -> anyhow::Result<Duration> {
         .context("too long")
 }
 
-fn check_master_address(master: &str) -> anyhow::Result<()> {
+pub(crate) fn check_master_address(master: &str) -> Result<(), String> {
     let Some((host, port)) = master.rsplit_once(':') else {
-        bail!("--master `{master}`: expected HOST:PORT");
+        return Err("expected HOST:PORT".into());
     };
     if host.is_empty() {
-        bail!("--master `{master}`: the host is empty (expected HOST:PORT)");
+        return Err("the host is empty (expected HOST:PORT)".into());
     }
     if port.parse::<u16>().is_err() {
-        bail!("--master `{master}`: `{port}` is not a port number (expected HOST:PORT)");
+        return Err(format!(
+            "`{port}` is not a port number (expected HOST:PORT)"
+        ));
     }
     Ok(())
 }
@@ -391,7 +527,7 @@ pub(crate) fn check_agent_id(id: &str) -> anyhow::Result<()> {
 }
 
 /// Names whose amount is written as zero (`disk:0`, `gpus:0.0`) in a spec that parsed.
-fn zero_dimensions(spec: &str) -> Vec<String> {
+pub(crate) fn zero_dimensions(spec: &str) -> Vec<String> {
     spec.split(';')
         .filter_map(|part| part.split_once(':'))
         .filter(|(_, amount)| {
@@ -689,7 +825,7 @@ mod tests {
                 isolation_from_args(&args(&["--pids-per-task", n])).unwrap_err()
             );
             assert!(err.contains("--pids-per-task"), "{err}");
-            assert!(err.contains("16 to 4194304"), "{err}");
+            assert!(err.contains("out of range (16 - 4194304)"), "{err}");
         }
         assert!(
             AgentArgs::try_parse_from(["x", "--master", "h:1", "--pids-per-task", "lots"]).is_err()
@@ -703,7 +839,7 @@ mod tests {
         let config = AgentConfig::from_args(args(&["--kill-grace", "2m"])).unwrap();
         assert_eq!(config.kill_grace, Duration::from_secs(120));
         for (bad, expected) in [
-            ("50ms", "out of range"),
+            ("50ms", "out of range (100ms - 1 day)"),
             ("2d", "unknown unit `d`"),
             ("s", "whole number"),
             ("25h", "out of range"),
@@ -713,6 +849,31 @@ mod tests {
             assert!(err.contains("--kill-grace"), "{err}");
             assert!(err.contains(expected), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn gpu_sharing_flags() {
+        let config = AgentConfig::from_args(args(&[])).unwrap();
+        assert_eq!(config.gpu_sharing, GpuSharing::default());
+        let config = AgentConfig::from_args(args(&[
+            "--gpu-sharing",
+            "mps",
+            "--mps-pipe-dir",
+            "/run/mps",
+            "--mps-start",
+        ]))
+        .unwrap();
+        assert_eq!(config.gpu_sharing.mode, crate::mps::GpuSharingMode::Mps);
+        assert_eq!(config.gpu_sharing.pipe_dir, PathBuf::from("/run/mps"));
+        assert!(config.gpu_sharing.start);
+        let err = error_of(&["--gpu-sharing", "mig"]);
+        assert!(err.contains("--gpu-sharing"), "{err}");
+        assert!(err.contains("expected none or mps"), "{err}");
+        let err = error_of(&["--mps-pipe-dir", "mps"]);
+        assert!(
+            err.contains("--mps-pipe-dir: `mps` is not an absolute path"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -748,10 +909,11 @@ mod tests {
         assert!(err.contains("`99999` is not a port number"), "{err}");
         let err = error_of(&["--id", "../etc"]);
         assert!(err.contains("--id `../etc`"), "{err}");
-        assert!(
-            AgentArgs::try_parse_from(["x"]).is_err(),
-            "--master is required"
+        let err = format!(
+            "{:#}",
+            AgentConfig::from_args(AgentArgs::default()).unwrap_err()
         );
+        assert!(err.contains("the master's address is required"), "{err}");
     }
 
     #[test]
@@ -761,7 +923,7 @@ mod tests {
         let from_env = AgentArgs::try_parse_from(["x"]).map(|a| a.master);
         let flag_wins = AgentArgs::try_parse_from(["x", "--master", "flag:1"]).map(|a| a.master);
         std::env::remove_var("RINGMASTER_MASTER");
-        assert_eq!(from_env.unwrap(), "from-env:5050");
-        assert_eq!(flag_wins.unwrap(), "flag:1");
+        assert_eq!(from_env.unwrap().as_deref(), Some("from-env:5050"));
+        assert_eq!(flag_wins.unwrap().as_deref(), Some("flag:1"));
     }
 }

@@ -24,11 +24,13 @@ use std::time::Duration;
 
 use cgroups_rs::fs::cpu::CpuController;
 use cgroups_rs::fs::cpuacct::CpuAcctController;
+use cgroups_rs::fs::devices::{DevicePermissions, DeviceType, DevicesController};
 use cgroups_rs::fs::memory::MemController;
 use cgroups_rs::fs::pid::PidController;
 use cgroups_rs::fs::{hierarchies, Cgroup, Controller as _, MaxValue};
 use ringmaster_proto::resources::Resources;
 
+use crate::device_rules::{self, DeviceRule};
 use crate::process::ExitOutcome;
 use crate::sandbox::escape_component;
 
@@ -205,6 +207,12 @@ fn warn_once(message: &str) {
     ONCE.call_once(|| tracing::warn!("{message}"));
 }
 
+/// Says once per process why the NVIDIA devices rule is off.
+fn devices_note_once(message: &str) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| tracing::warn!("{message}"));
+}
+
 /// The agent's cgroup setup: disabled, or the parent under which its tasks' cgroups live.
 #[derive(Debug, Clone)]
 pub struct Isolation {
@@ -219,6 +227,19 @@ struct CgroupRoot {
     /// The controllers task cgroups are made in.
     controllers: Vec<String>,
     v2: bool,
+    /// With the v1 `devices` controller: task cgroups get the NVIDIA device rule
+    /// ([`crate::device_rules`]); false without it (and always on v2).
+    devices: bool,
+}
+
+/// What a task may open of the NVIDIA devices, for its cgroup's devices rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuAccess<'a> {
+    /// The task holds these GPUs (indices; empty: none, so no NVIDIA node at all).
+    Devices(&'a [u32]),
+    /// No rule: the task holds GPUs the agent cannot name (a plain `gpus` scalar without a
+    /// device list), so its cgroup leaves devices as they are.
+    Unrestricted,
 }
 
 impl Isolation {
@@ -287,15 +308,21 @@ impl Isolation {
         self.root.is_some()
     }
 
+    /// True when task cgroups carry the NVIDIA devices rule (cgroup v1 with `devices`).
+    pub fn device_rules(&self) -> bool {
+        self.root.as_ref().is_some_and(|r| r.devices)
+    }
+
     /// For the startup log: `cgroups v1 under ringmaster/<agent>` or `none`.
     pub fn describe(&self) -> String {
         match &self.root {
             Some(root) => format!(
-                "cgroups {} ({}) under {}, {} processes per task",
+                "cgroups {} ({}) under {}, {} processes per task, GPU devices rule {}",
                 if root.v2 { "v2" } else { "v1" },
                 root.controllers.join(","),
                 root.agent_path,
-                self.pids_per_task
+                self.pids_per_task,
+                if root.devices { "on" } else { "off" }
             ),
             None => "none (process groups only)".into(),
         }
@@ -319,6 +346,18 @@ impl Isolation {
         task_id: &str,
         resources: &Resources,
     ) -> Result<Option<TaskCgroup>, String> {
+        self.create_task_cgroup_with_gpus(framework_id, task_id, resources, GpuAccess::Devices(&[]))
+    }
+
+    /// As [`Isolation::create_task_cgroup`], with the NVIDIA device rule of a task holding
+    /// `gpus` when the v1 devices controller is there.
+    pub fn create_task_cgroup_with_gpus(
+        &self,
+        framework_id: &str,
+        task_id: &str,
+        resources: &Resources,
+        gpus: GpuAccess<'_>,
+    ) -> Result<Option<TaskCgroup>, String> {
         let Some(root) = &self.root else {
             return Ok(None);
         };
@@ -340,6 +379,12 @@ impl Isolation {
         if let Err(e) = task.apply(&limits) {
             let _ = task.remove();
             return Err(e);
+        }
+        if let (true, GpuAccess::Devices(gpus)) = (root.devices, gpus) {
+            if let Err(e) = task.apply_device_rules(gpus) {
+                let _ = task.remove();
+                return Err(e);
+            }
         }
         Ok(Some(task))
     }
@@ -436,15 +481,33 @@ impl CgroupRoot {
                 ));
             }
         }
-        let controllers: Vec<String> = wanted
+        let mut controllers: Vec<String> = wanted
             .iter()
             .filter(|w| available.iter().any(|a| a == *w))
             .map(|w| w.to_string())
             .collect();
-        let root = CgroupRoot {
+        let devices = if v2 {
+            devices_note_once(
+                "cgroup v2: the NVIDIA devices rule is not enforced (v2 controls devices with \
+                 eBPF programs, which the agent does not install); a task can open any GPU its \
+                 user may (docs/security.md)",
+            );
+            false
+        } else if available.iter().any(|a| a == "devices") {
+            controllers.push("devices".into());
+            true
+        } else {
+            devices_note_once(
+                "cgroup v1 without the devices controller: the NVIDIA devices rule is not \
+                 enforced (docs/security.md)",
+            );
+            false
+        };
+        let mut root = CgroupRoot {
             agent_path: format!("{CGROUP_PARENT}/{}", agent_cgroup_name(work_dir)),
             controllers,
             v2,
+            devices,
         };
         let agent = root.load(&root.agent_path);
         agent
@@ -462,9 +525,22 @@ impl CgroupRoot {
             memory_bytes: None,
             pids_max: DEFAULT_PIDS_PER_TASK,
         });
+        let devices_checked = if root.devices && checked.is_ok() {
+            probe.apply_device_rules(&[])
+        } else {
+            Ok(())
+        };
         let removed = probe.remove();
         checked?;
         removed?;
+        if let Err(e) = devices_checked {
+            devices_note_once(&format!(
+                "the devices controller is not usable ({e}); the NVIDIA devices rule is not \
+                 enforced"
+            ));
+            root.devices = false;
+            root.controllers.retain(|c| c != "devices");
+        }
         Ok(root)
     }
 
@@ -582,6 +658,46 @@ impl TaskCgroup {
         pids.set_pid_max(MaxValue::Value(max))
             .map_err(|e| format!("cannot set the process limit of cgroup {path}: {e}"))?;
         Ok(())
+    }
+
+    /// Switches the cgroup's devices controller to deny-by-default and allows what
+    /// [`device_rules::task_device_rules`] computes from the parent's `devices.list` for a task
+    /// holding `gpus`.
+    fn apply_device_rules(&self, gpus: &[u32]) -> Result<(), String> {
+        let path = &self.path;
+        let devices: &DevicesController = self
+            .cgroup
+            .controller_of()
+            .ok_or_else(|| format!("cgroup {path} has no devices controller"))?;
+        let parent_list = devices
+            .path()
+            .parent()
+            .map(|p| p.join("devices.list"))
+            .ok_or_else(|| format!("cgroup {path} has no parent in the devices hierarchy"))?;
+        let parent = std::fs::read_to_string(&parent_list)
+            .map_err(|e| format!("cannot read {}: {e}", parent_list.display()))?;
+        // Read at every task start: a driver loaded since (nvidia-uvm) counts.
+        let proc_devices = std::fs::read_to_string("/proc/devices")
+            .map_err(|e| format!("cannot read /proc/devices: {e}"))?;
+        let rules = device_rules::task_device_rules(
+            &device_rules::parse_list(&parent),
+            gpus,
+            &proc_devices,
+        );
+        devices
+            .deny_device(DeviceType::All, -1, -1, &DevicePermissions::all())
+            .map_err(|e| format!("cannot set the devices rule of cgroup {path}: {e}"))?;
+        for rule in &rules {
+            allow(devices, rule)
+                .map_err(|e| format!("cannot allow `{rule}` in cgroup {path}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The cgroup's `devices.list` (v1 with the devices controller), else `None`.
+    pub fn devices_list(&self) -> Option<String> {
+        let devices: &DevicesController = self.cgroup.controller_of()?;
+        std::fs::read_to_string(devices.path().join("devices.list")).ok()
     }
 
     /// The processes in the cgroup (any hierarchy).
@@ -705,6 +821,22 @@ impl TaskCgroup {
                 .controller_of::<MemController>()
                 .is_some_and(|m| m.memory_stat().fail_cnt > 0)
     }
+}
+
+/// Writes one rule to `devices.allow`.
+fn allow(devices: &DevicesController, rule: &DeviceRule) -> cgroups_rs::fs::error::Result<()> {
+    let kind = match rule.kind {
+        'b' => DeviceType::Block,
+        'c' => DeviceType::Char,
+        _ => DeviceType::All,
+    };
+    let number = |n: Option<u32>| n.map_or(-1, i64::from);
+    let access: Vec<DevicePermissions> = rule
+        .access
+        .chars()
+        .filter_map(DevicePermissions::from_char)
+        .collect();
+    devices.allow_device(kind, number(rule.major), number(rule.minor), &access)
 }
 
 #[cfg(test)]

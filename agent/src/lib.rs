@@ -30,7 +30,9 @@
 //!    master's binding (`TaskInfo.devices`, checked against the agent's own per-device
 //!    accounting) or, without one, devices picked by `--device-selection`; the task sees
 //!    `CUDA_VISIBLE_DEVICES` and `RINGMASTER_DEVICES` (`gpu:INDEX:SHARE:MEMORY,…`; both empty
-//!    for tasks without GPUs) and `RUNNING` carries the binding in `TaskStatus.devices`; no
+//!    for tasks without GPUs; with `--gpu-sharing mps` a slice also gets its `CUDA_MPS_*`
+//!    limits, [`mps`], and fails `launch_failed` while the MPS daemon is down; with cgroup v1
+//!    its cgroup opens only its own NVIDIA nodes, [`device_rules`]) and `RUNNING` carries the binding in `TaskStatus.devices`; no
 //!    device with room → `FAILED` `insufficient_resources`. Registration sends `devices`,
 //!    heartbeats `free_devices`; a spawn failure → `FAILED` `launch_failed`. When the
 //!    process ends (and its whole group is gone): exit 0 → `FINISHED` (`exit_code` 0); non-zero
@@ -59,9 +61,12 @@
 //!    the exit status their wrapper recorded ([`process::adopt`], docs/reliability.md).
 
 mod config;
+pub mod config_file;
 mod detect;
+pub mod device_rules;
 pub mod files;
 pub mod isolation;
+pub mod mps;
 pub mod process;
 pub mod sandbox;
 mod session;
@@ -109,6 +114,16 @@ pub async fn run_with_isolation(
     tracing::info!(master = %config.master, hostname = %config.hostname,
         resources = %config.resources, work_dir = %config.work_dir.display(),
         agent_id = %agent_id, isolation = %isolation.describe(), "agent starting");
+    if config.gpu_sharing.mode == mps::GpuSharingMode::Mps {
+        let dir = &config.gpu_sharing.pipe_dir;
+        if mps::daemon_running(dir) {
+            tracing::info!(pipe_dir = %dir.display(), "gpu_sharing: mps; the MPS control daemon is up");
+        } else {
+            tracing::warn!(pipe_dir = %dir.display(), mps_start = config.gpu_sharing.start,
+                "gpu_sharing: mps but the MPS control daemon is not running yet; GPU slice tasks \
+                 {}", if config.gpu_sharing.start { "will start it" } else { "will fail until it runs" });
+        }
+    }
     let (mut state, exits) = state::AgentState::with_isolation(config, isolation, agent_id);
     let recovered = state.recover_tasks();
     if recovered > 0 {
@@ -152,10 +167,11 @@ fn saved_agent_id(config: &AgentConfig) -> anyhow::Result<String> {
     }
 }
 
-/// The binary's body: validates the flags, runs until Ctrl-C or SIGTERM, and maps the result
+/// The binary's body: reads the `--config` file under the flags, validates them, runs until Ctrl-C or SIGTERM, and maps the result
 /// to an exit code (2 for bad flags, 1 for a fatal error).
 pub async fn main_with_args(args: AgentArgs) -> ExitCode {
-    let flags = isolation_from_args(&args).and_then(|isolation| {
+    let flags = args.load().and_then(|args| {
+        let isolation = isolation_from_args(&args)?;
         let config = AgentConfig::from_args(args)?;
         Ok((config, isolation))
     });

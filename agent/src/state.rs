@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::config::AgentConfig;
 use crate::isolation::{self, Isolation};
+use crate::mps;
 use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
 use crate::sandbox::sandbox_dir;
 use crate::task_files::{self, TaskFile};
@@ -424,6 +425,13 @@ impl AgentState {
                 return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
             }
         };
+        // A GPU slice under `gpu_sharing: mps` runs as an MPS client: the daemon must be up.
+        let mps = self.config.gpu_sharing.applies_to(&devices);
+        if mps {
+            if let Err(message) = mps::ensure_daemon(&self.config.gpu_sharing, mps::start_daemon) {
+                return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
+            }
+        }
         let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
         let agent_env = vec![
             ("RINGMASTER_TASK_ID".to_string(), key.task_id.clone()),
@@ -450,21 +458,33 @@ impl AgentState {
             ));
             device_env.push(("RINGMASTER_DEVICES".to_string(), devices.to_string()));
         }
+        if mps {
+            device_env.extend(mps::mps_env(&devices, &self.config.gpu_sharing.pipe_dir));
+        }
         let task_env: Vec<(String, String)> = info
             .env
             .iter()
             .map(|a| (a.key.clone(), a.value.clone()))
             .collect();
-        let cgroup =
-            match self
-                .isolation
-                .create_task_cgroup(&key.framework_id, &key.task_id, &resources)
-            {
-                Ok(cgroup) => cgroup.map(Arc::new),
-                Err(message) => {
-                    return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
-                }
-            };
+        // The devices rule (cgroup v1): its own GPUs only; none without GPUs; no rule for a
+        // plain `gpus` scalar, whose devices the agent cannot name.
+        let gpu_indices: Vec<u32> = devices.devices.iter().map(|d| d.index).collect();
+        let gpu_access = if gpu_indices.is_empty() && resources.milli(GPUS) > 0 {
+            isolation::GpuAccess::Unrestricted
+        } else {
+            isolation::GpuAccess::Devices(&gpu_indices)
+        };
+        let cgroup = match self.isolation.create_task_cgroup_with_gpus(
+            &key.framework_id,
+            &key.task_id,
+            &resources,
+            gpu_access,
+        ) {
+            Ok(cgroup) => cgroup.map(Arc::new),
+            Err(message) => {
+                return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
+            }
+        };
         let spec = LaunchSpec {
             command: info.command.clone(),
             sandbox: sandbox.clone(),
@@ -900,8 +920,10 @@ fn update(status: TaskStatus) -> Message {
 
 /// A task's environment, in the order it is applied (a later entry wins): what the agent sets
 /// (ids, sandbox, HOME/USER/LOGNAME), then the task's own `TaskInfo.env`, then the device
-/// variables (CUDA_VISIBLE_DEVICES, RINGMASTER_DEVICES). The device variables come last and
-/// the task's entries for them are dropped, so a task cannot widen the devices it sees.
+/// variables (CUDA_VISIBLE_DEVICES, RINGMASTER_DEVICES and, for a GPU slice under
+/// `gpu_sharing: mps`, the `CUDA_MPS_*` limits of [`crate::mps::mps_env`]). The device
+/// variables come last and the task's entries for them are dropped, so a task cannot widen the
+/// devices it sees nor lift its MPS limits through `TaskInfo.env`.
 pub fn task_environment(
     agent: Vec<(String, String)>,
     task: Vec<(String, String)>,
@@ -962,6 +984,47 @@ mod tests {
         assert_eq!(seen(&env, "HOME"), Some("/tmp"));
         assert_eq!(seen(&env, "RINGMASTER_TASK_ID"), Some("t1"));
         assert_eq!(env.last().unwrap().0, "RINGMASTER_DEVICES");
+    }
+
+    #[test]
+    fn a_task_cannot_lift_its_mps_limits() {
+        let binding = ringmaster_proto::devices::DeviceBinding::parse("gpu:2:250:8192").unwrap();
+        let mut devices = pairs(&[
+            ("CUDA_VISIBLE_DEVICES", "2"),
+            ("RINGMASTER_DEVICES", "gpu:2:250:8192"),
+        ]);
+        devices.extend(mps::mps_env(&binding, std::path::Path::new("/run/mps")));
+        let env = task_environment(
+            pairs(&[("RINGMASTER_TASK_ID", "t1")]),
+            pairs(&[
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"),
+                ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=81920M"),
+                ("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent"),
+                ("MINE", "x"),
+            ]),
+            devices,
+        );
+        assert_eq!(seen(&env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some("25"));
+        assert_eq!(
+            seen(&env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+            Some("0=8192M")
+        );
+        assert_eq!(seen(&env, "CUDA_MPS_PIPE_DIRECTORY"), Some("/run/mps"));
+        assert_eq!(seen(&env, "MINE"), Some("x"));
+        for name in [
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            "CUDA_MPS_PIPE_DIRECTORY",
+        ] {
+            assert_eq!(env.iter().filter(|(k, _)| k == name).count(), 1, "{name}");
+        }
+        // The MPS variables come after the task's own, with the device variables.
+        let task_pos = env.iter().position(|(k, _)| k == "MINE").unwrap();
+        let mps_pos = env
+            .iter()
+            .position(|(k, _)| k == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+            .unwrap();
+        assert!(mps_pos > task_pos);
     }
 
     #[test]

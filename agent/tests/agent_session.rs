@@ -205,6 +205,7 @@ fn config(master: &str, work_dir: &Path, resources: &str) -> AgentConfig {
         security: Default::default(),
         task_user: ringmaster_agent::users::default_task_user(),
         allow_root_tasks: false,
+        gpu_sharing: Default::default(),
     }
 }
 

@@ -28,6 +28,7 @@ fn config(work_dir: &std::path::Path, spec: &str, selection: DeviceSelection) ->
         security: Default::default(),
         task_user: ringmaster_agent::users::default_task_user(),
         allow_root_tasks: false,
+        gpu_sharing: Default::default(),
     }
 }
 
@@ -196,5 +197,104 @@ async fn a_task_cannot_widen_its_devices_through_its_env() {
             bound(&s).split(':').nth(1).unwrap(),
             bound(&s)
         )
+    );
+}
+
+fn mps_config(work_dir: &std::path::Path, pipe_dir: &std::path::Path) -> AgentConfig {
+    let mut cfg = config(
+        work_dir,
+        "cpus:8;mem:1024;gpus:2x16384",
+        DeviceSelection::MostUsedThatFits,
+    );
+    cfg.gpu_sharing = ringmaster_agent::mps::GpuSharing {
+        mode: ringmaster_agent::mps::GpuSharingMode::Mps,
+        pipe_dir: pipe_dir.to_path_buf(),
+        start: false,
+    };
+    cfg
+}
+
+fn mps_task(id: &str, resources: &str) -> TaskInfo {
+    let mut t = task(id, resources);
+    t.command = "echo \"[$CUDA_VISIBLE_DEVICES] [${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE-}] \
+                 [${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT-}] [${CUDA_MPS_PIPE_DIRECTORY-}]\""
+        .into();
+    // The task tries to lift its limits; the agent's values win.
+    t.env = vec![ringmaster_proto::Attribute {
+        key: "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+        value: "100".into(),
+    }];
+    t
+}
+
+#[tokio::test]
+async fn with_mps_a_slice_fails_while_the_daemon_is_down_and_whole_gpus_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipes = tempfile::tempdir().unwrap();
+    let (mut state, mut exits) = AgentState::new(mps_config(dir.path(), pipes.path()), "a1".into());
+    let s = run_one(
+        &mut state,
+        mps_task("slice", "cpus:1;gpu_milli:250;gpu_mem:4096"),
+    );
+    assert_eq!(s.state, TaskState::TaskFailed as i32, "{s:?}");
+    assert_eq!(s.reason, "launch_failed");
+    assert_eq!(
+        s.message,
+        format!(
+            "gpu_sharing: mps but the MPS control daemon is not running (no {}/control); start \
+             nvidia-cuda-mps-control -d or set mps_start",
+            pipes.path().display()
+        )
+    );
+    // The refused slice holds nothing.
+    assert_eq!(state.device_state().free_share(), [1000, 1000]);
+    // A whole GPU needs no MPS and gets no MPS variables.
+    let s = run_one(&mut state, mps_task("whole", "cpus:1;gpus:1"));
+    assert_eq!(s.state, TaskState::TaskRunning as i32, "{s:?}");
+    let (key, outcome) = timeout(Duration::from_secs(15), exits.recv())
+        .await
+        .expect("the task ends in time")
+        .expect("exit channel open");
+    state.process_exited(key, outcome);
+    let out = std::fs::read_to_string(
+        ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "whole").join("stdout"),
+    )
+    .unwrap();
+    // Its own (task env) percentage stays: MPS does not apply to it.
+    assert_eq!(out, "[0] [100] [] []\n");
+}
+
+#[tokio::test]
+async fn with_mps_a_slice_runs_as_a_limited_mps_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipes = tempfile::tempdir().unwrap();
+    let control = std::ffi::CString::new(
+        pipes
+            .path()
+            .join("control")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(control.as_ptr(), 0o600) }, 0);
+    let (mut state, mut exits) = AgentState::new(mps_config(dir.path(), pipes.path()), "a1".into());
+    let mut bound_by_master = mps_task("slice", "cpus:1;gpu_milli:250;gpu_mem:4096");
+    bound_by_master.devices = DeviceBinding::parse("gpu:1:250:4096").unwrap().to_wire();
+    let s = run_one(&mut state, bound_by_master);
+    assert_eq!(s.state, TaskState::TaskRunning as i32, "{s:?}");
+    let (key, outcome) = timeout(Duration::from_secs(15), exits.recv())
+        .await
+        .expect("the task ends in time")
+        .expect("exit channel open");
+    state.process_exited(key, outcome);
+    let out = std::fs::read_to_string(
+        ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "slice").join("stdout"),
+    )
+    .unwrap();
+    // Device 1 on the host is device 0 for the task: the memory limit names ordinal 0.
+    assert_eq!(
+        out,
+        format!("[1] [25] [0=4096M] [{}]\n", pipes.path().display())
     );
 }

@@ -35,6 +35,7 @@ fn config(work_dir: &Path, allow_root_tasks: bool) -> AgentConfig {
         security: Default::default(),
         task_user: default_task_user(),
         allow_root_tasks,
+        gpu_sharing: Default::default(),
     }
 }
 

@@ -5,6 +5,7 @@
 //! owns the messages (generated from `proto/ringmaster.proto`), the framing
 //! ([`Connection`]) and the version handshake, so no other crate touches bytes on the wire.
 //! [`transport`] carries the frames over plain TCP or TLS, [`security`] is the HMAC challenge,
+//! [`yaml`] places configuration errors at `FILE:LINE: KEY`,
 //! and [`convert`] turns the core's `Resources` and device types into their wire form and back.
 //!
 //! Wire only: the resource and device *model* is `ringmaster-core`'s, re-exported here as
@@ -14,6 +15,7 @@ mod connection;
 pub mod convert;
 pub mod security;
 pub mod transport;
+pub mod yaml;
 
 pub use connection::{
     Connection, ConnectionError, ConnectionReader, ConnectionWriter, DEFAULT_MAX_FRAME_BYTES,

@@ -2,9 +2,10 @@
 //! parses a document and places errors found after parsing with [`locate`], which asks the
 //! YAML parser where a key is.
 //!
-//! Its own module so that every reader of a configuration section ([`crate::config`] and
-//! [`crate::security`], which `config` calls for `tls:` and `auth:`) depends on it, and none on
-//! another: `config -> security -> yaml`, `config -> yaml`. The public paths stay
+//! It lives in the protocol crate, which every component depends on, so the master's
+//! configuration (`ringmaster::config`, `ringmaster::security`, job specs) and the agent's
+//! config file (`ringmaster_agent`'s `--config`) report errors the same way:
+//! `FILE:LINE: KEY: MESSAGE`. The master's public paths stay
 //! `ringmaster::config::{ConfigError, Seg, YamlSource, locate, path_string}`.
 
 use std::fmt;
