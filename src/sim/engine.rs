@@ -33,7 +33,6 @@ use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape};
 use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
 use super::trace::{Node, Task, GPU_MILLI};
 use crate::dry_run::exact_cycle_input;
-use ringmaster_core::placement::fragmentation::ring_tie_score;
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
     PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
@@ -431,9 +430,8 @@ impl<'w> SimCluster<'w> {
                 };
                 // The ring's tie-break score: FGD's score as the paper's simulator quantises it
                 // (the growth of the node's expected GPU fragment, `fgd_quantised_score`, negated)
-                // and the GPUs that score assumes, cached per (node, shape) like the paper's, then
-                // the cpu left (`ring_tie_score`). The master's score is the same
-                // (`DeviceFragmentScore`).
+                // and the GPUs that score assumes, cached per (node, shape) like the paper's. The
+                // master's score is the same quantised growth (`DeviceFragmentScore`).
                 let shapes = workload.shapes.len();
                 let cache = RefCell::new(cache.as_mut());
                 let fgd = |node: usize| -> Option<(i64, GpuPick)> {
@@ -461,9 +459,7 @@ impl<'w> SimCluster<'w> {
                 let ranked = Cell::new(false);
                 let fragment_score = |agent: usize, _: &Resources| {
                     ranked.set(true);
-                    fgd(agent).map_or(i64::MAX, |(score, _)| {
-                        ring_tie_score(score, nodes[agent].cpu_free.saturating_sub(s.cpu_milli))
-                    })
+                    fgd(agent).map_or(i64::MAX, |(score, _)| score)
                 };
                 let mut context = PlacementContext::default().with_score(&fragment_score);
                 let agent = match policy {

@@ -271,21 +271,6 @@ pub fn fgd_quantised_score(delta_milli: f64) -> i64 {
     (100.0 * sigmoid) as i64
 }
 
-/// The ring's tie-break score of one candidate (lower is better): FGD's quantised score first
-/// (`negated_quantised` = −[`fgd_quantised_score`], so −99 … 0), and among equal scores the
-/// candidate with the least cpu left after the placement (best fit on cpu, in milli-cpu;
-/// amounts beyond `u32::MAX` compare equal). Equal composites are then broken by the lowest
-/// agent key, by the ring search. Best fit on cpu keeps cpu free where GPUs are still idle, so
-/// fewer GPUs end up on agents with no cpu left for them: measured on the openb trace (median
-/// of seeds 42–71), 5.27 → 5.08 % unallocated on the `sharing40` mix, no change on the default
-/// mix (docs/results.md, "Closing the gap to FGD").
-pub fn ring_tie_score(negated_quantised: i64, cpu_left_milli: u64) -> i64 {
-    let cpu = cpu_left_milli.min(u64::from(u32::MAX)) as i64;
-    negated_quantised
-        .saturating_mul(1 << 32)
-        .saturating_add(cpu)
-}
-
 impl TargetWorkload {
     /// [`fgd_quantised_score`] of a weighted growth from [`growth`](Self::growth) (the
     /// fragment after minus before, weighted; divided here by the total weight for milli-GPU).
@@ -448,20 +433,13 @@ impl DeviceFragmentScore<'_> {
 }
 
 /// The ring's tie-break score: the [`growth`](DeviceFragmentScore::growth) quantised as the FGD
-/// paper's simulator does ([`TargetWorkload::quantised_score`], negated so lower is better),
-/// then the cpu left ([`ring_tie_score`]): the same score the simulator gives the ring;
-/// `i64::MAX` when the devices cannot hold the demand.
+/// paper's simulator does ([`TargetWorkload::quantised_score`], negated so lower is better), the
+/// same score the simulator gives the ring; `i64::MAX` when the devices cannot hold the demand.
 impl AgentScore for DeviceFragmentScore<'_> {
     fn score(&self, agent: AgentKey, demand: &Resources) -> i64 {
         match self.growth(agent, demand) {
             i64::MAX => i64::MAX,
-            growth => {
-                let cpu_left = self
-                    .cpu_free
-                    .get(&agent)
-                    .map_or(0, |&free| free.saturating_sub(demand.milli("cpus")));
-                ring_tie_score(-self.target.quantised_score(growth), cpu_left)
-            }
+            growth => -self.target.quantised_score(growth),
         }
     }
 }
@@ -488,22 +466,6 @@ mod tests {
     /// 0.5099987 (the 50/51 edge is ΔF = 1000·ln(51/49) = 40.0053), σ(0.041) = 0.510249,
     /// σ(−0.001) = 0.49975, σ(−0.040) = 0.4900013, σ(−0.041) = 0.489751, σ(1) = 0.731059,
     /// σ(−1) = 0.268941, σ(8) = 0.999665, σ(−8) = 0.000335.
-    #[test]
-    fn ring_tie_score_orders_by_quantised_score_then_cpu_left() {
-        // A better quantised score wins whatever the cpu.
-        assert!(ring_tie_score(-51, 900_000) < ring_tie_score(-50, 0));
-        // Equal scores: the least cpu left.
-        assert!(ring_tie_score(-50, 1_000) < ring_tie_score(-50, 1_001));
-        assert_eq!(ring_tie_score(-50, 0), -50 << 32);
-        // Past u32::MAX milli-cpu the cpu part stops growing and never reaches the next score.
-        assert_eq!(
-            ring_tie_score(-50, u64::MAX),
-            ring_tie_score(-50, u64::from(u32::MAX))
-        );
-        assert!(ring_tie_score(-50, u64::MAX) < ring_tie_score(-49, 0));
-        assert!(ring_tie_score(0, u64::MAX) < i64::MAX);
-    }
-
     #[test]
     fn quantised_score_at_bucket_edges() {
         let cases = [
@@ -803,13 +765,11 @@ mod tests {
         assert_eq!(pack.growth(1, &demand("gpus:2")), i64::MAX);
         assert_eq!(pack.growth(1, &demand("gpus:1;gpu_milli:5")), i64::MAX);
         // The ring's score is the growth quantised like the FGD paper's simulator (target
-        // weight 1, so ΔF = −growth): 100·σ(−0.4) = 40.1, σ(0) = 50, 100·σ(−1.7) = 15.4;
-        // then the cpu left after the placement (8 − 1 = 7 cpus; 8 − 7.5 = 0.5).
-        assert_eq!(pack.score(1, &d3), ring_tie_score(-40, 7000));
-        assert_eq!(spread.score(1, &d3), ring_tie_score(-50, 7000));
-        assert_eq!(pack.score(3, &d3), ring_tie_score(-50, 7000), "no devices");
-        assert_eq!(pack.score(9, &d3), ring_tie_score(-50, 0), "unknown agent");
-        assert_eq!(pack.score(1, &demand("cpus:7.5")), ring_tie_score(-15, 500));
+        // weight 1, so ΔF = −growth): 100·σ(−0.4) = 40.1, σ(0) = 50, 100·σ(−1.7) = 15.4.
+        assert_eq!(pack.score(1, &d3), -40);
+        assert_eq!(spread.score(1, &d3), -50);
+        assert_eq!(pack.score(3, &d3), -50, "no devices");
+        assert_eq!(pack.score(1, &demand("cpus:7.5")), -15);
         assert_eq!(pack.score(1, &demand("gpus:2")), i64::MAX);
     }
 }
