@@ -91,7 +91,7 @@ impl MasterState {
         if reregistering {
             self.rescind_offers_on_agent(&id, "agent_reregistered");
             // Its tasks are counted again as they are adopted below.
-            let held: Vec<TaskKey> = self.agents[&id].tasks.iter().cloned().collect();
+            let held: Vec<TaskKey> = self.agent_tasks(&id);
             for task_key in held {
                 self.release_task_resources(&task_key);
             }
@@ -116,7 +116,7 @@ impl MasterState {
                 key: None,
                 conn: None,
                 last_heartbeat: now,
-                tasks: HashSet::new(),
+                tasks: Default::default(),
                 lost: false,
                 held_for: None,
                 reregister_by: None,
@@ -204,10 +204,13 @@ impl MasterState {
             if !self.tasks[&task_key].holds_resources {
                 self.hold_task_resources(&task_key, agent_id, &resources);
             }
-            if let Some(agent) = self.agents.get_mut(agent_id) {
-                agent.tasks.insert(task_key.clone());
-            }
+            let hash = self.tasks.hash_of(&task_key);
             if was.is_terminal() {
+                // A live task is in its agent's and framework's sets already; an ended one
+                // left them when it ended.
+                if let Some(agent) = self.agents.get_mut(agent_id) {
+                    agent.tasks.insert(hash);
+                }
                 // Back from LOST: its framework owns it again (reconciliation, teardown and
                 // failover see it) and it counts against its user's priority quota again.
                 let task = self.tasks.get_mut(&task_key).expect("adoptable");
@@ -217,7 +220,7 @@ impl MasterState {
                     self.alloc.start_quota(&user, &partition, &resources);
                 }
                 if let Some(fw) = self.frameworks.get_mut(task_key.0.as_str()) {
-                    fw.tasks.insert(task_key.1.clone());
+                    fw.tasks.insert(hash);
                 }
             }
             let new_state = if reported_state == TaskState::TaskStaging {
@@ -236,11 +239,7 @@ impl MasterState {
             }
         }
         // Tasks the master placed on this agent that the agent no longer runs.
-        let known: Vec<TaskKey> = self
-            .agents
-            .get(agent_id)
-            .map(|a| a.tasks.iter().cloned().collect())
-            .unwrap_or_default();
+        let known: Vec<TaskKey> = self.agent_tasks(agent_id);
         for task_key in known {
             if still_running.contains(&task_key) {
                 continue;
@@ -334,17 +333,22 @@ impl MasterState {
     fn framework_of_agent_task(&self, agent_id: &str, task_id: &str) -> Option<String> {
         // The agent's live tasks first; only an update about an ended task (an old agent
         // repeating itself) searches every task.
-        let live = self.agents.get(agent_id).map(|a| &a.tasks);
-        let mut frameworks: Box<dyn Iterator<Item = &CompactString>> =
-            match live.filter(|tasks| tasks.iter().any(|(_, t)| t == task_id)) {
-                Some(tasks) => Box::new(tasks.iter().filter(|(_, t)| t == task_id).map(|(f, _)| f)),
-                None => Box::new(
-                    self.tasks
-                        .iter()
-                        .filter(|((_, t), task)| t == task_id && task.agent == agent_id)
-                        .map(|((f, _), _)| f),
-                ),
-            };
+        let live: Vec<CompactString> = self
+            .agent_tasks(agent_id)
+            .into_iter()
+            .filter(|(_, t)| t == task_id)
+            .map(|(f, _)| f)
+            .collect();
+        let mut frameworks: Box<dyn Iterator<Item = &CompactString>> = if live.is_empty() {
+            Box::new(
+                self.tasks
+                    .iter()
+                    .filter(|((_, t), task)| t == task_id && task.agent == agent_id)
+                    .map(|((f, _), _)| f),
+            )
+        } else {
+            Box::new(live.iter())
+        };
         let first = frameworks.next()?;
         frameworks.next().is_none().then(|| first.to_string())
     }
@@ -441,11 +445,7 @@ impl MasterState {
         tracing::warn!(agent = %agent_id, message, "agent lost");
         self.counters.agents_lost += 1;
         self.rescind_offers_on_agent(agent_id, "agent_lost");
-        let tasks: Vec<TaskKey> = self
-            .agents
-            .get(agent_id)
-            .map(|a| a.tasks.iter().cloned().collect())
-            .unwrap_or_default();
+        let tasks: Vec<TaskKey> = self.agent_tasks(agent_id);
         for task_key in tasks {
             self.finish_task(
                 &task_key,

@@ -183,7 +183,7 @@ impl MasterState {
                     demand_count: 0,
                     suppressed: false,
                     offers: HashSet::new(),
-                    tasks: HashSet::new(),
+                    tasks: Default::default(),
                     filters: HashMap::new(),
                     unacked: BTreeMap::new(),
                 },
@@ -212,7 +212,7 @@ impl MasterState {
                     key: None,
                     conn: None,
                     last_heartbeat: now,
-                    tasks: HashSet::new(),
+                    tasks: Default::default(),
                     lost: a.lost,
                     held_for: None,
                     reregister_by: (!a.lost).then_some(deadline),
@@ -274,12 +274,13 @@ impl MasterState {
             if t.at_user_priority {
                 self.alloc.start_quota(&t.user, &t.partition, &resources);
             }
+            let hash = self.tasks.hash_of(&key);
             if let Some(fw) = self.frameworks.get_mut(&t.framework_id) {
-                fw.tasks.insert(t.task_id.as_str().into());
+                fw.tasks.insert(hash);
             }
             match self.agents.get_mut(&t.agent_id) {
                 Some(agent) if !agent.lost => {
-                    agent.tasks.insert(key);
+                    agent.tasks.insert(hash);
                 }
                 _ => orphans.push(key),
             }

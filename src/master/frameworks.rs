@@ -117,7 +117,7 @@ impl MasterState {
                         demand_count: 0,
                         suppressed: false,
                         offers: HashSet::new(),
-                        tasks: HashSet::new(),
+                        tasks: Default::default(),
                         filters: HashMap::new(),
                         unacked: BTreeMap::new(),
                     },
@@ -258,10 +258,10 @@ impl MasterState {
 
     fn reconcile(&mut self, conn: ConnId, framework_id: &str, task_ids: Vec<String>, now: Instant) {
         let ids: Vec<String> = if task_ids.is_empty() {
-            let mut ids: Vec<String> = self.frameworks[framework_id]
-                .tasks
-                .iter()
-                .map(|id| id.to_string())
+            let mut ids: Vec<String> = self
+                .framework_tasks(framework_id)
+                .into_iter()
+                .map(|(_, id)| id.to_string())
                 .collect();
             ids.sort();
             ids
@@ -330,12 +330,10 @@ impl MasterState {
     /// Kills a framework's tasks, recovers its offers and forgets it.
     pub(crate) fn remove_framework(&mut self, framework_id: &str, reason: &str, now: Instant) {
         self.rescind_offers_of_framework(framework_id, reason);
-        let Some(fw) = self.frameworks.get(framework_id) else {
+        if !self.frameworks.contains_key(framework_id) {
             return;
-        };
-        let tasks: Vec<_> = fw.tasks.iter().cloned().collect();
-        for task_id in tasks {
-            let task_key: TaskKey = make_task_key(framework_id, &task_id);
+        }
+        for task_key in self.framework_tasks(framework_id) {
             let agent_conn = self
                 .tasks
                 .get(&task_key)
@@ -345,7 +343,7 @@ impl MasterState {
                 self.send(
                     conn,
                     Message::KillTask(KillTask {
-                        task_id: task_id.to_string(),
+                        task_id: task_key.1.to_string(),
                         framework_id: framework_id.to_string(),
                         reason: reason.to_string(),
                     }),

@@ -555,11 +555,12 @@ impl MasterState {
                 },
             );
             self.hold_task_resources(&task_key, &agent_id, &resources);
+            let hash = self.tasks.hash_of(&task_key);
             if let Some(agent) = self.agents.get_mut(&agent_id) {
-                agent.tasks.insert(task_key.clone());
+                agent.tasks.insert(hash);
             }
             if let Some(fw) = self.frameworks.get_mut(framework_id) {
-                fw.tasks.insert(info.task_id.as_str().into());
+                fw.tasks.insert(hash);
             }
             self.counters.tasks_launched += 1;
             tracing::info!(framework = %framework_id, task = %info.task_id, agent = %agent_id,

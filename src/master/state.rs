@@ -22,6 +22,7 @@ use super::metrics::Metrics;
 use super::owners::IdOwners;
 use super::registry::Registry;
 use super::server::limits::{OutboundSender, SendRefused};
+use super::task_table::TaskRefs;
 use crate::config::Config;
 use ringmaster_core::placement::{AgentKey, FrameworkKey, Priority, DEFAULT_PARTITION};
 
@@ -46,7 +47,8 @@ pub(crate) struct AgentRecord {
     pub key: Option<AgentKey>,
     pub conn: Option<ConnId>,
     pub last_heartbeat: Instant,
-    pub tasks: HashSet<TaskKey>,
+    /// Its live (not ended) tasks: [`MasterState::agent_tasks`] lists them.
+    pub tasks: TaskRefs,
     pub lost: bool,
     /// After a preemption: the framework the freed room is kept for, until the instant.
     pub held_for: Option<(String, Instant)>,
@@ -81,7 +83,8 @@ pub(crate) struct FrameworkRecord {
     pub demand_count: u32,
     pub suppressed: bool,
     pub offers: HashSet<String>,
-    pub tasks: HashSet<CompactString>,
+    /// Its live (not ended) tasks: [`MasterState::framework_tasks`] lists them.
+    pub tasks: TaskRefs,
     /// Agents declined by this framework, not offered to it again before the instant.
     pub filters: HashMap<String, Instant>,
     /// Status updates sent and not yet acknowledged, by update id, in send order.
@@ -257,6 +260,27 @@ pub struct MasterState {
 pub use super::ops::model::Counters;
 
 impl MasterState {
+    /// The live tasks on `agent_id` (its [`AgentRecord::tasks`]), in no particular order.
+    pub(crate) fn agent_tasks(&self, agent_id: &str) -> Vec<TaskKey> {
+        self.agents.get(agent_id).map_or_else(Vec::new, |agent| {
+            self.tasks.resolve(&agent.tasks, |_, t| {
+                t.agent == agent_id && !t.state.is_terminal()
+            })
+        })
+    }
+
+    /// The live tasks of `framework_id` (its [`FrameworkRecord::tasks`]), in no particular
+    /// order.
+    pub(crate) fn framework_tasks(&self, framework_id: &str) -> Vec<TaskKey> {
+        self.frameworks
+            .get(framework_id)
+            .map_or_else(Vec::new, |fw| {
+                self.tasks.resolve(&fw.tasks, |key, t| {
+                    key.0 == framework_id && !t.state.is_terminal()
+                })
+            })
+    }
+
     /// A state started at `now` (the caller's clock: the actor passes `Instant::now()`).
     pub fn new(config: Arc<Config>, metrics: Arc<Metrics>, now: Instant) -> Self {
         MasterState {

@@ -79,6 +79,34 @@ impl TaskTable {
         self.table.len()
     }
 
+    /// The hash the table files `key` under: what a [`TaskRefs`] holds for it.
+    pub fn hash_of(&self, key: &TaskKey) -> u64 {
+        self.hash(key)
+    }
+
+    /// The tasks `refs` names that satisfy `member` (the rule that put them there: an agent's
+    /// live tasks, a framework's live tasks), each once, in no particular order. `member`
+    /// decides, so two tasks whose keys share a hash are told apart exactly.
+    pub fn resolve(
+        &self,
+        refs: &TaskRefs,
+        member: impl Fn(&TaskKey, &TaskRecord) -> bool,
+    ) -> Vec<TaskKey> {
+        let mut hashes: Vec<u64> = refs.table.iter().copied().collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        let mut keys = Vec::with_capacity(refs.len());
+        for hash in hashes {
+            keys.extend(
+                self.table
+                    .iter_hash(hash)
+                    .filter(|slot| member(&slot.key, &slot.record))
+                    .map(|slot| slot.key.clone()),
+            );
+        }
+        keys
+    }
+
     /// Every task, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&TaskKey, &TaskRecord)> + '_ {
         self.table.iter().map(|slot| (&slot.key, &slot.record))
@@ -86,6 +114,42 @@ impl TaskTable {
 
     pub fn values(&self) -> impl Iterator<Item = &TaskRecord> + '_ {
         self.table.iter().map(|slot| &slot.record)
+    }
+}
+
+/// The tasks of one agent or one framework, as the hashes the [`TaskTable`] files them under: 8
+/// bytes a task instead of a copy of its key (48 bytes), in a table per agent and per
+/// framework (10,000 agents' sets were about 16 MB under load: docs/benchmarks.md, "Memory at
+/// scale"). A multiset: two tasks whose keys share a hash are each counted;
+/// [`TaskTable::resolve`] turns it back into keys.
+#[derive(Default)]
+pub(crate) struct TaskRefs {
+    table: HashTable<u64>,
+}
+
+impl TaskRefs {
+    pub fn insert(&mut self, hash: u64) {
+        self.table.insert_unique(hash, hash, |&h| h);
+    }
+
+    /// Removes one occurrence of `hash`; `false` when there was none.
+    pub fn remove(&mut self, hash: u64) -> bool {
+        match self.table.find_entry(hash, |&h| h == hash) {
+            Ok(occupied) => {
+                occupied.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn contains(&self, hash: u64) -> bool {
+        self.table.find(hash, |&h| h == hash).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.table.len()
     }
 }
 
@@ -109,6 +173,35 @@ mod tests {
             std::mem::size_of::<Slot>() <= 256,
             "{}",
             std::mem::size_of::<Slot>()
+        );
+    }
+
+    #[test]
+    fn refs_resolve_to_the_members_each_once() {
+        let mut table = TaskTable::default();
+        let mut refs = TaskRefs::default();
+        for (task, agent) in [("t1", "a1"), ("t2", "a1"), ("t3", "a2")] {
+            let key = make_task_key("f", task);
+            refs.insert(table.hash_of(&key));
+            table.insert(key, TaskRecord::for_tests(agent));
+        }
+        let on = |agent: &'static str| move |_: &TaskKey, t: &TaskRecord| t.agent == agent;
+        let mut keys = table.resolve(&refs, on("a1"));
+        keys.sort();
+        assert_eq!(
+            keys,
+            vec![make_task_key("f", "t1"), make_task_key("f", "t2")]
+        );
+        assert_eq!(refs.len(), 3);
+        // A hash held twice (two tasks whose keys collide) still resolves each task once.
+        let t1 = table.hash_of(&make_task_key("f", "t1"));
+        refs.insert(t1);
+        assert_eq!(table.resolve(&refs, on("a1")).len(), 2);
+        assert!(refs.remove(t1) && refs.remove(t1) && !refs.remove(t1));
+        assert!(!refs.contains(t1));
+        assert_eq!(
+            table.resolve(&refs, on("a1")),
+            vec![make_task_key("f", "t2")]
         );
     }
 

@@ -107,11 +107,12 @@ impl MasterState {
             self.alloc.end_quota(&user, &partition, &resources);
         }
         self.release_task_resources(task_key);
+        let hash = self.tasks.hash_of(task_key);
         if let Some(agent) = self.agents.get_mut(agent_id.as_str()) {
-            agent.tasks.remove(task_key);
+            agent.tasks.remove(hash);
         }
         if let Some(fw) = self.frameworks.get_mut(task_key.0.as_str()) {
-            fw.tasks.remove(&task_key.1);
+            fw.tasks.remove(hash);
         }
         let task = self.tasks.get_mut(task_key).expect("checked above");
         task.state = state;
