@@ -73,6 +73,7 @@ mod session;
 pub mod state;
 pub mod task_files;
 pub mod updates;
+pub mod usage;
 pub mod users;
 
 use std::future::Future;
