@@ -865,6 +865,25 @@ mod tests {
     }
 
     #[test]
+    fn usage_interval_flag() {
+        let config = AgentConfig::from_args(args(&[])).unwrap();
+        assert_eq!(config.usage_interval, Duration::from_secs(10));
+        let config = AgentConfig::from_args(args(&["--usage-interval", "1s"])).unwrap();
+        assert_eq!(config.usage_interval, Duration::from_secs(1));
+        let config = AgentConfig::from_args(args(&["--usage-interval", "1h"])).unwrap();
+        assert_eq!(config.usage_interval, Duration::from_secs(3600));
+        for (bad, expected) in [
+            ("999ms", "out of range (1s - 1h)"),
+            ("61m", "out of range (1s - 1h)"),
+            ("10", "unknown unit"),
+        ] {
+            let err = error_of(&["--usage-interval", bad]);
+            assert!(err.contains("--usage-interval"), "{err}");
+            assert!(err.contains(expected), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn gpu_sharing_flags() {
         let config = AgentConfig::from_args(args(&[])).unwrap();
         assert_eq!(config.gpu_sharing, GpuSharing::default());

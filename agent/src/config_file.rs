@@ -483,6 +483,14 @@ mps_start: true
                 "kill_grace: 2d\n",
                 "agent.yaml:1: kill_grace: `2d`: unknown unit `d` (expected ms, s, m or h, e.g. `3s`)",
             ),
+            (
+                "usage_interval: 500ms\n",
+                "agent.yaml:1: usage_interval: `500ms`: out of range (1s - 1h)",
+            ),
+            (
+                "usage_interval: 10\n",
+                "agent.yaml:1: usage_interval: expected a duration with a unit (ms, s, m, h), e.g. `10s`, found `10`",
+            ),
         ] {
             assert_eq!(error(text), expected, "{text}");
         }
