@@ -276,18 +276,12 @@ async fn serve<F: Future<Output = ()>>(
             _ = retry.tick() => state.due_updates(STATUS_RETRY),
             Some(data) = files_rx.recv() => vec![Message::FileData(data)],
             _ = usage_tick.tick() => {
-                if !sampling {
-                    let targets = state.usage_targets();
-                    sampling = !targets.is_empty();
-                    if sampling {
-                        crate::usage::spawn_sample(state.isolation().clone(), targets, usage_tx.clone());
-                    }
-                }
+                sampling = sampling || crate::usage::start_sample(state, &usage_tx);
                 Vec::new()
             }
             Some(report) = usage_rx.recv() => {
                 sampling = false;
-                if report.tasks.is_empty() { Vec::new() } else { vec![Message::UsageReport(report)] }
+                crate::usage::report_message(report)
             }
         };
         if let Err(e) = send_all(&mut conn, outbox).await {

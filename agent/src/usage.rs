@@ -259,6 +259,30 @@ pub fn spawn_sample(
     });
 }
 
+/// Starts sampling the agent's RUNNING tasks off the session loop ([`spawn_sample`]); `false`
+/// when there is none (nothing started, nothing will arrive on `reports`).
+pub fn start_sample(
+    state: &crate::state::AgentState,
+    reports: &tokio::sync::mpsc::UnboundedSender<UsageReport>,
+) -> bool {
+    let targets = state.usage_targets();
+    if targets.is_empty() {
+        return false;
+    }
+    spawn_sample(state.isolation().clone(), targets, reports.clone());
+    true
+}
+
+/// What a finished sample sends to the master: one `UsageReport`, none when it is empty (every
+/// task ended meanwhile).
+pub fn report_message(report: UsageReport) -> Vec<ringmaster_proto::Message> {
+    if report.tasks.is_empty() {
+        Vec::new()
+    } else {
+        vec![ringmaster_proto::Message::UsageReport(report)]
+    }
+}
+
 /// Parses `--usage-interval` / `usage_interval` and checks its range (1s - 1h).
 pub fn check_usage_interval(text: &str) -> Result<Duration, String> {
     let interval = crate::config::parse_duration(text).map_err(|e| e.to_string())?;
