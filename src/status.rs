@@ -171,6 +171,19 @@ fn amount(x: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// Used against allocated, from a usage sample: `cpus 1.2/4 mem 300/8192 MiB` (`?` for cores
+/// not known yet, after a task's first sample).
+fn used_of_alloc(cpus: Option<f64>, mem_mib: f64, allocated: &Resources) -> String {
+    let cpus = cpus.map_or("?".into(), |c| format!("{c:.2}"));
+    format!(
+        "cpus {}/{} mem {}/{} MiB",
+        cpus.trim_end_matches('0').trim_end_matches('.'),
+        amount(allocated.amount("cpus")),
+        mem_mib.round(),
+        amount(allocated.amount("mem")),
+    )
+}
+
 fn dash_if_empty(text: &str) -> String {
     if text.is_empty() {
         "-".into()
@@ -302,6 +315,11 @@ fn agents(s: &Snapshot) -> String {
         dims.iter()
             .map(|d| format!("{} FREE/TOTAL", d.to_uppercase())),
     );
+    // Used against allocated, once any agent reports usage.
+    let show_usage = s.agents.iter().any(|a| a.usage.is_some());
+    if show_usage {
+        headers.push("USED/ALLOC".into());
+    }
     headers.extend(["BUCKETS".into(), "HEARTBEAT".into()]);
     let mut right = vec![3];
     right.extend(4..4 + dims.len());
@@ -319,6 +337,12 @@ fn agents(s: &Snapshot) -> String {
                 "-".into()
             } else {
                 format!("{}/{}", amount(free.amount(d)), amount(total.amount(d)))
+            });
+        }
+        if show_usage {
+            row.push(match &a.usage {
+                Some(u) => used_of_alloc(Some(u.cpus), u.mem_mib, &parse(&a.used)),
+                None => "-".into(),
             });
         }
         let buckets: Vec<String> = a.buckets.iter().map(|(d, b)| format!("{d}:{b}")).collect();
@@ -375,17 +399,16 @@ fn tasks(s: &Snapshot) -> String {
         .iter()
         .map(|f| (f.id.as_str(), f.name.as_str()))
         .collect();
-    let mut table = Table::new(&[
-        "FRAMEWORK",
-        "ID",
-        "NAME",
-        "AGENT",
-        "STATE",
-        "RESOURCES",
-        "REASON",
-    ]);
+    // Used against allocated, once any task has a usage sample.
+    let show_usage = s.tasks.iter().any(|t| t.usage.is_some());
+    let mut headers = vec!["FRAMEWORK", "ID", "NAME", "AGENT", "STATE", "RESOURCES"];
+    if show_usage {
+        headers.push("USED/ALLOC");
+    }
+    headers.push("REASON");
+    let mut table = Table::new(&headers);
     for t in &s.tasks {
-        table.row(vec![
+        let mut row = vec![
             names
                 .get(t.framework.as_str())
                 .map_or(t.framework.clone(), |n| n.to_string()),
@@ -394,8 +417,15 @@ fn tasks(s: &Snapshot) -> String {
             t.agent.clone(),
             t.state.clone(),
             t.resources.clone(),
-            dash_if_empty(&t.reason),
-        ]);
+        ];
+        if show_usage {
+            row.push(match &t.usage {
+                Some(u) => used_of_alloc(u.cpu_used, u.mem_rss_mib, &parse(&t.resources)),
+                None => "-".into(),
+            });
+        }
+        row.push(dash_if_empty(&t.reason));
+        table.row(row);
     }
     let mut out = String::new();
     table.render(&mut out);
@@ -498,5 +528,19 @@ mod tests {
         assert_eq!(amount(0.5), "0.5");
         assert_eq!(amount(1.25), "1.25");
         assert_eq!(amount(0.0), "0");
+    }
+
+    #[test]
+    fn used_against_allocated() {
+        let alloc = Resources::parse("cpus:4;mem:8192").unwrap();
+        assert_eq!(
+            used_of_alloc(Some(1.2), 300.4, &alloc),
+            "cpus 1.2/4 mem 300/8192 MiB"
+        );
+        assert_eq!(used_of_alloc(None, 0.0, &alloc), "cpus ?/4 mem 0/8192 MiB");
+        assert_eq!(
+            used_of_alloc(Some(0.0), 1.0, &Resources::new()),
+            "cpus 0/0 mem 1/0 MiB"
+        );
     }
 }

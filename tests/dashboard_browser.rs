@@ -135,6 +135,60 @@ async fn dashboard_shows_agents_frameworks_and_why_in_a_browser() {
     cluster.shutdown().await;
 }
 
+/// Used against allocated: an agent's usage reports show under its utilisation bars and its
+/// task's resources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium: cargo test -p ringmaster --test dashboard_browser -- --ignored in_a_browser"]
+async fn dashboard_shows_usage_against_allocation_in_a_browser() {
+    let browser = chromium();
+    let master = Master::start_with_http("127.0.0.1:0", Some("127.0.0.1:0"), test_config(""))
+        .await
+        .unwrap();
+    let addr = master.addr();
+    let mut agents = HashMap::new();
+    agents.insert(
+        "a1".to_string(),
+        Client::agent(addr, "a1", "cpus:4;mem:8192").await,
+    );
+    let mut fw = Client::framework(addr, "busy").await;
+    run_tasks(&mut fw, &mut agents, "busy", "cpus:1;mem:512", 1).await;
+    let sample = |cpu_seconds: f64, at_ms: u64| ringmaster_proto::TaskUsage {
+        framework_id: fw.id.clone(),
+        task_id: "busy-0".into(),
+        cpu_seconds,
+        mem_rss_bytes: 100 * 1024 * 1024,
+        mem_peak_bytes: 200 * 1024 * 1024,
+        sampled_at_ms: at_ms,
+    };
+    let agent = agents.get_mut("a1").unwrap();
+    for (cpu, at) in [(1.0, 1_000), (1.5, 2_000)] {
+        agent
+            .send(ringmaster_proto::Message::UsageReport(
+                ringmaster_proto::UsageReport {
+                    tasks: vec![sample(cpu, at)],
+                },
+            ))
+            .await;
+    }
+    wait_for_state(&master, "the agent's usage", |s| {
+        s.agents.iter().any(|a| a.usage.is_some())
+    })
+    .await;
+    let url = format!("http://{}/", master.http_addr().unwrap());
+    let dom = tokio::task::spawn_blocking(move || run_chromium(&browser, &url, &["--dump-dom"]))
+        .await
+        .unwrap();
+    // The agent: 0.5 cores and 100 MiB in use of the 1 cpu and 512 MiB allocated; the task too.
+    let line = "in use cpus 0.5 / 1 · mem 100 / 512 MiB";
+    assert_eq!(
+        dom.matches(line).count(),
+        2,
+        "{line:?} not twice in:\n{dom}"
+    );
+    drop((fw, agents));
+    master.shutdown().await;
+}
+
 /// A framework on raw clients: demands `count` tasks of `shape`, accepts what fits, and has the
 /// (raw) agents report each task RUNNING.
 async fn run_tasks(

@@ -117,6 +117,10 @@ pub struct AgentArgs {
     /// (`TaskInfo.kill_grace_ms`): `500ms`, `3s`, `2m`, `1h` (100ms - 1 day; default 3s).
     #[arg(long, value_name = "DURATION")]
     pub kill_grace: Option<String>,
+    /// How often the agent samples each running task's cpu and memory use and reports it to
+    /// the master (`UsageReport`): `1s` - `1h`, default 10s. See docs/operations.md.
+    #[arg(long, value_name = "DURATION")]
+    pub usage_interval: Option<String>,
     /// How tasks holding part of a GPU share it: `none` (by convention, no limits) or `mps`
     /// (NVIDIA MPS: a slice gets a compute percentage and a device memory limit). Default:
     /// none. See docs/devices.md.
@@ -160,6 +164,8 @@ pub struct AgentConfig {
     pub allow_root_tasks: bool,
     /// How GPU slices share a device (`--gpu-sharing`, `--mps-pipe-dir`, `--mps-start`).
     pub gpu_sharing: GpuSharing,
+    /// How often running tasks' usage is sampled and reported (`--usage-interval`).
+    pub usage_interval: Duration,
 }
 
 impl AgentConfig {
@@ -260,6 +266,11 @@ impl AgentConfig {
             }
             None => DEFAULT_KILL_GRACE,
         };
+        let usage_interval = match &args.usage_interval {
+            Some(text) => crate::usage::check_usage_interval(text)
+                .map_err(|m| anyhow::anyhow!("--usage-interval `{text}`: {m}"))?,
+            None => crate::usage::DEFAULT_USAGE_INTERVAL,
+        };
         let task_user = match args.task_user {
             Some(u) if u.trim().is_empty() => bail!("--task-user must not be empty"),
             Some(u) => u,
@@ -280,6 +291,7 @@ impl AgentConfig {
             task_user,
             allow_root_tasks: args.allow_root_tasks,
             gpu_sharing,
+            usage_interval,
         })
     }
 }
@@ -323,6 +335,7 @@ impl AgentArgs {
             isolation: self.isolation.or(file.isolation),
             pids_per_task: self.pids_per_task.or(file.pids_per_task),
             kill_grace: self.kill_grace.or(file.kill_grace),
+            usage_interval: self.usage_interval.or(file.usage_interval),
             gpu_sharing: self.gpu_sharing.or(file.gpu_sharing),
             mps_pipe_dir: self.mps_pipe_dir.or(file.mps_pipe_dir),
             mps_start: self.mps_start || file.mps_start,
@@ -475,7 +488,7 @@ pub(crate) fn check_resource_names(
 }
 
 /// `500ms`, `3s`, `2m`, `1h`: a whole number and a unit.
-fn parse_duration(text: &str) -> anyhow::Result<Duration> {
+pub(crate) fn parse_duration(text: &str) -> anyhow::Result<Duration> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -847,6 +860,25 @@ mod tests {
         ] {
             let err = error_of(&["--kill-grace", bad]);
             assert!(err.contains("--kill-grace"), "{err}");
+            assert!(err.contains(expected), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn usage_interval_flag() {
+        let config = AgentConfig::from_args(args(&[])).unwrap();
+        assert_eq!(config.usage_interval, Duration::from_secs(10));
+        let config = AgentConfig::from_args(args(&["--usage-interval", "1s"])).unwrap();
+        assert_eq!(config.usage_interval, Duration::from_secs(1));
+        let config = AgentConfig::from_args(args(&["--usage-interval", "1h"])).unwrap();
+        assert_eq!(config.usage_interval, Duration::from_secs(3600));
+        for (bad, expected) in [
+            ("999ms", "out of range (1s - 1h)"),
+            ("61m", "out of range (1s - 1h)"),
+            ("10", "unknown unit"),
+        ] {
+            let err = error_of(&["--usage-interval", bad]);
+            assert!(err.contains("--usage-interval"), "{err}");
             assert!(err.contains(expected), "{bad}: {err}");
         }
     }

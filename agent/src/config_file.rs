@@ -51,6 +51,7 @@ pub const KEYS: &[&str] = &[
     "isolation",
     "pids_per_task",
     "kill_grace",
+    "usage_interval",
     "gpu_sharing",
     "mps_pipe_dir",
     "mps_start",
@@ -193,6 +194,19 @@ fn read_key(key: &str, value: &Value, base: &Path, args: &mut AgentArgs) -> Resu
             };
             check_kill_grace(&v).map_err(|m| quoted(&v, m))?;
             args.kill_grace = Some(v);
+        }
+        "usage_interval" => {
+            let v = match value {
+                Value::Number(_) => {
+                    return Err(format!(
+                        "expected a duration with a unit (ms, s, m, h), e.g. `10s`, found {}",
+                        describe(value)
+                    ))
+                }
+                _ => string(value)?,
+            };
+            crate::usage::check_usage_interval(&v).map_err(|m| quoted(&v, m))?;
+            args.usage_interval = Some(v);
         }
         _ => return Err(unknown_key_message(key)),
     }
@@ -350,6 +364,7 @@ allow_root_tasks: true
 isolation: cgroups
 pids_per_task: 512
 kill_grace: 10s
+usage_interval: 30s
 gpu_sharing: mps
 mps_pipe_dir: /run/mps
 mps_start: true
@@ -379,6 +394,7 @@ mps_start: true
         assert_eq!(a.isolation.as_deref(), Some("cgroups"));
         assert_eq!(a.pids_per_task, Some(512));
         assert_eq!(a.kill_grace.as_deref(), Some("10s"));
+        assert_eq!(a.usage_interval.as_deref(), Some("30s"));
         assert_eq!(a.gpu_sharing.as_deref(), Some("mps"));
         assert_eq!(a.mps_pipe_dir, Some(PathBuf::from("/run/mps")));
         // Every key of KEYS appears in FULL, so this test covers them all.
@@ -466,6 +482,14 @@ mps_start: true
             (
                 "kill_grace: 2d\n",
                 "agent.yaml:1: kill_grace: `2d`: unknown unit `d` (expected ms, s, m or h, e.g. `3s`)",
+            ),
+            (
+                "usage_interval: 500ms\n",
+                "agent.yaml:1: usage_interval: `500ms`: out of range (1s - 1h)",
+            ),
+            (
+                "usage_interval: 10\n",
+                "agent.yaml:1: usage_interval: expected a duration with a unit (ms, s, m, h), e.g. `10s`, found `10`",
             ),
         ] {
             assert_eq!(error(text), expected, "{text}");

@@ -407,6 +407,34 @@ impl Isolation {
         TaskCgroup::new(cgroup, path, Some(limits)).ok()
     }
 
+    /// Where the usage counters of a task's cgroup are ([`crate::usage`]); `None` when
+    /// isolation is off.
+    pub fn task_usage_dirs(
+        &self,
+        framework_id: &str,
+        task_id: &str,
+    ) -> Option<crate::usage::CgroupDirs> {
+        let root = self.root.as_ref()?;
+        let cgroup = root.load(&self.task_cgroup_path(framework_id, task_id)?);
+        let cpu = if root.v2 {
+            cgroup
+                .controller_of::<CpuController>()
+                .map(|c| c.path().to_path_buf())
+        } else {
+            cgroup
+                .controller_of::<CpuAcctController>()
+                .map(|c| c.path().to_path_buf())
+        };
+        let memory = cgroup
+            .controller_of::<MemController>()
+            .map(|c| c.path().to_path_buf());
+        Some(crate::usage::CgroupDirs {
+            v2: root.v2,
+            cpu,
+            memory,
+        })
+    }
+
     /// Removes the agent's own cgroup (`ringmaster/<agent>`) when no task cgroup is left in it
     /// (at shutdown); one still holding task cgroups stays. `ringmaster` itself is kept.
     pub fn remove_agent_cgroup(&self) {

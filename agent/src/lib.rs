@@ -51,6 +51,9 @@
 //! 5. **Reliable updates.** Every `StatusUpdate` has a unique `update_id`
 //!    (`<agent_id>-<incarnation ms>-<counter>`) and `timestamp_ms`; it is resent every 2 s
 //!    until acknowledged. A terminal task is forgotten once no update of it awaits an ack.
+//!    Every `--usage-interval` (10 s) the running tasks are sampled off the session loop
+//!    ([`usage`]: the task cgroup's counters, else `/proc` summed over the process group) and
+//!    one `UsageReport` with an entry per RUNNING task is sent.
 //! 6. **Disconnects.** Tasks keep running; exits are recorded. Reconnect after 100 ms, doubling
 //!    up to `reconnect_max_backoff` (5 s), reset after a successful registration.
 //! 7. **Shutdown.** Every task is killed (reason `agent_shutdown`); once their groups are gone
@@ -73,6 +76,7 @@ mod session;
 pub mod state;
 pub mod task_files;
 pub mod updates;
+pub mod usage;
 pub mod users;
 
 use std::future::Future;

@@ -249,6 +249,12 @@ async fn serve<F: Future<Output = ()>>(
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Answers to ReadFile, read on the blocking pool (crate::files) and sent from this loop.
     let (files_tx, mut files_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Usage samples, read on the blocking pool (crate::usage); one at a time.
+    let usage_every = state.config().usage_interval;
+    let mut usage_tick = tokio::time::interval_at(Instant::now() + usage_every, usage_every);
+    usage_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (usage_tx, mut usage_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut sampling = false;
     loop {
         let outbox = tokio::select! {
             _ = shutdown.as_mut() => return Ended::Shutdown(Some(conn)),
@@ -269,6 +275,14 @@ async fn serve<F: Future<Output = ()>>(
             _ = heartbeat.tick() => vec![state.heartbeat()],
             _ = retry.tick() => state.due_updates(STATUS_RETRY),
             Some(data) = files_rx.recv() => vec![Message::FileData(data)],
+            _ = usage_tick.tick() => {
+                sampling = sampling || crate::usage::start_sample(state, &usage_tx);
+                Vec::new()
+            }
+            Some(report) = usage_rx.recv() => {
+                sampling = false;
+                crate::usage::report_message(report)
+            }
         };
         if let Err(e) = send_all(&mut conn, outbox).await {
             return Ended::Retry(e);

@@ -265,6 +265,20 @@ impl AgentState {
         self.tasks.values().filter(|t| t.process.is_some()).count()
     }
 
+    /// The running tasks whose usage is sampled ([`crate::usage`]): those whose process runs
+    /// and whose last status is RUNNING.
+    pub fn usage_targets(&self) -> Vec<crate::usage::Target> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.process.is_some() && state_of(&t.status) == TaskState::TaskRunning)
+            .map(|(k, t)| crate::usage::Target {
+                framework_id: k.framework_id.clone(),
+                task_id: k.task_id.clone(),
+                pgid: t.pid,
+            })
+            .collect()
+    }
+
     /// Number of status updates waiting for an ack.
     pub fn unacknowledged(&self) -> usize {
         self.updates.len()

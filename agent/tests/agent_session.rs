@@ -206,6 +206,7 @@ fn config(master: &str, work_dir: &Path, resources: &str) -> AgentConfig {
         task_user: ringmaster_agent::users::default_task_user(),
         allow_root_tasks: false,
         gpu_sharing: Default::default(),
+        usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
     }
 }
 

@@ -29,6 +29,7 @@ fn config(work_dir: &std::path::Path, spec: &str, selection: DeviceSelection) ->
         task_user: ringmaster_agent::users::default_task_user(),
         allow_root_tasks: false,
         gpu_sharing: Default::default(),
+        usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
     }
 }
 

@@ -36,6 +36,7 @@ fn config(work_dir: &Path, allow_root_tasks: bool) -> AgentConfig {
         task_user: default_task_user(),
         allow_root_tasks,
         gpu_sharing: Default::default(),
+        usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
     }
 }
 

@@ -96,6 +96,7 @@ impl Message {
             Message::Authenticated(_) => "Authenticated",
             Message::ReadFile(_) => "ReadFile",
             Message::FileData(_) => "FileData",
+            Message::UsageReport(_) => "UsageReport",
         }
     }
 }

@@ -315,6 +315,7 @@ impl MasterState {
                 }
             }
             Message::FileData(answer) => self.file_data(agent_id, answer),
+            Message::UsageReport(report) => self.usage_report(agent_id, report),
             Message::Ping(ping) => self.send(conn, Message::Pong(Pong { nonce: ping.nonce })),
             Message::Pong(_) => {}
             Message::Error(error) => {

@@ -22,6 +22,8 @@
 //!                   launched shapes, key↔id maps) and the one allocation cycle (`run`)
 //!   agents.rs frameworks.rs tasks.rs offers.rs batch.rs pending.rs durability.rs
 //!   read_file.rs    `impl MasterState` by conversation (handlers of the actor)
+//!   usage.rs        agents' usage reports: the latest sample per running task (a side map)
+//!                   and the per-agent sums; a handler
 //!   files.rs        reads of task output in flight (the bounded pending-read map)
 //!   owners.rs       which principal owns each id (and `Peer`)
 //!   ids.rs          id minting; registry.rs: the durable store (redb)
@@ -44,7 +46,7 @@
 //!    the leaves and `events`, and none of the handlers, `ops::{http, views}` or
 //!    `server::{listener, task}`.
 //! 3. handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `pending`, `durability`,
-//!    `read_file`):
+//!    `read_file`, `usage`):
 //!    `impl MasterState` blocks importing `state` (and leaves); `state` calls their methods
 //!    without importing them. `offers` also imports `pending`. They change the placement books
 //!    only through `state.alloc`'s methods, so the books move together (see `allocator`).
@@ -82,6 +84,7 @@ mod server;
 mod state;
 mod task_table;
 mod tasks;
+mod usage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -93,8 +96,8 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Config;
 pub use ops::metrics::Metrics;
 pub use ops::model::{
-    AgentView, Counters, Excluded, FrameworkView, Health, OfferView, PendingView, RingBucketView,
-    RingSetView, Snapshot, TaskView,
+    AgentUsageView, AgentView, Counters, Excluded, FrameworkView, Health, OfferView, PendingView,
+    RingBucketView, RingSetView, Snapshot, TaskUsageView, TaskView,
 };
 pub use ops::{http, metrics};
 

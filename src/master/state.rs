@@ -255,6 +255,8 @@ pub struct MasterState {
     pub(crate) durable: Option<Durable>,
     /// Reads of task output sent to agents and not answered yet (bounded).
     pub(crate) reads: super::files::PendingReads,
+    /// The latest usage sample of each running task (in memory only, see `usage`).
+    pub(crate) usage: super::usage::UsageBook,
 }
 
 pub use super::ops::model::Counters;
@@ -308,6 +310,7 @@ impl MasterState {
             owners: IdOwners::default(),
             durable: None,
             reads: Default::default(),
+            usage: Default::default(),
         }
     }
 

@@ -90,6 +90,7 @@ impl MasterState {
         if task.state.is_terminal() {
             return;
         }
+        self.usage.forget(task_key);
         let agent_id = task.agent.clone();
         // A preempted task ends KILLED with reason `preempted`, whatever the agent says
         // (the process may report a signal exit or another reason); LOST stays LOST.

@@ -10,6 +10,7 @@ mod offers;
 mod priorities;
 mod robust;
 mod tasks;
+mod usage;
 
 use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
 

@@ -58,6 +58,32 @@ pub struct AgentView {
     pub buckets: BTreeMap<String, usize>,
     /// Seconds since its last heartbeat or status update.
     pub last_heartbeat_secs: f64,
+    /// What its sampled tasks use (agents' `UsageReport`s); absent when none has a sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<AgentUsageView>,
+}
+
+/// An agent's used resources: the sums over its tasks' latest samples.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AgentUsageView {
+    /// Cores, from each task's last two samples.
+    pub cpus: f64,
+    /// Memory in use (RSS), MiB.
+    pub mem_mib: f64,
+}
+
+/// A running task's latest usage sample (docs/operations.md).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskUsageView {
+    /// CPU time used since it started.
+    pub cpu_seconds: f64,
+    /// Cores used between its last two samples (absent after the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_used: Option<f64>,
+    pub mem_rss_mib: f64,
+    pub mem_peak_mib: f64,
+    /// Unix ms when its agent read the figures.
+    pub sampled_at_ms: u64,
 }
 
 /// One dimension's ring: its buckets with bounds (in the dimension's units) and agent counts.
@@ -109,6 +135,9 @@ pub struct TaskView {
     pub priority: Option<Priority>,
     /// The task's GPU devices, `gpu:INDEX:SHARE:MEMORY` each (docs/devices.md).
     pub devices: Vec<String>,
+    /// Its latest usage sample, while it runs; absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<TaskUsageView>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -71,6 +71,7 @@ impl MasterState {
                     tasks: a.tasks.len(),
                     buckets,
                     last_heartbeat_secs: now.duration_since(a.last_heartbeat).as_secs_f64(),
+                    usage: self.agent_usage(&a.id),
                 }
             })
             .collect();
@@ -134,6 +135,7 @@ impl MasterState {
                         .to_string()
                     })
                     .collect(),
+                usage: self.usage.get(&(fw.clone(), id.clone())).map(|u| u.view()),
             })
             .collect();
         tasks.sort_by(|a, b| (&a.framework, &a.id).cmp(&(&b.framework, &b.id)));

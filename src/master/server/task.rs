@@ -218,6 +218,7 @@ fn allowed(role: Role, message: &Message) -> bool {
             Message::AgentHeartbeat(_)
                 | Message::StatusUpdate(_)
                 | Message::FileData(_)
+                | Message::UsageReport(_)
                 | Message::Ping(_)
                 | Message::Pong(_)
                 | Message::Error(_)
