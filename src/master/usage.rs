@@ -113,11 +113,11 @@ impl MasterState {
         let mut ignored = report.tasks.len().saturating_sub(bound);
         for usage in report.tasks.iter().take(bound) {
             let key = make_task_key(&usage.framework_id, &usage.task_id);
-            let runs_it = agent.tasks.contains(&key)
-                && self
-                    .tasks
-                    .get(&key)
-                    .is_some_and(|t| t.agent == agent_id && !t.state.is_terminal());
+            // The membership rule of the agent's task set (`MasterState::agent_tasks`).
+            let runs_it = self
+                .tasks
+                .get(&key)
+                .is_some_and(|t| t.agent == agent_id && !t.state.is_terminal());
             if !runs_it || !self.usage.record(key, usage) {
                 ignored += 1;
             }
@@ -130,10 +130,9 @@ impl MasterState {
     /// What the agent's sampled tasks use: the sum of their cores (over their last two samples)
     /// and of their memory; `None` when none of its tasks has a sample.
     pub(crate) fn agent_usage(&self, agent_id: &str) -> Option<AgentUsageView> {
-        let agent = self.agents.get(agent_id)?;
         let mut sum: Option<AgentUsageView> = None;
-        for key in &agent.tasks {
-            let Some(sample) = self.usage.get(key) else {
+        for key in self.agent_tasks(agent_id) {
+            let Some(sample) = self.usage.get(&key) else {
                 continue;
             };
             let view = sum.get_or_insert(AgentUsageView {
