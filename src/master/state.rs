@@ -149,6 +149,9 @@ pub(crate) struct TaskRecord {
     pub devices: ringmaster_proto::devices::DeviceBinding,
     /// The sequence number of its update awaiting acknowledgement, if any.
     pub pending_update: Option<u64>,
+    /// The last health its agent reported (one byte; not kept in the registry: an agent
+    /// re-registering reports it again).
+    pub health: super::health::Health,
 }
 
 #[cfg(test)]
@@ -173,6 +176,7 @@ impl TaskRecord {
             terminal_unacked: false,
             devices: Default::default(),
             pending_update: None,
+            health: Default::default(),
         }
     }
 }

@@ -202,6 +202,7 @@ impl MasterState {
             timestamp_ms: self.started_unix_ms
                 + now.saturating_duration_since(self.started).as_millis() as u64,
             devices: task.devices.to_wire(),
+            health: task.health.to_wire(),
         }
     }
 

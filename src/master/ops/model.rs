@@ -109,6 +109,9 @@ pub struct TaskView {
     pub priority: Option<Priority>,
     /// The task's GPU devices, `gpu:INDEX:SHARE:MEMORY` each (docs/devices.md).
     pub devices: Vec<String>,
+    /// What its health check last decided (docs/jobs.md, "Health checks"); absent: unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
