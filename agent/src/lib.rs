@@ -65,6 +65,7 @@ pub mod config_file;
 mod detect;
 pub mod device_rules;
 pub mod files;
+pub mod health;
 pub mod isolation;
 pub mod mps;
 pub mod process;
