@@ -268,7 +268,7 @@ pub async fn run_check(spec: &HealthSpec, context: &CheckContext) -> Result<(), 
     Err(last_line(&output).unwrap_or(how))
 }
 
-/// The last non-empty line of `output`, trimmed and at most [`LINE_KEPT`] characters.
+/// The last non-empty line of `output`, trimmed and at most 200 characters.
 pub fn last_line(output: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(output);
     let line = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
