@@ -660,6 +660,7 @@ impl AgentState {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,
                     pid = process.pid(), reason = %reason, "killing task");
                 record.kill_reason = Some(reason);
+                record.health_checker = None; // no more checks while it dies
                 process.kill();
                 self.save_task_file(&key);
             }
@@ -694,6 +695,13 @@ impl AgentState {
         };
         if record.process.is_none() || record.kill_reason.is_some() || !record.is_active() {
             return out; // ending anyway: its end says how
+        }
+        if matches!(event, HealthEvent::Unhealthy { .. }) && !process::process_is_alive(record.pid)
+        {
+            // The task ended on its own (its checks fail because it is gone): its exit, on
+            // its way, says how it ended, not the checks.
+            record.health_checker = None;
+            return out;
         }
         let mut status = TaskStatus {
             update_id: String::new(),
@@ -848,6 +856,7 @@ impl AgentState {
                 if record.kill_reason.is_none() {
                     record.kill_reason = Some(reason::AGENT_SHUTDOWN.to_string());
                 }
+                record.health_checker = None;
                 tracing::info!(task = %key.task_id, pid = process.pid(), "killing task for shutdown");
                 // Within the agent's grace, whatever the task's own: shutdown is bounded.
                 process.kill_within(self.config.kill_grace);

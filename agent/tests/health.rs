@@ -134,3 +134,35 @@ async fn an_empty_health_command_is_refused_at_launch() {
     assert_eq!(s.reason, reason::LAUNCH_FAILED);
     assert!(s.message.contains("health check"), "{s:?}");
 }
+
+#[tokio::test]
+async fn failing_checks_of_a_task_that_ended_on_its_own_do_not_change_how_it_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut state, mut exits) = AgentState::new(config(dir.path()), "a1".into());
+    let info = TaskInfo {
+        task_id: "t1".into(),
+        command: "exit 3".into(),
+        resources: Some(Resources::parse("cpus:1").unwrap().to_wire()),
+        framework_id: "fw".into(),
+        health: Some(HealthCheck {
+            command: "true".into(),
+            interval_ms: 1000,
+            failures: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    state.run_tasks(RunTasks { tasks: vec![info] });
+    // The process is gone, its exit not handled yet: a check's failure arrives first.
+    let (key, outcome) = timeout(WAIT, exits.recv()).await.unwrap().unwrap();
+    let unhealthy = ringmaster_agent::health::HealthEvent::Unhealthy {
+        message: "health check failed 1 times: gone".into(),
+    };
+    assert!(state.health_changed(key.clone(), unhealthy).is_empty());
+    let out = state.process_exited(key, outcome);
+    let s = &statuses(&out)[0];
+    assert_eq!(s.state(), TaskState::TaskFailed);
+    assert_eq!(s.reason, reason::EXIT_STATUS);
+    assert_eq!(s.exit_code, Some(3));
+    assert_eq!(s.health(), TaskHealth::Unknown);
+}
