@@ -1,8 +1,10 @@
 //! Health: a RUNNING update whose health changed is recorded, passed on and shown in /state.
 
-use ringmaster_proto::{Message, StatusUpdate, TaskHealth, TaskState, TaskStatus};
+use ringmaster_proto::{
+    Message, Reconcile, StatusUpdate, TaskHealth, TaskState, TaskStatus, Update,
+};
 
-use super::super::harness::Harness;
+use super::super::harness::{register, Harness};
 use super::running;
 
 fn health_update(h: &mut Harness, agent: super::ConnId, fw_id: &str, health: TaskHealth, n: u32) {
@@ -58,4 +60,33 @@ fn a_running_update_with_a_new_health_is_recorded_and_shown() {
     assert_eq!(snapshot.tasks[0].healthy, Some(false));
     let json = serde_json::to_value(&snapshot).unwrap();
     assert_eq!(json["tasks"][0]["healthy"], false, "{json}");
+}
+
+#[test]
+fn a_reregistering_agent_tells_the_health_and_reconciliation_carries_it() {
+    let mut h = Harness::new();
+    let old = h.agent("a1", "cpus:4;mem:1024");
+    let fw = h.framework("web");
+    running(&mut h, &fw, old, "t1", "cpus:1;mem:128");
+    h.disconnect(old);
+    let mut again = register("a1", "cpus:4;mem:1024");
+    again.tasks = vec![TaskStatus {
+        task_id: "t1".into(),
+        framework_id: fw.id.clone(),
+        state: TaskState::TaskRunning as i32,
+        health: TaskHealth::Healthy as i32,
+        ..Default::default()
+    }];
+    let new = h.connect(Message::RegisterAgent(again));
+    h.sent(new);
+    assert_eq!(h.snapshot().tasks[0].healthy, Some(true));
+    h.sent(fw.conn);
+    h.send(fw.conn, Message::Reconcile(Reconcile { task_ids: vec![] }));
+    let answers = h.messages(fw.conn);
+    match answers.as_slice() {
+        [Message::Update(Update {
+            status: Some(status),
+        })] => assert_eq!(status.health(), TaskHealth::Healthy),
+        other => panic!("one reconciliation answer expected: {other:?}"),
+    }
 }
