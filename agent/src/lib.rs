@@ -47,7 +47,10 @@
 //!    unknown task → `LOST` `unknown_task`. `StatusAck{update_id}` removes that update from the
 //!    queue. `ReadFile{request_id, framework_id, task_id, file, offset, length}` →
 //!    `FileData{request_id, data, offset, size, error}`: at most 64 KiB of the task's sandbox
-//!    `stdout`/`stderr` from `offset`, read safely ([`files`]).
+//!    `stdout`/`stderr` from `offset`, read safely ([`files`]). A task with `TaskInfo.health`
+//!    is checked while it runs ([`health`]: `sh -c COMMAND` as the task, in its sandbox and
+//!    cgroup); a change of health is a `RUNNING` update with `TaskStatus.health`, and
+//!    `failures` failed checks in a row kill it: `FAILED` `health_check_failed`.
 //! 5. **Reliable updates.** Every `StatusUpdate` has a unique `update_id`
 //!    (`<agent_id>-<incarnation ms>-<counter>`) and `timestamp_ms`; it is resent every 2 s
 //!    until acknowledged. A terminal task is forgotten once no update of it awaits an ack.
@@ -68,6 +71,7 @@ pub mod config_file;
 mod detect;
 pub mod device_rules;
 pub mod files;
+pub mod health;
 pub mod isolation;
 pub mod mps;
 pub mod process;

@@ -181,12 +181,37 @@ pub fn launch<T: Send + 'static>(
         .stderr(stderr)
         .process_group(0)
         .kill_on_drop(false);
-    let ids = switch_user.map(|user| (user.uid, user.gid, user.groups.clone()));
-    let procs_files: Vec<std::ffi::CString> = spec
-        .cgroup
-        .as_ref()
-        .map(|c| c.procs_files().to_vec())
-        .unwrap_or_default();
+    confine(&mut command, switch_user, spec.cgroup.as_deref());
+    let child = command.spawn().map_err(|source| match &spec.cgroup {
+        Some(cgroup) => LaunchError::SpawnInCgroup {
+            cgroup: cgroup.path().to_string(),
+            source,
+        },
+        None => LaunchError::Spawn(source),
+    })?;
+    let pid = child.id().ok_or_else(|| {
+        LaunchError::Spawn(io::Error::other("child exited before its pid was read"))
+    })?;
+    let (kill_tx, kill_rx) = mpsc::unbounded_channel();
+    let tree = Tree {
+        pgid: pid,
+        cgroup: spec.cgroup.clone(),
+    };
+    tokio::spawn(watch(child, tree, spec.kill_grace, kill_rx, tag, exits));
+    Ok(ProcessHandle { pid, kill: kill_tx })
+}
+
+/// Makes `command` start where a task's processes run: in the task's cgroup (joined first,
+/// while still root) and then as the task's user (only when the agent runs as root; a
+/// non-root agent runs everything as itself). The task itself and its health checks
+/// ([`crate::health`]) both start this way.
+pub fn confine(command: &mut Command, user: Option<&TaskUser>, cgroup: Option<&TaskCgroup>) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let ids = user
+        .filter(|_| unsafe { libc::geteuid() } == 0)
+        .map(|user| (user.uid, user.gid, user.groups.clone()));
+    let procs_files: Vec<std::ffi::CString> =
+        cgroup.map(|c| c.procs_files().to_vec()).unwrap_or_default();
     if ids.is_some() || !procs_files.is_empty() {
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe calls (open, write, close, setgroups, setgid, setuid) on data the
@@ -210,23 +235,6 @@ pub fn launch<T: Send + 'static>(
             });
         }
     }
-    let child = command.spawn().map_err(|source| match &spec.cgroup {
-        Some(cgroup) => LaunchError::SpawnInCgroup {
-            cgroup: cgroup.path().to_string(),
-            source,
-        },
-        None => LaunchError::Spawn(source),
-    })?;
-    let pid = child.id().ok_or_else(|| {
-        LaunchError::Spawn(io::Error::other("child exited before its pid was read"))
-    })?;
-    let (kill_tx, kill_rx) = mpsc::unbounded_channel();
-    let tree = Tree {
-        pgid: pid,
-        cgroup: spec.cgroup.clone(),
-    };
-    tokio::spawn(watch(child, tree, spec.kill_grace, kill_rx, tag, exits));
-    Ok(ProcessHandle { pid, kill: kill_tx })
 }
 
 /// In the forked child: moves the calling process into the cgroup whose `cgroup.procs` file is

@@ -16,7 +16,7 @@ use ringmaster_proto::{
 };
 use tokio::time::Instant;
 
-use crate::state::{AgentState, ExitReceiver};
+use crate::state::{AgentState, ExitReceiver, HealthReceiver};
 use crate::updates::STATUS_RETRY;
 
 /// First wait before reconnecting; it doubles up to the configured cap.
@@ -50,6 +50,11 @@ pub async fn run_sessions<F: Future<Output = ()>>(
 ) -> anyhow::Result<()> {
     let mut backoff = INITIAL_BACKOFF;
     let mut attempt: u64 = 0;
+    // Health changes of tasks with a health check (crate::health); a closed channel when
+    // taken before, which disables the select arms below.
+    let mut health = state
+        .take_health_events()
+        .unwrap_or_else(|| tokio::sync::mpsc::unbounded_channel().1);
     loop {
         attempt += 1;
         let ended = tokio::select! {
@@ -69,7 +74,7 @@ pub async fn run_sessions<F: Future<Output = ()>>(
                         "registered with the master");
                     backoff = INITIAL_BACKOFF;
                     attempt = 0;
-                    serve(conn, &mut state, &mut exits, heartbeat, &mut shutdown).await
+                    serve(conn, &mut state, &mut exits, &mut health, heartbeat, &mut shutdown).await
                 }
                 Err(ended) => ended,
             },
@@ -97,6 +102,10 @@ pub async fn run_sessions<F: Future<Output = ()>>(
                 Some((key, outcome)) = exits.recv() => {
                     // Nobody to tell now; the updates wait in the queue.
                     let _ = state.process_exited(key, outcome);
+                }
+                Some((key, event)) = health.recv() => {
+                    // An unhealthy task is killed even while the master is away.
+                    let _ = state.health_changed(key, event);
                 }
             }
         }
@@ -235,6 +244,7 @@ async fn serve<F: Future<Output = ()>>(
     mut conn: MasterConnection,
     state: &mut AgentState,
     exits: &mut ExitReceiver,
+    health: &mut HealthReceiver,
     heartbeat_every: Duration,
     shutdown: &mut Pin<&mut F>,
 ) -> Ended {
@@ -272,6 +282,7 @@ async fn serve<F: Future<Output = ()>>(
                 Err(e) => return Ended::Retry(anyhow!("connection to the master failed: {e}")),
             },
             Some((key, outcome)) = exits.recv() => state.process_exited(key, outcome),
+            Some((key, event)) = health.recv() => state.health_changed(key, event),
             _ = heartbeat.tick() => vec![state.heartbeat()],
             _ = retry.tick() => state.due_updates(STATUS_RETRY),
             Some(data) = files_rx.recv() => vec![Message::FileData(data)],

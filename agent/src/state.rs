@@ -14,12 +14,13 @@ use ringmaster_proto::devices::{
 };
 use ringmaster_proto::resources::{format_milli, Resources};
 use ringmaster_proto::{
-    AgentHeartbeat, Attribute, KillTask, Message, RegisterAgent, RunTasks, StatusUpdate, TaskInfo,
-    TaskState, TaskStatus,
+    AgentHeartbeat, Attribute, KillTask, Message, RegisterAgent, RunTasks, StatusUpdate,
+    TaskHealth, TaskInfo, TaskState, TaskStatus,
 };
 use tokio::sync::mpsc;
 
 use crate::config::AgentConfig;
+use crate::health::{self, CheckContext, Checker, HealthEvent, HealthSpec};
 use crate::isolation::{self, Isolation};
 use crate::mps;
 use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
@@ -49,6 +50,9 @@ pub mod reason {
     /// The kernel killed the task for exceeding its memory limit (`mem`, with cgroups); the
     /// message starts with "memory limit N MiB exceeded".
     pub const MEMORY_LIMIT: &str = "memory_limit";
+    /// The task's health check failed `failures` times in a row ([`crate::health`]): it was
+    /// reported unhealthy and killed; the message is "health check failed N times: …".
+    pub const HEALTH_CHECK_FAILED: &str = "health_check_failed";
 }
 
 /// The longest kill grace a task may ask for (`TaskInfo.kill_grace_ms`); more counts as this.
@@ -88,6 +92,10 @@ struct TaskRecord {
     start_ticks: u64,
     /// `TaskInfo.kill_grace_ms` (0: the agent's default), kept for a restarted agent.
     kill_grace_ms: u64,
+    /// Its health checker while the task runs (dropping it stops the checks).
+    health_checker: Option<Checker>,
+    /// Set when the health check failed: the message the FAILED status carries.
+    health_failure: Option<String>,
 }
 
 impl TaskRecord {
@@ -102,6 +110,8 @@ fn state_of(status: &TaskStatus) -> TaskState {
 
 /// Process exits, tagged with their task.
 pub type ExitReceiver = mpsc::UnboundedReceiver<(TaskKey, ExitOutcome)>;
+/// Health changes of tasks with a health check ([`crate::health`]).
+pub type HealthReceiver = mpsc::UnboundedReceiver<(TaskKey, HealthEvent)>;
 
 /// The agent's tasks, resources and unacknowledged updates.
 #[derive(Debug)]
@@ -112,6 +122,8 @@ pub struct AgentState {
     updates: StatusQueue,
     exits_tx: mpsc::UnboundedSender<(TaskKey, ExitOutcome)>,
     isolation: Isolation,
+    health_tx: mpsc::UnboundedSender<(TaskKey, HealthEvent)>,
+    health_rx: Option<HealthReceiver>,
 }
 
 impl AgentState {
@@ -129,6 +141,7 @@ impl AgentState {
         agent_id: String,
     ) -> (Self, ExitReceiver) {
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        let (health_tx, health_rx) = mpsc::unbounded_channel();
         let state = AgentState {
             config,
             agent_id,
@@ -136,8 +149,16 @@ impl AgentState {
             updates: StatusQueue::new(unix_ms()),
             exits_tx,
             isolation,
+            health_tx,
+            health_rx: Some(health_rx),
         };
         (state, exits_rx)
+    }
+
+    /// The health changes of checked tasks, to be fed back through
+    /// [`AgentState::health_changed`]; `None` once taken.
+    pub fn take_health_events(&mut self) -> Option<HealthReceiver> {
+        self.health_rx.take()
     }
 
     /// How tasks are isolated.
@@ -424,6 +445,12 @@ impl AgentState {
                 out,
             );
         }
+        let health_spec = match info.health.as_ref().map(HealthSpec::from_wire).transpose() {
+            Ok(spec) => spec,
+            Err(message) => {
+                return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
+            }
+        };
         let devices = match self.bind_devices(&info, &resources) {
             Ok(devices) => devices,
             Err((why, message)) => return self.refuse(key, resources, blank, why, message, out),
@@ -520,6 +547,16 @@ impl AgentState {
                 };
                 let status = self.issue(status, out);
                 let pid = handle.pid();
+                // Checks run where the task runs: sandbox, user, environment, cgroup.
+                let health_checker = health_spec.map(|check| {
+                    let context = CheckContext {
+                        sandbox: spec.sandbox.clone(),
+                        env: spec.env.clone(),
+                        user: spec.user.clone(),
+                        cgroup: spec.cgroup.clone(),
+                    };
+                    health::start(check, context, key.clone(), self.health_tx.clone())
+                });
                 self.tasks.insert(
                     key.clone(),
                     TaskRecord {
@@ -531,6 +568,8 @@ impl AgentState {
                         pid,
                         start_ticks: process::process_start_ticks(pid).unwrap_or(0),
                         kill_grace_ms: info.kill_grace_ms,
+                        health_checker,
+                        health_failure: None,
                     },
                 );
                 self.save_task_file(&key);
@@ -577,6 +616,8 @@ impl AgentState {
                 pid: 0,
                 start_ticks: 0,
                 kill_grace_ms: 0,
+                health_checker: None,
+                health_failure: None,
             },
         );
     }
@@ -633,6 +674,7 @@ impl AgentState {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,
                     pid = process.pid(), reason = %reason, "killing task");
                 record.kill_reason = Some(reason);
+                record.health_checker = None; // no more checks while it dies
                 process.kill();
                 self.save_task_file(&key);
             }
@@ -657,6 +699,57 @@ impl AgentState {
         None
     }
 
+    /// A task's health check changed its mind ([`crate::health`]): a RUNNING update with the
+    /// new health (only changes are sent). Unhealthy also kills the task with its kill grace;
+    /// it then ends FAILED with reason `health_check_failed` and the check's message.
+    pub fn health_changed(&mut self, key: TaskKey, event: HealthEvent) -> Vec<Message> {
+        let mut out = Vec::new();
+        let Some(record) = self.tasks.get_mut(&key) else {
+            return out;
+        };
+        if record.process.is_none() || record.kill_reason.is_some() || !record.is_active() {
+            return out; // ending anyway: its end says how
+        }
+        if matches!(event, HealthEvent::Unhealthy { .. }) && !process::process_is_alive(record.pid)
+        {
+            // The task ended on its own (its checks fail because it is gone): its exit, on
+            // its way, says how it ended, not the checks.
+            record.health_checker = None;
+            return out;
+        }
+        let mut status = TaskStatus {
+            update_id: String::new(),
+            timestamp_ms: 0,
+            ..record.status.clone()
+        };
+        match &event {
+            HealthEvent::Healthy => {
+                status.health = TaskHealth::Healthy as i32;
+            }
+            HealthEvent::Unhealthy { message } => {
+                status.health = TaskHealth::Unhealthy as i32;
+                status.reason = reason::HEALTH_CHECK_FAILED.to_string();
+                status.message = message.clone();
+                record.kill_reason = Some(reason::HEALTH_CHECK_FAILED.to_string());
+                record.health_failure = Some(message.clone());
+                record.health_checker = None;
+                if let Some(process) = &record.process {
+                    tracing::warn!(task = %key.task_id, framework = %key.framework_id,
+                        pid = process.pid(), "task unhealthy, killing it: {message}");
+                    process.kill();
+                }
+            }
+        }
+        let status = self.issue(status, &mut out);
+        if let Some(record) = self.tasks.get_mut(&key) {
+            record.status = status;
+        }
+        if matches!(event, HealthEvent::Unhealthy { .. }) {
+            self.save_task_file(&key);
+        }
+        out
+    }
+
     /// A task's process group is gone: report its terminal state, then one heartbeat. Unless
     /// the task exited 0, its message ends with the last lines of its stderr
     /// ([`crate::sandbox::stderr_tail`]): "exited with status 3; stderr: …".
@@ -667,6 +760,8 @@ impl AgentState {
             return out;
         };
         record.process = None;
+        record.health_checker = None;
+        let health_failure = record.health_failure.take();
         let mut status = TaskStatus {
             reason: String::new(),
             message: String::new(),
@@ -691,6 +786,10 @@ impl AgentState {
             status.exit_code = Some(*code);
         }
         let state = match (&record.kill_reason, &outcome) {
+            (Some(why), _) if why == reason::HEALTH_CHECK_FAILED => {
+                status.reason = why.clone();
+                TaskState::TaskFailed
+            }
             (Some(why), _) => {
                 status.reason = why.clone();
                 TaskState::TaskKilled
@@ -715,8 +814,11 @@ impl AgentState {
         };
         status.state = state as i32;
         status.message = how;
-        // How an unsuccessful end looked from inside: the last lines of the task's stderr.
-        if outcome != ExitOutcome::Code(0) {
+        if let Some(failure) = health_failure {
+            // Killed for its health: why is what the check said, not how the kill went.
+            status.message = failure;
+        } else if outcome != ExitOutcome::Code(0) {
+            // How an unsuccessful end looked from inside: the last lines of the task's stderr.
             let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
             if let Some(tail) = crate::sandbox::stderr_tail(&sandbox) {
                 status.message.push_str("; stderr: ");
@@ -768,6 +870,7 @@ impl AgentState {
                 if record.kill_reason.is_none() {
                     record.kill_reason = Some(reason::AGENT_SHUTDOWN.to_string());
                 }
+                record.health_checker = None;
                 tracing::info!(task = %key.task_id, pid = process.pid(), "killing task for shutdown");
                 // Within the agent's grace, whatever the task's own: shutdown is bounded.
                 process.kill_within(self.config.kill_grace);
@@ -862,6 +965,8 @@ impl AgentState {
                         pid: file.pid,
                         start_ticks: file.start_ticks,
                         kill_grace_ms: file.kill_grace_ms,
+                        health_checker: None,
+                        health_failure: None,
                     },
                 );
                 continue;
@@ -900,6 +1005,8 @@ impl AgentState {
                     pid: file.pid,
                     start_ticks: file.start_ticks,
                     kill_grace_ms: file.kill_grace_ms,
+                    health_checker: None,
+                    health_failure: None,
                 },
             );
         }

@@ -448,3 +448,37 @@ async fn stale_cgroups_of_an_earlier_run_are_removed_and_recovered_ones_kept() {
     assert!(!process_is_alive(kept_pid));
     assert!(!cgroup_exists(&again, "kept"));
 }
+
+#[tokio::test]
+async fn a_health_check_runs_in_the_tasks_cgroup_as_the_task_user() {
+    let Some(mut agent) = Agent::new(4096) else {
+        return;
+    };
+    let nobody = lookup_user("nobody").expect("the nobody user exists");
+    let mut health = agent.state.take_health_events().unwrap();
+    let mut info = task("checked", "cpus:0.5;mem:64", "exec sleep 300");
+    info.health = Some(ringmaster_proto::HealthCheck {
+        command: "cat /proc/self/cgroup > check-cgroup; id -u > check-uid".into(),
+        interval_ms: 100,
+        timeout_ms: 1000,
+        failures: 1,
+        grace_ms: 10,
+    });
+    agent.start(info);
+    let (key, event) = timeout(WAIT, health.recv()).await.unwrap().unwrap();
+    assert_eq!(event, ringmaster_agent::health::HealthEvent::Healthy);
+    agent.state.health_changed(key, event);
+    assert_eq!(
+        sandbox_file(agent.path(), "checked", "check-uid").trim(),
+        nobody.uid.to_string()
+    );
+    let path = agent.isolation.task_cgroup_path("fw", "checked").unwrap();
+    let cgroups = sandbox_file(agent.path(), "checked", "check-cgroup");
+    assert!(
+        cgroups.lines().any(|l| l.ends_with(&format!("/{path}"))),
+        "the check is not in {path}: {cgroups}"
+    );
+    agent.kill("checked");
+    let end = agent.end("checked").await;
+    assert_eq!(end.state, TaskState::TaskKilled as i32, "{end:?}");
+}

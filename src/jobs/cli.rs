@@ -203,13 +203,16 @@ pub fn render(jobs: &[JobView]) -> String {
             job["spec"]["task"]["resources"].as_str().unwrap_or(""),
             state
         ));
-        out.push_str("  INSTANCE  STATE      AGENT                 RESTARTS  EXIT  TASK\n");
+        out.push_str(
+            "  INSTANCE  STATE      AGENT                 HEALTH     RESTARTS  EXIT  TASK\n",
+        );
         for i in job["instances"].as_array().into_iter().flatten() {
             out.push_str(&format!(
-                "  {:<8}  {:<9}  {:<20}  {:<8}  {:<4}  {}\n",
+                "  {:<8}  {:<9}  {:<20}  {:<9}  {:<8}  {:<4}  {}\n",
                 i["index"].to_string(),
                 i["state"].as_str().unwrap_or(""),
                 i["agent"].as_str().unwrap_or("-"),
+                i["health"].as_str().unwrap_or("–"),
                 i["restarts"].to_string(),
                 i["last_exit_code"]
                     .as_i64()
@@ -248,6 +251,9 @@ fn render_plan(spec: &JobSpec, plan: &crate::master::plan::Plan) -> String {
     );
     for (index, agent) in plan.placed.iter().enumerate() {
         out.push_str(&format!("  {index:<8}  {agent}\n"));
+    }
+    if let Some(health) = &spec.task.health {
+        out.push_str(&format!("  health: {}\n", health.describe()));
     }
     if plan.unplaced > 0 {
         out.push_str(&format!(
@@ -309,6 +315,46 @@ mod tests {
         assert!(
             table.contains("job b  batch  count 1  cpus:1  running"),
             "{table}"
+        );
+        assert!(table.contains("HEALTH"), "{table}");
+        assert!(table.contains("  –  "), "unknown health is a dash: {table}");
+    }
+
+    #[test]
+    fn status_shows_health_and_plan_shows_the_check() {
+        let spec = parse_job_spec(
+            "name: web\ntype: service\ntask:\n  command: x\n  resources: cpus:1\n  health:\n    command: test -e ok\n",
+            "w.yaml",
+        )
+        .unwrap();
+        let mut engine = Engine::default();
+        engine.put(spec.clone());
+        let big: ringmaster_core::resources::Resources = "cpus:10".parse().unwrap();
+        engine.place(
+            &[crate::jobs::engine::OfferView {
+                id: "o1",
+                agent: "a1",
+                resources: &big,
+            }],
+            tokio::time::Instant::now(),
+        );
+        engine.set_health(
+            "web.0.0-1",
+            Some(crate::jobs::engine::InstanceHealth::Healthy),
+        );
+        let value = serde_json::to_value(engine.job("web").unwrap().clone().report()).unwrap();
+        assert_eq!(value["instances"][0]["health"], "healthy");
+        let table = render(&[view(value)]);
+        assert!(table.contains(" healthy "), "{table}");
+        let plan = crate::master::plan::Plan {
+            placed: vec!["a1".into()],
+            unplaced: 0,
+            why: None,
+        };
+        let text = render_plan(&spec, &plan);
+        assert!(
+            text.contains("health: `test -e ok` every 10s, timeout 2s, unhealthy after 3 failures in a row, first check after 10s"),
+            "{text}"
         );
     }
 }

@@ -45,6 +45,14 @@ impl InstanceState {
     }
 }
 
+/// What the health check of an instance's task last said (services with `task.health`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceHealth {
+    Healthy,
+    Unhealthy,
+}
+
 /// One instance of a job.
 #[derive(Clone, Debug, Serialize)]
 pub struct Instance {
@@ -64,6 +72,9 @@ pub struct Instance {
     pub restarts: u32,
     pub last_exit_code: Option<i32>,
     pub last_message: String,
+    /// Its current task's health (`null`: unknown, no check, or no task); the last task's
+    /// health is kept while the instance waits to be replaced.
+    pub health: Option<InstanceHealth>,
     /// Launched from an older version of the spec: replaced, one at a time.
     #[serde(skip)]
     outdated: bool,
@@ -411,6 +422,7 @@ impl Engine {
                 instance.task_id = Some(task_id.clone());
                 instance.last_task_id = Some(task_id.clone());
                 instance.agent = Some(offers[slot].agent.to_string());
+                instance.health = None;
                 instance.outdated = false;
                 instance.not_before = None;
                 out[slot].1.push(Launch {
@@ -420,6 +432,23 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// What a task's status says of its health (`None`: unknown); recorded on the instance
+    /// whose current or last task it is. An unhealthy task's end comes as a FAILED update and
+    /// is handled by [`Engine::update`] like any failure (replaced, with the restart backoff).
+    pub fn set_health(&mut self, task_id: &str, health: Option<InstanceHealth>) {
+        let Some((name, index, _, _)) = parse_task_id(task_id) else {
+            return;
+        };
+        let instance = self
+            .jobs
+            .get_mut(name)
+            .and_then(|job| job.instances.iter_mut().find(|i| i.index == index))
+            .filter(|i| i.last_task_id.as_deref() == Some(task_id));
+        if let Some(instance) = instance {
+            instance.health = health;
+        }
     }
 
     /// A task's new state. `terminal` with `success` (FINISHED, exit 0) or not. Returns
@@ -575,6 +604,7 @@ fn new_instance(index: u32) -> Instance {
         restarts: 0,
         last_exit_code: None,
         last_message: String::new(),
+        health: None,
         outdated: false,
         not_before: None,
         streak: 0,
@@ -685,6 +715,48 @@ mod tests {
         assert_eq!((instance.restarts, instance.last_exit_code), (1, Some(1)));
         // A second end in a row doubles the delay.
         ended(&mut e, "web.1.0-2", true, t1);
+        assert_eq!(e.next_due(), Some(t1 + Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn an_instance_failed_by_its_health_is_replaced_with_backoff_and_health_is_per_task() {
+        let t0 = Instant::now();
+        let mut e = Engine::default();
+        e.put(spec("service", 1, 3));
+        launch_all(&mut e, t0);
+        running(&mut e, "web.0.0-1", t0);
+        let health = |e: &Engine| e.job("web").unwrap().instances[0].health;
+        assert_eq!(health(&e), None);
+        e.set_health("web.0.0-1", Some(InstanceHealth::Healthy));
+        assert_eq!(health(&e), Some(InstanceHealth::Healthy));
+        // Another instance's or an unknown task's health changes nothing.
+        e.set_health("web.0.0-9", Some(InstanceHealth::Unhealthy));
+        e.set_health("other.0.0-1", Some(InstanceHealth::Unhealthy));
+        assert_eq!(health(&e), Some(InstanceHealth::Healthy));
+        // Unhealthy (a RUNNING update), then the agent's kill ends it FAILED.
+        e.set_health("web.0.0-1", Some(InstanceHealth::Unhealthy));
+        let failed = "health check failed 3 times: connection refused";
+        e.update("web.0.0-1", false, true, false, None, failed, "a1", t0);
+        e.set_health("web.0.0-1", Some(InstanceHealth::Unhealthy));
+        let i = &e.job("web").unwrap().instances[0];
+        assert_eq!(i.state, InstanceState::Pending);
+        assert_eq!((i.restarts, i.last_message.as_str()), (1, failed));
+        assert_eq!(
+            i.health,
+            Some(InstanceHealth::Unhealthy),
+            "kept until replaced"
+        );
+        let value = serde_json::to_value(i).unwrap();
+        assert_eq!(value["health"], "unhealthy");
+        assert_eq!(e.next_due(), Some(t0 + Duration::from_secs(1)));
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(launch_all(&mut e, t1), ["web.0.0-2"]);
+        assert_eq!(health(&e), None, "the replacement starts unknown");
+        running(&mut e, "web.0.0-2", t1);
+        e.set_health("web.0.0-2", Some(InstanceHealth::Healthy));
+        assert_eq!(health(&e), Some(InstanceHealth::Healthy));
+        // Failing again at once doubles the delay, as any failure in a row does.
+        e.update("web.0.0-2", false, true, false, None, failed, "a1", t1);
         assert_eq!(e.next_due(), Some(t1 + Duration::from_secs(2)));
     }
 

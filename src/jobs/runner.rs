@@ -14,13 +14,13 @@ use std::time::Duration;
 
 use ringmaster_core::resources::Resources;
 use ringmaster_proto::convert::ResourcesWire;
-use ringmaster_proto::v1::{Attribute, Offer, TaskInfo, TaskState, TaskStatus};
+use ringmaster_proto::v1::{Attribute, Offer, TaskHealth, TaskInfo, TaskState, TaskStatus};
 use ringmaster_sdk::{Driver, FrameworkConfig, Scheduler};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::engine::{Engine, Job, JobReport, OfferView, Outcome};
+use super::engine::{Engine, InstanceHealth, Job, JobReport, OfferView, Outcome};
 use super::spec::JobSpec;
 
 /// The jobs framework's name in `/state`.
@@ -367,6 +367,12 @@ impl Scheduler for JobsScheduler {
             &status.agent_id,
             Instant::now(),
         );
+        let health = match TaskHealth::try_from(status.health) {
+            Ok(TaskHealth::Healthy) => Some(InstanceHealth::Healthy),
+            Ok(TaskHealth::Unhealthy) => Some(InstanceHealth::Unhealthy),
+            _ => None,
+        };
+        shared.engine.set_health(&status.task_id, health);
         shared.kill(kill);
         if terminal {
             if let Err(e) = shared.save() {
@@ -389,6 +395,7 @@ fn task_info(spec: &JobSpec, task_id: &str) -> TaskInfo {
     info.priority_class = spec.task.priority_class.clone();
     info.kill_grace_ms = spec.task.kill_grace_ms;
     info.gpu_models = spec.task.gpu_models.clone();
+    info.health = spec.task.health.as_ref().map(|h| h.to_wire());
     info.env = spec
         .task
         .env

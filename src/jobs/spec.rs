@@ -14,6 +14,12 @@
 //!   kill_grace: 5s
 //!   priority_class: base
 //!   gpu_models: [A100]
+//!   health:              # service only: the agent runs it; N failures in a row kill the instance
+//!     command: "curl -fsS localhost:8000/"
+//!     interval: 10s      # 1s..=1h
+//!     timeout: 2s        # 100ms..=interval
+//!     failures: 3        # 1..=100
+//!     grace: 10s         # before the first check, 0s..=1h (default: interval)
 //! restart:
 //!   attempts: 3          # batch: retries per instance; service: restarts within `interval`
 //!   delay: 1s            # doubled after each restart of an instance, up to 5 min
@@ -38,6 +44,11 @@ pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 pub const MAX_RESTART_DELAY: Duration = Duration::from_secs(300);
 /// The most restart attempts a job may set.
 pub const MAX_ATTEMPTS: u32 = 1000;
+/// Health check bounds (`task.health`).
+pub const MIN_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+pub const MAX_HEALTH_INTERVAL: Duration = Duration::from_secs(3600);
+pub const MIN_HEALTH_TIMEOUT: Duration = Duration::from_millis(100);
+pub const MAX_HEALTH_FAILURES: u32 = 100;
 /// Resource names a job may ask for (docs/devices.md for the GPU ones).
 pub use ringmaster_core::resources::STANDARD_NAMES as KNOWN_RESOURCES;
 
@@ -79,6 +90,91 @@ pub struct TaskTemplate {
     pub priority_class: String,
     #[serde(default)]
     pub gpu_models: Vec<String>,
+    /// Services only: a command health check the agent runs (docs/jobs.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheckSpec>,
+}
+
+/// `task.health`: `sh -c COMMAND` after `grace`, every `interval`; exit 0 within `timeout`
+/// passes; `failures` failures in a row kill the instance (it is then replaced).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HealthCheckSpec {
+    pub command: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub failures: u32,
+    pub grace_ms: u64,
+}
+
+impl HealthCheckSpec {
+    /// The bounds of docs/jobs.md; `Err((key, message))`.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.command.trim().is_empty() {
+            return Err(("command", "must not be empty".into()));
+        }
+        let ms = |d: Duration| d.as_millis() as u64;
+        if !(ms(MIN_HEALTH_INTERVAL)..=ms(MAX_HEALTH_INTERVAL)).contains(&self.interval_ms) {
+            return Err((
+                "interval",
+                format!("{} is out of range 1s..=1h", show_ms(self.interval_ms)),
+            ));
+        }
+        if !(ms(MIN_HEALTH_TIMEOUT)..=self.interval_ms).contains(&self.timeout_ms) {
+            return Err((
+                "timeout",
+                format!(
+                    "{} is out of range 100ms..=interval ({})",
+                    show_ms(self.timeout_ms),
+                    show_ms(self.interval_ms)
+                ),
+            ));
+        }
+        if !(1..=MAX_HEALTH_FAILURES).contains(&self.failures) {
+            return Err((
+                "failures",
+                format!(
+                    "{} is out of range 1..={MAX_HEALTH_FAILURES}",
+                    self.failures
+                ),
+            ));
+        }
+        if self.grace_ms > ms(MAX_HEALTH_INTERVAL) {
+            return Err((
+                "grace",
+                format!("{} is out of range 0s..=1h", show_ms(self.grace_ms)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the master sends the agent (`TaskInfo.health`).
+    pub fn to_wire(&self) -> ringmaster_proto::v1::HealthCheck {
+        ringmaster_proto::v1::HealthCheck {
+            command: self.command.clone(),
+            interval_ms: self.interval_ms,
+            timeout_ms: self.timeout_ms,
+            failures: self.failures,
+            grace_ms: self.grace_ms,
+        }
+    }
+
+    /// One line for `job plan`: `curl … every 10s, timeout 2s, 3 failures, first after 10s`.
+    pub fn describe(&self) -> String {
+        format!(
+            "`{}` every {}, timeout {}, unhealthy after {} failure{} in a row, first check after {}",
+            self.command,
+            show_ms(self.interval_ms),
+            show_ms(self.timeout_ms),
+            self.failures,
+            if self.failures == 1 { "" } else { "s" },
+            show_ms(self.grace_ms)
+        )
+    }
+}
+
+/// `10s`, `1m 30s`, `250ms`.
+fn show_ms(ms: u64) -> String {
+    humantime::format_duration(Duration::from_millis(ms)).to_string()
 }
 
 /// How ended instances are started again.
@@ -118,9 +214,19 @@ impl JobSpec {
             return Err("restart.delay: above 1h".into());
         }
         check_priority_class(&self.task.priority_class)?;
+        if let Some(health) = &self.task.health {
+            if self.kind != JobKind::Service {
+                return Err(format!("task.health: {}", SERVICE_ONLY));
+            }
+            health
+                .check()
+                .map_err(|(key, e)| format!("task.health.{key}: {e}"))?;
+        }
         Ok(())
     }
 }
+
+const SERVICE_ONLY: &str = "only a service may have a health check (this job is `type: batch`)";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -154,6 +260,18 @@ struct RawTask {
     priority_class: Option<String>,
     #[serde(default)]
     gpu_models: Vec<String>,
+    #[serde(default)]
+    health: Option<RawHealth>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    command: String,
+    interval: Option<String>,
+    timeout: Option<String>,
+    failures: Option<u32>,
+    grace: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -230,6 +348,13 @@ pub fn parse_job_spec(text: &str, file: &str) -> Result<JobSpec, ConfigError> {
             format!("{attempts} is out of range 0..={MAX_ATTEMPTS}"),
         ));
     }
+    let health = match &raw.task.health {
+        None => None,
+        Some(_) if raw.kind != JobKind::Service => {
+            return Err(at(&["task", "health"], SERVICE_ONLY.into()))
+        }
+        Some(h) => Some(read_health(h, &at)?),
+    };
     let priority_class = raw.task.priority_class.unwrap_or_default();
     check_priority_class(&priority_class).map_err(|e| at(&["task", "priority_class"], e))?;
     if let Some(user) = &raw.task.user {
@@ -252,6 +377,7 @@ pub fn parse_job_spec(text: &str, file: &str) -> Result<JobSpec, ConfigError> {
             kill_grace_ms: kill_grace.as_millis() as u64,
             priority_class,
             gpu_models: raw.task.gpu_models,
+            health,
         },
         restart: RestartPolicy {
             attempts,
@@ -259,6 +385,35 @@ pub fn parse_job_spec(text: &str, file: &str) -> Result<JobSpec, ConfigError> {
             interval_ms: interval.as_millis() as u64,
         },
     })
+}
+
+/// `task.health` from the file: durations read, defaults filled, bounds checked.
+fn read_health(
+    raw: &RawHealth,
+    at: &dyn Fn(&[&str], String) -> ConfigError,
+) -> Result<HealthCheckSpec, ConfigError> {
+    let duration = |key: &str, text: &Option<String>, default: Duration| {
+        let Some(text) = text else {
+            return Ok(default);
+        };
+        humantime::parse_duration(text).map_err(|e| {
+            at(
+                &["task", "health", key],
+                format!("`{text}` is not a duration like 5s or 1m: {e}"),
+            )
+        })
+    };
+    let interval = duration("interval", &raw.interval, Duration::from_secs(10))?;
+    let spec = HealthCheckSpec {
+        command: raw.command.clone(),
+        interval_ms: interval.as_millis() as u64,
+        timeout_ms: duration("timeout", &raw.timeout, Duration::from_secs(2))?.as_millis() as u64,
+        failures: raw.failures.unwrap_or(3),
+        grace_ms: duration("grace", &raw.grace, interval)?.as_millis() as u64,
+    };
+    spec.check()
+        .map_err(|(key, message)| at(&["task", "health", key], message))?;
+    Ok(spec)
 }
 
 /// Job names: 1–63 of `a-z`, `0-9` and `-`, starting with a letter (they become task ids).
@@ -402,5 +557,129 @@ restart:
         spec.task.resources = "cpus:1".into();
         spec.name = "../etc".into();
         assert!(spec.check().is_err());
+    }
+
+    const HEALTHY: &str = r#"name: web
+type: service
+task:
+  command: "sleep 1000"
+  resources: "cpus:0.5"
+  health:
+    command: "test -e ok"
+    interval: 5s
+    timeout: 1s
+    failures: 2
+restart:
+  attempts: 3
+"#;
+
+    #[test]
+    fn a_health_check_reads_with_its_defaults() {
+        let spec = parse_job_spec(HEALTHY, "web.yaml").unwrap();
+        let h = spec.task.health.clone().unwrap();
+        assert_eq!(
+            (h.command.as_str(), h.interval_ms, h.timeout_ms, h.failures),
+            ("test -e ok", 5000, 1000, 2)
+        );
+        assert_eq!(h.grace_ms, 5000, "grace defaults to the interval");
+        assert!(spec.check().is_ok());
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), spec);
+        let wire = h.to_wire();
+        assert_eq!((wire.interval_ms, wire.grace_ms), (5000, 5000));
+        assert!(
+            h.describe().contains("every 5s, timeout 1s"),
+            "{}",
+            h.describe()
+        );
+
+        let minimal = "name: web\ntype: service\ntask:\n  command: x\n  resources: cpus:1\n  health:\n    command: true\n    grace: 0s\n";
+        let h = parse_job_spec(minimal, "w.yaml")
+            .unwrap()
+            .task
+            .health
+            .unwrap();
+        assert_eq!(
+            (h.interval_ms, h.timeout_ms, h.failures, h.grace_ms),
+            (10_000, 2000, 3, 0)
+        );
+        // A spec without health has no `health` key in its JSON (jobs.json stays as it was).
+        let plain = parse_job_spec(WEB, "web.yaml").unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("health"));
+    }
+
+    #[test]
+    fn bad_health_values_name_the_key_and_the_range() {
+        let e = error(&HEALTHY.replace("interval: 5s", "interval: 500ms"));
+        assert_eq!(
+            e,
+            "job.yaml:8: task.health.interval: 500ms is out of range 1s..=1h"
+        );
+        let e = error(&HEALTHY.replace("interval: 5s", "interval: 2h"));
+        assert_eq!(
+            e,
+            "job.yaml:8: task.health.interval: 2h is out of range 1s..=1h"
+        );
+        let e = error(&HEALTHY.replace("timeout: 1s", "timeout: 6s"));
+        assert_eq!(
+            e,
+            "job.yaml:9: task.health.timeout: 6s is out of range 100ms..=interval (5s)"
+        );
+        let e = error(&HEALTHY.replace("timeout: 1s", "timeout: 50ms"));
+        assert!(
+            e.starts_with("job.yaml:9: task.health.timeout: 50ms is out of range"),
+            "{e}"
+        );
+        let e = error(&HEALTHY.replace("failures: 2", "failures: 0"));
+        assert_eq!(
+            e,
+            "job.yaml:10: task.health.failures: 0 is out of range 1..=100"
+        );
+        let e = error(&HEALTHY.replace("failures: 2", "failures: 101"));
+        assert_eq!(
+            e,
+            "job.yaml:10: task.health.failures: 101 is out of range 1..=100"
+        );
+        let e = error(&HEALTHY.replace("failures: 2", "failures: -1"));
+        assert!(e.starts_with("job.yaml:10: task.health.failures: "), "{e}");
+        let e = error(&HEALTHY.replace("timeout: 1s", "timeout: soon"));
+        assert!(
+            e.starts_with("job.yaml:9: task.health.timeout: `soon` is not a duration"),
+            "{e}"
+        );
+        let e = error(&HEALTHY.replace("failures: 2", "failures: 2\n    grace: 2h"));
+        assert_eq!(
+            e,
+            "job.yaml:11: task.health.grace: 2h is out of range 0s..=1h"
+        );
+        let e = error(&HEALTHY.replace("command: \"test -e ok\"", "command: \" \""));
+        assert_eq!(e, "job.yaml:7: task.health.command: must not be empty");
+    }
+
+    #[test]
+    fn unknown_health_keys_and_batch_jobs_with_health_are_refused() {
+        let e = error(&HEALTHY.replace("failures: 2", "retries: 2"));
+        assert!(e.starts_with("job.yaml:10: task.health: "), "{e}");
+        assert!(e.contains("unknown field `retries`"), "{e}");
+        let e = error(&HEALTHY.replace("    command: \"test -e ok\"\n", ""));
+        assert!(e.contains("missing field `command`"), "{e}");
+        let e = error(&HEALTHY.replace("type: service", "type: batch"));
+        assert_eq!(
+            e,
+            "job.yaml:6: task.health: only a service may have a health check (this job is `type: batch`)"
+        );
+    }
+
+    #[test]
+    fn a_json_spec_with_health_is_checked_like_a_file() {
+        let mut spec = parse_job_spec(HEALTHY, "web.yaml").unwrap();
+        spec.task.health.as_mut().unwrap().timeout_ms = 10_000;
+        assert!(spec
+            .check()
+            .unwrap_err()
+            .starts_with("task.health.timeout: "));
+        spec.task.health.as_mut().unwrap().timeout_ms = 1000;
+        spec.kind = JobKind::Batch;
+        assert!(spec.check().unwrap_err().contains("only a service"));
     }
 }

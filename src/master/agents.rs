@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::events::ConnId;
 use compact_str::CompactString;
 
+use super::health::Health;
 use super::state::{make_task_key, AgentRecord, MasterState, Peer, TaskKey};
 
 impl MasterState {
@@ -199,6 +200,9 @@ impl MasterState {
                 continue;
             }
             still_running.insert(task_key.clone());
+            if let Some(task) = self.tasks.get_mut(&task_key) {
+                task.health = Health::from_wire(status.health);
+            }
             let resources = self.tasks[&task_key].resources.clone();
             let was = self.tasks[&task_key].state;
             if !self.tasks[&task_key].holds_resources {
@@ -365,6 +369,11 @@ impl MasterState {
         if task.agent != agent_id || task.state.is_terminal() || state == TaskState::Unspecified {
             return;
         }
+        let health = Health::from_wire(status.health);
+        let health_changed = health != task.health;
+        if let Some(task) = self.tasks.get_mut(&task_key) {
+            task.health = health;
+        }
         if state.is_terminal() {
             self.finish_task(
                 &task_key,
@@ -374,7 +383,8 @@ impl MasterState {
                 status.exit_code,
                 now,
             );
-        } else if state != task.state {
+        } else if state != self.tasks[&task_key].state || health_changed {
+            // A RUNNING update whose health changed is passed on too (docs/protocol.md).
             self.set_task_state(&task_key, state, &status.reason, &status.message, now);
         }
     }

@@ -258,6 +258,7 @@ impl MasterState {
                 terminal_unacked,
                 devices,
                 pending_update: None,
+                health: Default::default(),
             };
             self.tasks.insert(key.clone(), record);
             if state.is_terminal() {

@@ -70,6 +70,7 @@ mod frameworks;
 mod harness;
 #[cfg(test)]
 mod harness_tests;
+mod health;
 mod history;
 mod ids;
 mod liveness;

@@ -552,6 +552,7 @@ impl MasterState {
                     terminal_unacked: false,
                     devices,
                     pending_update: None,
+                    health: Default::default(),
                 },
             );
             self.hold_task_resources(&task_key, &agent_id, &resources);

@@ -150,8 +150,12 @@ pub(crate) struct TaskRecord {
     pub terminal_unacked: bool,
     /// The GPU devices the master bound it to (docs/devices.md); empty without a GPU request.
     pub devices: ringmaster_proto::devices::DeviceBinding,
-    /// The sequence number of its update awaiting acknowledgement, if any.
-    pub pending_update: Option<u64>,
+    /// The sequence number of its update awaiting acknowledgement, if any (sequence numbers
+    /// start at 1: the niche keeps this at 8 bytes, which makes room for `health`).
+    pub pending_update: Option<std::num::NonZeroU64>,
+    /// The last health its agent reported (one byte; not kept in the registry: an agent
+    /// re-registering reports it again).
+    pub health: super::health::Health,
 }
 
 #[cfg(test)]
@@ -176,6 +180,7 @@ impl TaskRecord {
             terminal_unacked: false,
             devices: Default::default(),
             pending_update: None,
+            health: Default::default(),
         }
     }
 }

@@ -204,6 +204,7 @@ impl MasterState {
             timestamp_ms: self.started_unix_ms
                 + now.saturating_duration_since(self.started).as_millis() as u64,
             devices: task.devices.to_wire(),
+            health: task.health.to_wire(),
         }
     }
 
@@ -231,19 +232,20 @@ impl MasterState {
         let backed = self.tasks.get_mut(&key).filter(|t| {
             t.state as i32 == status.state && (!t.state.is_terminal() || t.terminal_unacked)
         });
-        let superseded = backed.and_then(|t| t.pending_update.replace(seq));
+        let superseded = backed
+            .and_then(|t| std::mem::replace(&mut t.pending_update, std::num::NonZeroU64::new(seq)));
         let state = TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified);
         let whole = self
             .tasks
             .get(&key)
-            .is_none_or(|t| t.pending_update != Some(seq))
+            .is_none_or(|t| t.pending_update.map(|s| s.get()) != Some(seq))
             .then(|| Box::new(status.clone()));
         let fw = self
             .frameworks
             .get_mut(framework_id)
             .expect("checked above");
         if let Some(old) = superseded {
-            fw.unacked.remove(&old);
+            fw.unacked.remove(&old.get());
         }
         fw.unacked.insert(
             seq,
@@ -307,7 +309,7 @@ impl MasterState {
         let Some(task) = self.tasks.get_mut(&task_key) else {
             return;
         };
-        if task.pending_update == Some(seq) {
+        if task.pending_update.map(|s| s.get()) == Some(seq) {
             task.pending_update = None;
         }
         if acked.state.is_terminal() && task.state.is_terminal() && task.terminal_unacked {

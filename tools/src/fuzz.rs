@@ -321,6 +321,13 @@ impl FrameFuzzer {
             } else {
                 self.rng.random()
             },
+            health: self.chance(10).then(|| ringmaster_proto::v1::HealthCheck {
+                command: self.wild_string(&[]),
+                interval_ms: self.wild_u64(),
+                timeout_ms: self.wild_u64(),
+                failures: self.rng.random(),
+                grace_ms: self.wild_u64(),
+            }),
         }
     }
 
@@ -337,6 +344,7 @@ impl FrameFuzzer {
             update_id: self.wild_string(&known.updates),
             timestamp_ms: self.wild_u64(),
             devices: self.device_shares(),
+            health: self.wild_enum(),
         }
     }
 

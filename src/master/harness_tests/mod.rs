@@ -5,6 +5,7 @@ mod agents;
 mod batch;
 mod files;
 mod frameworks;
+mod health;
 mod liveness;
 mod offers;
 mod priorities;
@@ -51,6 +52,7 @@ fn status(
         update_id: update_id.into(),
         timestamp_ms: h.unix_ms(),
         devices: Vec::new(),
+        health: 0,
     }
 }
 

@@ -138,6 +138,9 @@ pub struct TaskView {
     /// Its latest usage sample, while it runs; absent before the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<TaskUsageView>,
+    /// What its health check last decided (docs/jobs.md, "Health checks"); absent: unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

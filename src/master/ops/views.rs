@@ -124,6 +124,7 @@ impl MasterState {
                 state: t.state.short_name().to_string(),
                 reason: t.reason.to_string(),
                 priority: Some(t.priority),
+                healthy: t.health.healthy(),
                 devices: t
                     .devices
                     .devices
