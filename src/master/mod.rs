@@ -70,6 +70,7 @@ mod harness;
 mod harness_tests;
 mod history;
 mod ids;
+pub mod jobs_store;
 mod liveness;
 mod offers;
 pub mod ops;
@@ -117,6 +118,10 @@ pub struct Master {
     jobs: Arc<OnceLock<crate::jobs::runner::JobsHandle>>,
     /// Why the jobs framework cannot run here, if it cannot.
     jobs_blocked: Option<&'static str>,
+    /// The jobs the registry held at start, until [`Master::start_jobs`] takes them.
+    jobs_loaded: std::sync::Mutex<Option<jobs_store::LoadedJobs>>,
+    /// The master's `--work-dir`, if any.
+    work_dir: Option<PathBuf>,
     shutdown_rx: watch::Receiver<bool>,
 }
 
@@ -189,7 +194,10 @@ impl Master {
         let stopping = shutdown_rx.clone();
         let mut actor =
             state::MasterState::new(config.clone(), metrics.clone(), tokio::time::Instant::now());
-        if let Some((registry, recovered)) = registry {
+        let mut jobs_loaded = jobs_store::LoadedJobs::default();
+        if let Some((registry, mut recovered)) = registry {
+            jobs_loaded.jobs = std::mem::take(&mut recovered.jobs);
+            jobs_loaded.meta = recovered.jobs_meta.take();
             actor.recover(registry, recovered, tokio::time::Instant::now());
             actor.commit_turn()?;
         }
@@ -270,16 +278,29 @@ impl Master {
             stopping,
             jobs,
             jobs_blocked,
+            jobs_loaded: std::sync::Mutex::new(Some(jobs_loaded)),
+            work_dir,
             shutdown_rx: jobs_shutdown,
         })
     }
 
     /// Starts the built-in jobs framework (docs/jobs.md): it subscribes to this master over
-    /// loopback; with `work_dir` its jobs survive a restart. Not yet with TLS or required
-    /// authentication (it would need a credential of its own).
-    pub fn start_jobs(&self, work_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    /// loopback and keeps its jobs in the master's registry (with `--work-dir`), so they
+    /// survive a restart. A `<work-dir>/jobs.json` of an older master is imported once. Not
+    /// yet with TLS or required authentication (it would need a credential of its own).
+    pub async fn start_jobs(&self) -> anyhow::Result<()> {
         if let Some(why) = self.jobs_blocked {
             anyhow::bail!("jobs are not available: {why} (docs/jobs.md)");
+        }
+        let loaded = self
+            .jobs_loaded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let store = jobs_store::JobsStore::new(self.events.clone(), self.work_dir.is_some());
+        let mut loaded = loaded.unwrap_or_default();
+        if let Some(dir) = self.work_dir.as_deref().filter(|_| store.is_durable()) {
+            crate::jobs::records::import_jobs_file(dir, &mut loaded, &store).await?;
         }
         let master = std::net::SocketAddr::new(
             if self.addr.ip().is_unspecified() {
@@ -290,7 +311,8 @@ impl Master {
             self.addr.port(),
         );
         let handle =
-            crate::jobs::runner::start(master.to_string(), work_dir, self.shutdown_rx.clone())?;
+            crate::jobs::runner::start(master.to_string(), store, loaded, self.shutdown_rx.clone())
+                .await?;
         let _ = self.jobs.set(handle);
         Ok(())
     }
