@@ -5,6 +5,7 @@ mod agents;
 mod batch;
 mod files;
 mod frameworks;
+mod jobs_store;
 mod liveness;
 mod offers;
 mod priorities;
