@@ -148,9 +148,9 @@ impl JobsHandle {
         .map_err(|e| ChangeError::NotRecorded(e.to_string()))?
     }
 
-    /// Commits the current record of job `name` (after a batch instance ended for good).
+    /// Commits the current record of job `name` (after a batch instance ended for good). The
+    /// caller holds the gate.
     async fn save_job(&self, name: &str) -> Result<(), String> {
-        let _gate = self.gate.lock().await;
         let record = JobRecord::encode(&self.lock().engine, name)?;
         if record.is_none() {
             // Purged: its deletion was committed with the purge.
@@ -193,8 +193,10 @@ impl JobsHandle {
         Ok((framework, task))
     }
 
-    /// Every job with its instances, as the API reports them.
-    pub fn jobs(&self) -> Vec<JobReport> {
+    /// Every job with its instances, as the API reports them. Waits for a change being
+    /// committed, so what it shows (a job created, a batch instance ended) is on disk.
+    pub async fn jobs(&self) -> Vec<JobReport> {
+        let _gate = self.gate.lock().await;
         self.lock()
             .engine
             .jobs()
@@ -421,7 +423,9 @@ impl Scheduler for JobsScheduler {
 
     async fn status_update(&mut self, _driver: &Driver, status: TaskStatus) {
         // A batch instance that ended for good is committed before the update is
-        // acknowledged (reconciliation will not tell a restarted master about it).
+        // acknowledged (reconciliation will not tell a restarted master about it), and is
+        // shown (`GET /jobs`, `job run --wait`) only once committed: the gate is held throughout.
+        let _gate = self.handle.gate.lock().await;
         if let Some(job) = self.apply_update(&status) {
             if let Err(e) = self.handle.save_job(&job).await {
                 tracing::error!(%job, "jobs: {e}");

@@ -206,7 +206,7 @@ fn not_changed(error: ChangeError) -> Response {
 /// `GET /jobs`: every job with its instances.
 async fn jobs_list(State(http): State<HttpState>) -> Response {
     match jobs_of(&http) {
-        Ok(jobs) => Json(jobs.jobs()).into_response(),
+        Ok(jobs) => Json(jobs.jobs().await).into_response(),
         Err(response) => *response,
     }
 }
@@ -217,7 +217,12 @@ async fn job_get(State(http): State<HttpState>, Path(name): Path<String>) -> Res
         Ok(jobs) => jobs,
         Err(response) => return *response,
     };
-    match jobs.jobs().into_iter().find(|j| j.job.spec.name == name) {
+    match jobs
+        .jobs()
+        .await
+        .into_iter()
+        .find(|j| j.job.spec.name == name)
+    {
         Some(job) => Json(job).into_response(),
         None => no_such_job(&name),
     }
