@@ -185,3 +185,44 @@ async fn without_a_work_dir_jobs_live_in_memory() {
     );
     master.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_jobs_framework_runs_on_a_master_that_requires_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config("");
+    config.auth.required = true;
+    let master = Master::start_durable(
+        "127.0.0.1:0",
+        Some("127.0.0.1:0"),
+        config,
+        Some(dir.path().to_path_buf()),
+    )
+    .await
+    .expect("master starts");
+    master
+        .start_jobs()
+        .await
+        .expect("jobs start with auth required");
+    jobs_framework(&master).await;
+    let http = master.http_addr().unwrap().to_string();
+    let file = dir.path().join("web.yaml");
+    std::fs::write(&file, WEB).unwrap();
+    let f = file.to_string_lossy().to_string();
+    tokio::task::spawn_blocking(move || {
+        ringmaster::jobs::cli::run(&http, &f, false).map_err(|e| e.message)
+    })
+    .await
+    .unwrap()
+    .expect("job run");
+    assert_eq!(
+        job_states(&master).await,
+        vec![("web".to_string(), vec!["pending".to_string()])]
+    );
+    // It subscribed with its own credential (an anonymous client is refused here).
+    let snapshot = master.snapshot().await.unwrap();
+    assert!(snapshot
+        .frameworks
+        .iter()
+        .any(|f| f.name == "ringmaster-jobs" && f.connected));
+    master.shutdown().await;
+}

@@ -26,6 +26,8 @@ use crate::master::jobs_store::{JobsMeta, JobsStore, LoadedJobs};
 
 /// The jobs framework's name in `/state`.
 pub const FRAMEWORK_NAME: &str = "ringmaster-jobs";
+/// The user the jobs framework subscribes as.
+pub const JOBS_USER: &str = "jobs";
 /// How long the master keeps the jobs framework's tasks while it is away (a master restart).
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often restart delays and rolling updates are looked at.
@@ -239,11 +241,12 @@ impl Shared {
     }
 }
 
-/// Starts the jobs framework against the master at `master` (its own protocol address), with
-/// the jobs `loaded` from the registry, keeping them through `store` (see the module docs).
+/// Starts the jobs framework against the master at `master` (its own protocol address,
+/// authenticating with `credential` when the master requires it), with the jobs `loaded` from the registry, keeping them through `store` (see the module docs).
 /// Ends at `shutdown`.
 pub async fn start(
     master: String,
+    credential: Option<ringmaster_proto::security::Credential>,
     store: JobsStore,
     loaded: LoadedJobs,
     mut shutdown: watch::Receiver<bool>,
@@ -276,7 +279,8 @@ pub async fn start(
         .await
         .map_err(|e| anyhow::anyhow!("jobs: {e}"))?;
     let mut config = FrameworkConfig::new(master, FRAMEWORK_NAME);
-    config.user = "jobs".into();
+    config.user = JOBS_USER.into();
+    config.security.credential = credential;
     config.failover_timeout = FAILOVER_TIMEOUT;
     config.framework_id = meta.framework_id;
     let scheduler = JobsScheduler {
