@@ -25,6 +25,7 @@
 //!   files.rs        reads of task output in flight (the bounded pending-read map)
 //!   owners.rs       which principal owns each id (and `Peer`)
 //!   ids.rs          id minting; registry.rs: the durable store (redb)
+//!   jobs_store.rs   the jobs framework's client for its registry records (Event::SaveJobs)
 //!   server/         listener.rs (accept loop, connection cap, task tracker),
 //!                   task.rs (ConnectionTask: TLS, handshake, serve), limits.rs
 //!   ops/            http.rs, logs.rs (task output over HTTP), metrics.rs, model.rs (answers
@@ -49,8 +50,8 @@
 //!    without importing them. `offers` also imports `pending`. They change the placement books
 //!    only through `state.alloc`'s methods, so the books move together (see `allocator`).
 //! 4. readers and clients: `ops::views` (reads `&MasterState` into views and metrics),
-//!    `ops::http`, `ops::logs` and `server::{listener, task}` (speak only `events`, and the
-//!    leaves' plain data; never touch the state).
+//!    `ops::http`, `ops::logs`, `jobs_store` and `server::{listener, task}` (speak only
+//!    `events`, and the leaves' plain data; never touch the state).
 //! 5. `mod.rs` (`Master`), which wires them together.
 //!
 //! No loop is left: the answers to the query events (`Snapshot` and its views, `Health`,
