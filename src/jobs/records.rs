@@ -131,3 +131,79 @@ pub async fn import_jobs_file(
     loaded.meta = Some(meta);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::engine::InstanceState;
+    use crate::jobs::spec::parse_job_spec;
+
+    fn spec(name: &str, kind: &str, count: u32) -> JobSpec {
+        parse_job_spec(
+            &format!(
+                "name: {name}\ntype: {kind}\ncount: {count}\ntask:\n  command: run\n  \
+                 resources: cpus:1\n"
+            ),
+            "t.yaml",
+        )
+        .unwrap()
+    }
+
+    fn states(engine: &Engine, name: &str) -> Vec<InstanceState> {
+        engine
+            .job(name)
+            .unwrap()
+            .instances
+            .iter()
+            .map(|i| i.state)
+            .collect()
+    }
+
+    #[test]
+    fn a_record_round_trips_outcomes_scale_and_stop_into_a_new_engine() {
+        let mut engine = Engine::with_generation(1);
+        engine.put(spec("once", "batch", 2));
+        engine.put(spec("web", "service", 1));
+        engine.scale("web", 3);
+        engine.stop("web", false);
+        engine.restore_outcomes(
+            "once",
+            &[Outcome {
+                index: 1,
+                succeeded: false,
+                exit_code: Some(3),
+            }],
+        );
+        let stored: Vec<(String, serde_json::Value)> = ["once", "web"]
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    JobRecord::encode(&engine, n).unwrap().unwrap(),
+                )
+            })
+            .collect();
+
+        let mut again = Engine::with_generation(2);
+        for (name, value) in stored {
+            JobRecord::decode(&name, value).unwrap().restore(&mut again);
+        }
+        assert_eq!(
+            states(&again, "once"),
+            [InstanceState::Pending, InstanceState::Failed]
+        );
+        let once = again.job("once").unwrap();
+        assert_eq!(once.instances[1].last_exit_code, Some(3));
+        let web = again.job("web").unwrap();
+        assert_eq!(web.spec.count, 3, "the scaled count is kept");
+        assert!(web.stopped, "a stopped job stays stopped");
+        assert_eq!(states(&again, "web"), [InstanceState::Stopped; 3]);
+        assert_eq!(JobRecord::encode(&again, "gone").unwrap(), None);
+    }
+
+    #[test]
+    fn a_bad_record_is_an_error_naming_the_job() {
+        let error = JobRecord::decode("web", serde_json::json!({"spec": 7})).unwrap_err();
+        assert!(error.contains("`web`"), "{error}");
+    }
+}
