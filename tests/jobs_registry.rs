@@ -226,3 +226,24 @@ async fn the_jobs_framework_runs_on_a_master_that_requires_authentication() {
         .any(|f| f.name == "ringmaster-jobs" && f.connected));
     master.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_jobs_principal_is_reserved() {
+    use std::collections::BTreeSet;
+    let mut config = test_config("");
+    config.auth.required = true;
+    config.auth.principals.insert(
+        ringmaster::master::JOBS_PRINCIPAL.to_string(),
+        ringmaster::security::PrincipalGrant::new(
+            b"operator secret".to_vec(),
+            BTreeSet::from([ringmaster_proto::security::AuthRole::Framework]),
+            ringmaster::security::AllowedUsers::Any,
+        ),
+    );
+    let error = Master::start("127.0.0.1:0", config)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("reserved"), "{error}");
+}
