@@ -59,8 +59,7 @@ impl LocalCluster {
         )
         .await?;
         // `ringmaster job run` works against a local cluster too (docs/jobs.md).
-        let master_dir = options.work_dir.as_ref().map(|dir| dir.join("master"));
-        master.start_jobs(master_dir.as_deref())?;
+        master.start_jobs().await?;
         let (work_root, temp) = match &options.work_dir {
             Some(dir) => (dir.clone(), None),
             None => {

@@ -373,7 +373,7 @@ fn main() -> ExitCode {
                         work_dir.clone(),
                     )
                     .await?;
-                    if let Err(e) = master.start_jobs(work_dir.as_deref()) {
+                    if let Err(e) = master.start_jobs().await {
                         tracing::warn!("{e}");
                     }
                     tokio::select! {

@@ -1,6 +1,6 @@
 //! The dashboard in a real browser: headless Chromium loads `/` from a running local cluster
-//! and the agents, frameworks and the "why" of a pending demand must appear in the DOM the
-//! page builds from `/state`.
+//! and the agents, frameworks, the "why" of a pending demand and the jobs must appear in the DOM
+//! the page builds from `/state` and `/jobs`.
 //!
 //! Needs Debian's `chromium` (`/usr/bin/chromium`, or the path in `RINGMASTER_CHROMIUM`), so
 //! both tests are ignored by `cargo test --workspace` (which must pass on a machine without a
@@ -110,6 +110,21 @@ async fn dashboard_shows_agents_frameworks_and_why_in_a_browser() {
         s.pending.iter().any(|p| p.unserved_last_run)
     })
     .await;
+    // A job for the Jobs section (no agent fits it, so it stays pending).
+    let spec = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        spec.path(),
+        "name: browser-job\ntype: service\ncount: 2\ntask:\n  command: sleep 1000\n  \
+         resources: cpus:64\n",
+    )
+    .unwrap();
+    let (master, file) = (http.to_string(), spec.path().to_string_lossy().to_string());
+    tokio::task::spawn_blocking(move || {
+        ringmaster::jobs::cli::run(&master, &file, false).map_err(|e| e.message)
+    })
+    .await
+    .unwrap()
+    .expect("job run");
 
     let url = format!("http://{http}/");
     let dom = tokio::task::spawn_blocking(move || run_chromium(&browser, &url, &["--dump-dom"]))
@@ -123,6 +138,9 @@ async fn dashboard_shows_agents_frameworks_and_why_in_a_browser() {
         &fw.id,
         "no agent fits cpus:64: 3 agents short of cpus",
         "class=\"ring\"",
+        "ringmaster-jobs",
+        "<b>browser-job</b>",
+        "0 / 2",
     ] {
         assert!(
             dom.contains(expected),

@@ -32,7 +32,7 @@ async fn a_service_runs_restarts_a_failed_instance_and_stops() {
     let master = Master::start_with_http("127.0.0.1:0", Some("127.0.0.1:0"), test_config(""))
         .await
         .expect("master starts");
-    master.start_jobs(None).expect("jobs start");
+    master.start_jobs().await.expect("jobs start");
     let http = master.http_addr().unwrap().to_string();
     let mut agent = Client::agent(master.addr(), "a1", "cpus:4;mem:4096").await;
 

@@ -1,8 +1,9 @@
 //! `ringmaster job` end to end through the real binaries (`ringmaster serve`, an agent, the
 //! CLI): a service whose instance is killed from outside is replaced; a batch job's `--wait`
 //! exit code says whether every instance succeeded; after a `kill -9` of the master and a
-//! restart on its work dir every job is still there and its running instances are adopted,
-//! not launched again; scale and stop end the processes.
+//! restart on its work dir every job is still there (from the registry: no `jobs.json`), its
+//! running instances are adopted, not launched again, and the finished batch jobs keep their
+//! outcomes; scale and stop end the processes.
 
 mod processes;
 
@@ -212,6 +213,13 @@ fn jobs_run_restart_survive_a_master_restart_scale_and_stop() {
         .unwrap()
         .iter()
         .all(|i| i["state"] == "succeeded"));
+    // The failed batch job is back with its outcome, from the registry: no jobs file.
+    let bad_status = status_json(&http, "bad");
+    let bad0 = &bad_status["instances"][0];
+    assert_eq!(bad0["state"], "failed", "{bad_status:#}");
+    assert_eq!(bad0["last_exit_code"], 3, "{bad_status:#}");
+    assert!(!dir.path().join("master").join("jobs.json").exists());
+    assert!(dir.path().join("master").join("registry.redb").exists());
     let (code, out, _) = job(&http, &["status"]);
     assert_eq!(code, 0);
     for name in ["job web", "job ok", "job bad"] {

@@ -243,6 +243,7 @@ async fn state_shows_agents_buckets_tasks_rings_and_why_pending() {
     assert_eq!(status, 200);
     assert!(content_type.starts_with("text/html"), "{content_type}");
     assert!(body.contains("fetch(\"/state\""));
+    assert!(body.contains("fetch(\"/jobs\""), "the jobs section");
     assert!(
         !body.contains("http://") && !body.contains("https://"),
         "no external resources"

@@ -3,12 +3,12 @@
 //! as `ringmaster-jobs`), feeds the [`Engine`] offers and status updates, and carries out what
 //! the engine decides. The master's HTTP API reaches it through a [`JobsHandle`].
 //!
-//! With a `--work-dir`, the job specs and the framework id are kept in `<work-dir>/jobs.json`
-//! (written atomically at each change): a restarted master resubscribes with the same id, learns
-//! by reconciliation which instances still run, and adopts them instead of launching them again.
+//! With a `--work-dir`, the jobs and the framework id are kept in the master's registry
+//! ([`super::records`], written through the actor's group commit by a [`JobsStore`]): a change
+//! is reported accepted only once it is committed, and nothing it starts is launched before.
+//! A restarted master resubscribes with the same id, learns by reconciliation which instances
+//! still run, and adopts them instead of launching them again.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -16,33 +16,22 @@ use ringmaster_core::resources::Resources;
 use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::v1::{Attribute, Offer, TaskHealth, TaskInfo, TaskState, TaskStatus};
 use ringmaster_sdk::{Driver, FrameworkConfig, Scheduler};
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::engine::{Engine, InstanceHealth, Job, JobReport, OfferView, Outcome};
+use super::engine::{Engine, InstanceHealth, Job, JobReport, OfferView};
+use super::records::JobRecord;
 use super::spec::JobSpec;
+use crate::master::jobs_store::{JobsMeta, JobsStore, LoadedJobs};
 
 /// The jobs framework's name in `/state`.
 pub const FRAMEWORK_NAME: &str = "ringmaster-jobs";
+/// The user the jobs framework subscribes as.
+pub const JOBS_USER: &str = "jobs";
 /// How long the master keeps the jobs framework's tasks while it is away (a master restart).
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often restart delays and rolling updates are looked at.
 const TICK: Duration = Duration::from_millis(250);
-/// The file of jobs and framework id in the master's work dir.
-pub const JOBS_FILE: &str = "jobs.json";
-
-#[derive(Default, Serialize, Deserialize)]
-struct Stored {
-    framework_id: Option<String>,
-    /// Starts of the jobs framework so far: task ids carry it, so none is reused.
-    #[serde(default)]
-    generation: u32,
-    jobs: Vec<JobSpec>,
-    /// Batch instances that ended for good, by job (reconciliation reports only live tasks).
-    #[serde(default)]
-    outcomes: BTreeMap<String, Vec<Outcome>>,
-}
 
 /// After (re)subscribing, offers are declined this long so that reconciliation answers (which
 /// instances still run) arrive before anything is launched again.
@@ -55,14 +44,28 @@ struct Shared {
     hold_until: Option<Instant>,
     driver: Option<Driver>,
     framework_id: Option<String>,
-    store: Option<PathBuf>,
     demand: Option<(Resources, u32)>,
+    /// A job change is being committed: no launches until it is (offers are declined).
+    writing: bool,
 }
 
 /// A handle on the jobs framework for the HTTP API: create, stop, scale, read.
 #[derive(Clone)]
 pub struct JobsHandle {
     shared: Arc<Mutex<Shared>>,
+    store: JobsStore,
+    /// One write at a time, each from the state after the previous one: the registry sees
+    /// the changes in the order they were made.
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Why a job change was not made.
+#[derive(Debug, PartialEq)]
+pub enum ChangeError {
+    /// A bad spec or count (the client's fault).
+    Refused(String),
+    /// The registry did not record it (the master is stopping).
+    NotRecorded(String),
 }
 
 impl JobsHandle {
@@ -72,37 +75,105 @@ impl JobsHandle {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Creates or updates a job. `Ok(true)`: created.
-    pub fn put(&self, spec: JobSpec) -> Result<bool, String> {
-        spec.check()?;
-        let mut shared = self.lock();
-        let created = shared.engine.job(&spec.name).is_none();
-        let kill = shared.engine.put(spec);
-        shared.after_change(kill)?;
-        Ok(created)
+    /// Creates or updates a job. `Ok(true)`: created. Answers once the job is committed.
+    pub async fn put(&self, spec: JobSpec) -> Result<bool, ChangeError> {
+        spec.check().map_err(ChangeError::Refused)?;
+        let name = spec.name.clone();
+        let created = self
+            .change(name, move |engine| {
+                let created = engine.job(&spec.name).is_none();
+                Some((created, engine.put(spec)))
+            })
+            .await?;
+        Ok(created.unwrap_or(false))
     }
 
     /// Stops a job (`purge`: and forgets it). `Ok(false)`: no such job.
-    pub fn stop(&self, name: &str, purge: bool) -> Result<bool, String> {
-        let mut shared = self.lock();
-        let Some(kill) = shared.engine.stop(name, purge) else {
-            return Ok(false);
-        };
-        shared.after_change(kill)?;
-        Ok(true)
+    pub async fn stop(&self, name: &str, purge: bool) -> Result<bool, ChangeError> {
+        let job = name.to_string();
+        let stopped = self
+            .change(job.clone(), move |engine| {
+                engine.stop(&job, purge).map(|kill| ((), kill))
+            })
+            .await?;
+        Ok(stopped.is_some())
     }
 
     /// Sets a job's instance count. `Ok(false)`: no such job.
-    pub fn scale(&self, name: &str, count: u32) -> Result<bool, String> {
+    pub async fn scale(&self, name: &str, count: u32) -> Result<bool, ChangeError> {
         if count > super::spec::MAX_COUNT {
-            return Err(format!("count {count} is above {}", super::spec::MAX_COUNT));
+            return Err(ChangeError::Refused(format!(
+                "count {count} is above {}",
+                super::spec::MAX_COUNT
+            )));
         }
-        let mut shared = self.lock();
-        let Some(kill) = shared.engine.scale(name, count) else {
-            return Ok(false);
+        let job = name.to_string();
+        let scaled = self
+            .change(job.clone(), move |engine| {
+                engine.scale(&job, count).map(|kill| ((), kill))
+            })
+            .await?;
+        Ok(scaled.is_some())
+    }
+
+    /// Applies `change` to job `name` (`None`: no such job), commits the job's record, and
+    /// only then kills what the change stopped and restates the demand; no launch happens
+    /// before the commit either. Runs on its own task, so a caller that goes away (an HTTP
+    /// client that hangs up) cannot leave a change half done.
+    async fn change<T: Send + 'static>(
+        &self,
+        name: String,
+        change: impl FnOnce(&mut Engine) -> Option<(T, Vec<String>)> + Send + 'static,
+    ) -> Result<Option<T>, ChangeError> {
+        let handle = self.clone();
+        tokio::spawn(async move {
+            let _gate = handle.gate.lock().await;
+            let (out, kill, record) = {
+                let mut shared = handle.lock();
+                let Some((out, kill)) = change(&mut shared.engine) else {
+                    return Ok(None);
+                };
+                let record =
+                    JobRecord::encode(&shared.engine, &name).map_err(ChangeError::NotRecorded)?;
+                shared.writing = true;
+                (out, kill, record)
+            };
+            let saved = handle.store.save(vec![(name, record)], None).await;
+            let mut shared = handle.lock();
+            shared.writing = false;
+            saved.map_err(ChangeError::NotRecorded)?;
+            shared.kill(kill);
+            shared.sync_demand(Instant::now());
+            Ok(Some(out))
+        })
+        .await
+        .map_err(|e| ChangeError::NotRecorded(e.to_string()))?
+    }
+
+    /// Commits the current record of job `name` (after a batch instance ended for good). The
+    /// caller holds the gate.
+    async fn save_job(&self, name: &str) -> Result<(), String> {
+        let record = JobRecord::encode(&self.lock().engine, name)?;
+        if record.is_none() {
+            // Purged: its deletion was committed with the purge.
+            return Ok(());
+        }
+        self.store
+            .save(vec![(name.to_string(), record)], None)
+            .await
+    }
+
+    /// Commits the framework's own record (its id, its start count).
+    async fn save_meta(&self) -> Result<(), String> {
+        let _gate = self.gate.lock().await;
+        let meta = {
+            let shared = self.lock();
+            JobsMeta {
+                framework_id: shared.framework_id.clone(),
+                generation: shared.generation,
+            }
         };
-        shared.after_change(kill)?;
-        Ok(true)
+        self.store.save(Vec::new(), Some(meta)).await
     }
 
     /// The jobs framework's id and the task of instance `index` of job `name` whose output
@@ -124,8 +195,10 @@ impl JobsHandle {
         Ok((framework, task))
     }
 
-    /// Every job with its instances, as the API reports them.
-    pub fn jobs(&self) -> Vec<JobReport> {
+    /// Every job with its instances, as the API reports them. Waits for a change being
+    /// committed, so what it shows (a job created, a batch instance ended) is on disk.
+    pub async fn jobs(&self) -> Vec<JobReport> {
+        let _gate = self.gate.lock().await;
         self.lock()
             .engine
             .jobs()
@@ -146,14 +219,6 @@ pub enum LogsLookup {
 }
 
 impl Shared {
-    /// Persists the specs, kills what the change stopped, restates the demand.
-    fn after_change(&mut self, kill: Vec<String>) -> Result<(), String> {
-        self.save()?;
-        self.kill(kill);
-        self.sync_demand(Instant::now());
-        Ok(())
-    }
-
     fn kill(&self, tasks: Vec<String>) {
         if let Some(driver) = &self.driver {
             for task in tasks {
@@ -174,76 +239,50 @@ impl Shared {
         };
         self.demand = demand;
     }
-
-    fn save(&self) -> Result<(), String> {
-        let Some(path) = &self.store else {
-            return Ok(());
-        };
-        let stored = Stored {
-            framework_id: self.framework_id.clone(),
-            generation: self.generation,
-            jobs: self.engine.jobs().map(|j| j.spec.clone()).collect(),
-            outcomes: self.engine.outcomes(),
-        };
-        let text = serde_json::to_string_pretty(&stored).map_err(|e| e.to_string())?;
-        write_atomically(path, &text)
-            .map_err(|e| format!("cannot save the jobs to {}: {e}", path.display()))
-    }
 }
 
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    {
-        use std::io::Write as _;
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
-}
-
-/// Starts the jobs framework against the master at `master` (its own protocol address).
-/// With `work_dir`, jobs survive a restart (see the module docs). Ends at `shutdown`.
-pub fn start(
+/// Starts the jobs framework against the master at `master` (its own protocol address,
+/// authenticating with `credential` when the master requires it), with the jobs `loaded` from the registry, keeping them through `store` (see the module docs).
+/// Ends at `shutdown`.
+pub async fn start(
     master: String,
-    work_dir: Option<&Path>,
+    credential: Option<ringmaster_proto::security::Credential>,
+    store: JobsStore,
+    loaded: LoadedJobs,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<JobsHandle> {
-    let store = work_dir.map(|dir| dir.join(JOBS_FILE));
-    let stored: Stored = match &store {
-        Some(path) if path.exists() => {
-            let text = std::fs::read_to_string(path)?;
-            serde_json::from_str(&text)
-                .map_err(|e| anyhow::anyhow!("{}: not a jobs file: {e}", path.display()))?
-        }
-        _ => Stored::default(),
-    };
-    let generation = stored.generation + 1;
+    let meta = loaded.meta.unwrap_or_default();
+    let generation = meta.generation + 1;
     let mut engine = Engine::with_generation(generation);
-    for spec in stored.jobs {
-        engine.put(spec);
-    }
-    for (name, outcomes) in &stored.outcomes {
-        engine.restore_outcomes(name, outcomes);
+    for (name, value) in loaded.jobs {
+        JobRecord::decode(&name, value)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .restore(&mut engine);
     }
     let shared = Arc::new(Mutex::new(Shared {
         engine,
         generation,
         hold_until: None,
         driver: None,
-        framework_id: stored.framework_id.clone(),
-        store,
+        framework_id: meta.framework_id.clone(),
         demand: None,
+        writing: false,
     }));
     let handle = JobsHandle {
         shared: shared.clone(),
+        store,
+        gate: Arc::default(),
     };
     // The new generation is on disk before any task carries it.
-    handle.lock().save().map_err(|e| anyhow::anyhow!("{e}"))?;
+    handle
+        .save_meta()
+        .await
+        .map_err(|e| anyhow::anyhow!("jobs: {e}"))?;
     let mut config = FrameworkConfig::new(master, FRAMEWORK_NAME);
-    config.user = "jobs".into();
+    config.user = JOBS_USER.into();
+    config.security.credential = credential;
     config.failover_timeout = FAILOVER_TIMEOUT;
-    config.framework_id = stored.framework_id;
+    config.framework_id = meta.framework_id;
     let scheduler = JobsScheduler {
         handle: handle.clone(),
     };
@@ -278,20 +317,54 @@ struct JobsScheduler {
 }
 
 impl JobsScheduler {
-    fn subscribed(&self, driver: &Driver, framework_id: &str) {
+    /// Feeds a status update to the engine; returns the job whose batch outcomes it changed.
+    fn apply_update(&self, status: &TaskStatus) -> Option<String> {
+        let state = TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified);
+        let terminal = state.is_terminal();
+        let success = state == TaskState::TaskFinished && status.exit_code.unwrap_or(0) == 0;
         let mut shared = self.handle.lock();
-        shared.driver = Some(driver.clone());
-        shared.demand = None;
-        shared.hold_until = Some(Instant::now() + RECONCILE_GRACE);
-        if shared.framework_id.as_deref() != Some(framework_id) {
+        let ended_before = terminal.then(|| shared.engine.outcomes());
+        let kill = shared.engine.update(
+            &status.task_id,
+            state == TaskState::TaskRunning,
+            terminal,
+            success,
+            status.exit_code,
+            &status.message,
+            &status.agent_id,
+            Instant::now(),
+        );
+        let health = match TaskHealth::try_from(status.health) {
+            Ok(TaskHealth::Healthy) => Some(InstanceHealth::Healthy),
+            Ok(TaskHealth::Unhealthy) => Some(InstanceHealth::Unhealthy),
+            _ => None,
+        };
+        shared.engine.set_health(&status.task_id, health);
+        shared.kill(kill);
+        shared.sync_demand(Instant::now());
+        let job = super::engine::parse_task_id(&status.task_id)?.0;
+        let before = ended_before?;
+        (before.get(job) != shared.engine.outcomes().get(job)).then(|| job.to_string())
+    }
+
+    async fn subscribed(&self, driver: &Driver, framework_id: &str) {
+        let new_id = {
+            let mut shared = self.handle.lock();
+            shared.driver = Some(driver.clone());
+            shared.demand = None;
+            shared.hold_until = Some(Instant::now() + RECONCILE_GRACE);
+            let new_id = shared.framework_id.as_deref() != Some(framework_id);
             shared.framework_id = Some(framework_id.to_string());
-            if let Err(e) = shared.save() {
-                tracing::error!("{e}");
+            new_id
+        };
+        if new_id {
+            if let Err(e) = self.handle.save_meta().await {
+                tracing::error!("jobs: the framework id: {e}");
             }
         }
         // Every task the master knows of ours: running instances are adopted.
         let _ = driver.reconcile(&[]);
-        shared.sync_demand(Instant::now());
+        self.handle.lock().sync_demand(Instant::now());
     }
 }
 
@@ -299,11 +372,11 @@ impl JobsScheduler {
 impl Scheduler for JobsScheduler {
     async fn registered(&mut self, driver: &Driver, framework_id: &str) {
         tracing::info!(framework = %framework_id, "jobs framework subscribed");
-        self.subscribed(driver, framework_id);
+        self.subscribed(driver, framework_id).await;
     }
 
     async fn reregistered(&mut self, driver: &Driver, framework_id: &str) {
-        self.subscribed(driver, framework_id);
+        self.subscribed(driver, framework_id).await;
     }
 
     async fn offers(&mut self, driver: &Driver, offers: Vec<Offer>) {
@@ -322,6 +395,12 @@ impl Scheduler for JobsScheduler {
             })
             .collect();
         let mut shared = self.handle.lock();
+        if shared.writing {
+            // A job change is not committed yet: launch nothing it may have asked for.
+            let ids: Vec<String> = offers.iter().map(|o| o.offer_id.clone()).collect();
+            let _ = driver.decline(&ids, Duration::from_millis(100));
+            return;
+        }
         if shared.hold_until.is_some_and(|until| now < until) {
             let ids: Vec<String> = offers.iter().map(|o| o.offer_id.clone()).collect();
             let _ = driver.decline(&ids, Duration::from_millis(500));
@@ -353,33 +432,15 @@ impl Scheduler for JobsScheduler {
     }
 
     async fn status_update(&mut self, _driver: &Driver, status: TaskStatus) {
-        let state = TaskState::try_from(status.state).unwrap_or(TaskState::Unspecified);
-        let terminal = state.is_terminal();
-        let success = state == TaskState::TaskFinished && status.exit_code.unwrap_or(0) == 0;
-        let mut shared = self.handle.lock();
-        let kill = shared.engine.update(
-            &status.task_id,
-            state == TaskState::TaskRunning,
-            terminal,
-            success,
-            status.exit_code,
-            &status.message,
-            &status.agent_id,
-            Instant::now(),
-        );
-        let health = match TaskHealth::try_from(status.health) {
-            Ok(TaskHealth::Healthy) => Some(InstanceHealth::Healthy),
-            Ok(TaskHealth::Unhealthy) => Some(InstanceHealth::Unhealthy),
-            _ => None,
-        };
-        shared.engine.set_health(&status.task_id, health);
-        shared.kill(kill);
-        if terminal {
-            if let Err(e) = shared.save() {
-                tracing::error!("{e}");
+        // A batch instance that ended for good is committed before the update is
+        // acknowledged (reconciliation will not tell a restarted master about it), and is
+        // shown (`GET /jobs`, `job run --wait`) only once committed: the gate is held throughout.
+        let _gate = self.handle.gate.lock().await;
+        if let Some(job) = self.apply_update(&status) {
+            if let Err(e) = self.handle.save_job(&job).await {
+                tracing::error!(%job, "jobs: {e}");
             }
         }
-        shared.sync_demand(Instant::now());
     }
 
     async fn disconnected(&mut self, _driver: &Driver) {

@@ -75,6 +75,26 @@ impl MasterState {
         }
     }
 
+    /// The jobs framework's records changed: they join this turn's commit and `reply` is
+    /// answered after it. Without a registry the jobs live in the jobs framework's memory
+    /// only, so there is nothing to write: answered at once.
+    pub(crate) fn save_jobs(
+        &mut self,
+        jobs: Vec<(String, Option<serde_json::Value>)>,
+        meta: Option<super::registry::JobsMeta>,
+        reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+    ) {
+        let Some(d) = &mut self.durable else {
+            let _ = reply.send(Ok(()));
+            return;
+        };
+        d.jobs.extend(jobs);
+        if meta.is_some() {
+            d.jobs_meta = meta;
+        }
+        d.job_replies.push(reply);
+    }
+
     /// Ends the actor turn: writes what changed in one transaction, then sends the turn's
     /// messages. Without a registry there is nothing to do (messages went out at once).
     pub(crate) fn commit_turn(&mut self) -> Result<(), RegistryError> {
@@ -82,6 +102,11 @@ impl MasterState {
             return Ok(());
         };
         let result = self.commit_changes(&mut durable);
+        // The jobs framework hears whether its records are on disk (docs/jobs.md).
+        let answer = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        for reply in durable.job_replies.drain(..) {
+            let _ = reply.send(answer.clone());
+        }
         if result.is_ok() {
             for (conn, outbound) in durable.outbox.drain(..) {
                 self.deliver(conn, outbound);
@@ -98,6 +123,8 @@ impl MasterState {
             id_epoch: durable.id_epoch.take(),
             removed_frameworks: std::mem::take(&mut durable.removed),
             forgotten_frameworks: std::mem::take(&mut durable.forgotten),
+            jobs: std::mem::take(&mut durable.jobs),
+            jobs_meta: durable.jobs_meta.take(),
             ..Default::default()
         };
         for id in durable.frameworks.drain() {

@@ -53,4 +53,14 @@ pub(crate) enum Event {
         count: u32,
         reply: oneshot::Sender<super::plan::Plan>,
     },
+    /// The built-in jobs framework's records changed (`crate::jobs::runner`, through
+    /// [`super::jobs_store::JobsStore`]): written in this turn's registry commit, and answered
+    /// only once it is committed (at once without a registry), or with why it was not.
+    SaveJobs {
+        /// Job name -> its record (`None`: purged).
+        jobs: Vec<(String, Option<serde_json::Value>)>,
+        /// The jobs framework's own record, when it changed.
+        meta: Option<super::registry::JobsMeta>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
 }

@@ -27,6 +27,7 @@
 //!   files.rs        reads of task output in flight (the bounded pending-read map)
 //!   owners.rs       which principal owns each id (and `Peer`)
 //!   ids.rs          id minting; registry.rs: the durable store (redb)
+//!   jobs_store.rs   the jobs framework's client for its registry records (Event::SaveJobs)
 //!   server/         listener.rs (accept loop, connection cap, task tracker),
 //!                   task.rs (ConnectionTask: TLS, handshake, serve), limits.rs
 //!   ops/            http.rs, logs.rs (task output over HTTP), metrics.rs, model.rs (answers
@@ -51,8 +52,8 @@
 //!    without importing them. `offers` also imports `pending`. They change the placement books
 //!    only through `state.alloc`'s methods, so the books move together (see `allocator`).
 //! 4. readers and clients: `ops::views` (reads `&MasterState` into views and metrics),
-//!    `ops::http`, `ops::logs` and `server::{listener, task}` (speak only `events`, and the
-//!    leaves' plain data; never touch the state).
+//!    `ops::http`, `ops::logs`, `jobs_store` and `server::{listener, task}` (speak only
+//!    `events`, and the leaves' plain data; never touch the state).
 //! 5. `mod.rs` (`Master`), which wires them together.
 //!
 //! No loop is left: the answers to the query events (`Snapshot` and its views, `Health`,
@@ -73,6 +74,7 @@ mod harness_tests;
 mod health;
 mod history;
 mod ids;
+pub mod jobs_store;
 mod liveness;
 mod offers;
 pub mod ops;
@@ -121,6 +123,12 @@ pub struct Master {
     jobs: Arc<OnceLock<crate::jobs::runner::JobsHandle>>,
     /// Why the jobs framework cannot run here, if it cannot.
     jobs_blocked: Option<&'static str>,
+    /// The jobs framework's credential, when the master requires authentication.
+    jobs_credential: Option<ringmaster_proto::security::Credential>,
+    /// The jobs the registry held at start, until [`Master::start_jobs`] takes them.
+    jobs_loaded: std::sync::Mutex<Option<jobs_store::LoadedJobs>>,
+    /// The master's `--work-dir`, if any.
+    work_dir: Option<PathBuf>,
     shutdown_rx: watch::Receiver<bool>,
 }
 
@@ -146,7 +154,7 @@ impl Master {
     pub async fn start_durable(
         listen: &str,
         http: Option<&str>,
-        config: Config,
+        mut config: Config,
         work_dir: Option<PathBuf>,
     ) -> anyhow::Result<Master> {
         let registry = match &work_dir {
@@ -185,6 +193,11 @@ impl Master {
             .as_ref()
             .map(TcpListener::local_addr)
             .transpose()?;
+        // With required authentication the built-in jobs framework gets a principal of its
+        // own, whose secret never leaves this process (docs/jobs.md, docs/security.md).
+        let jobs_credential = (config.auth.required && config.tls.is_none())
+            .then(|| jobs_principal(&mut config.auth))
+            .transpose()?;
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::new());
         let (events_tx, events_rx) = mpsc::channel(4096);
@@ -193,7 +206,10 @@ impl Master {
         let stopping = shutdown_rx.clone();
         let mut actor =
             state::MasterState::new(config.clone(), metrics.clone(), tokio::time::Instant::now());
-        if let Some((registry, recovered)) = registry {
+        let mut jobs_loaded = jobs_store::LoadedJobs::default();
+        if let Some((registry, mut recovered)) = registry {
+            jobs_loaded.jobs = std::mem::take(&mut recovered.jobs);
+            jobs_loaded.meta = recovered.jobs_meta.take();
             actor.recover(registry, recovered, tokio::time::Instant::now());
             actor.commit_turn()?;
         }
@@ -204,13 +220,7 @@ impl Master {
             let _ = stop_all.send(true);
         });
         let jobs = Arc::new(OnceLock::new());
-        let jobs_blocked = if config.tls.is_some() {
-            Some("the master serves TLS")
-        } else if config.auth.required {
-            Some("the master requires authentication")
-        } else {
-            None
-        };
+        let jobs_blocked = config.tls.is_some().then_some("the master serves TLS");
         // With HTTP on, the protocol port serves it too: one address for every client. Not
         // where that would widen who reaches the HTTP surface (it has no authentication): not
         // with TLS or required authentication on the protocol, and not from a protocol port on
@@ -274,16 +284,30 @@ impl Master {
             stopping,
             jobs,
             jobs_blocked,
+            jobs_credential,
+            jobs_loaded: std::sync::Mutex::new(Some(jobs_loaded)),
+            work_dir,
             shutdown_rx: jobs_shutdown,
         })
     }
 
     /// Starts the built-in jobs framework (docs/jobs.md): it subscribes to this master over
-    /// loopback; with `work_dir` its jobs survive a restart. Not yet with TLS or required
-    /// authentication (it would need a credential of its own).
-    pub fn start_jobs(&self, work_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    /// loopback and keeps its jobs in the master's registry (with `--work-dir`), so they
+    /// survive a restart. A `<work-dir>/jobs.json` of an older master is imported once. With
+    /// required authentication it authenticates as [`JOBS_PRINCIPAL`]; not yet with TLS.
+    pub async fn start_jobs(&self) -> anyhow::Result<()> {
         if let Some(why) = self.jobs_blocked {
             anyhow::bail!("jobs are not available: {why} (docs/jobs.md)");
+        }
+        let loaded = self
+            .jobs_loaded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let store = jobs_store::JobsStore::new(self.events.clone(), self.work_dir.is_some());
+        let mut loaded = loaded.unwrap_or_default();
+        if let Some(dir) = self.work_dir.as_deref().filter(|_| store.is_durable()) {
+            crate::jobs::records::import_jobs_file(dir, &mut loaded, &store).await?;
         }
         let master = std::net::SocketAddr::new(
             if self.addr.ip().is_unspecified() {
@@ -293,8 +317,14 @@ impl Master {
             },
             self.addr.port(),
         );
-        let handle =
-            crate::jobs::runner::start(master.to_string(), work_dir, self.shutdown_rx.clone())?;
+        let handle = crate::jobs::runner::start(
+            master.to_string(),
+            self.jobs_credential.clone(),
+            store,
+            loaded,
+            self.shutdown_rx.clone(),
+        )
+        .await?;
         let _ = self.jobs.set(handle);
         Ok(())
     }
@@ -336,6 +366,36 @@ impl Master {
     pub async fn wait(self) {
         let _ = self.join.await;
     }
+}
+
+/// The principal the built-in jobs framework authenticates as when the master requires
+/// authentication. Its secret is made at each start and known only to the master process.
+pub const JOBS_PRINCIPAL: &str = "ringmaster-jobs.internal";
+
+/// Adds [`JOBS_PRINCIPAL`] to `auth` (frameworks as user `jobs` only) with a fresh random
+/// secret, and returns the credential the jobs framework connects with.
+fn jobs_principal(
+    auth: &mut crate::security::AuthConfig,
+) -> anyhow::Result<ringmaster_proto::security::Credential> {
+    use std::collections::BTreeSet;
+    if auth.principals.contains_key(JOBS_PRINCIPAL) {
+        anyhow::bail!(
+            "auth: principal {JOBS_PRINCIPAL:?} is reserved for the built-in jobs framework"
+        );
+    }
+    let secret: [u8; 32] = rand::random();
+    let grant = crate::security::PrincipalGrant::new(
+        secret.to_vec(),
+        BTreeSet::from([ringmaster_proto::security::AuthRole::Framework]),
+        crate::security::AllowedUsers::Only(BTreeSet::from([
+            crate::jobs::runner::JOBS_USER.to_string()
+        ])),
+    );
+    auth.principals.insert(JOBS_PRINCIPAL.to_string(), grant);
+    Ok(ringmaster_proto::security::Credential::new(
+        JOBS_PRINCIPAL,
+        secret.to_vec(),
+    )?)
 }
 
 /// Binds `listen` (the first address it resolves to) with a `listen(2)` backlog of `backlog`

@@ -28,6 +28,12 @@ const REMOVED: TableDefinition<&str, ()> = TableDefinition::new("removed_framewo
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The largest id epoch (unix seconds) a master running on this registry used.
 const META_EPOCH: &str = "id_epoch";
+/// The built-in jobs framework's jobs: job name -> the jobs framework's record (JSON; its
+/// schema belongs to `crate::jobs::runner`, the registry only keeps it).
+const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs");
+/// The jobs framework's own record ([`JobsMeta`]), under [`JOBS_META_KEY`].
+const JOBS_META: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs_meta");
+const JOBS_META_KEY: &str = "framework";
 
 /// The file name of the registry inside the work dir.
 pub const REGISTRY_FILE: &str = "registry.redb";
@@ -102,6 +108,16 @@ pub struct TaskEntry {
     pub terminal_unacked: bool,
 }
 
+/// The built-in jobs framework's own record: its framework id and how many times it started
+/// (task ids carry the count, so none is reused).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobsMeta {
+    #[serde(default)]
+    pub framework_id: Option<String>,
+    #[serde(default)]
+    pub generation: u32,
+}
+
 /// Everything read back from a registry at start.
 #[derive(Debug, Default)]
 pub struct Recovered {
@@ -111,6 +127,10 @@ pub struct Recovered {
     pub removed_frameworks: Vec<String>,
     /// The largest id epoch used before (0 for a new registry).
     pub id_epoch: u64,
+    /// The jobs framework's jobs by name, each its JSON record.
+    pub jobs: Vec<(String, serde_json::Value)>,
+    /// The jobs framework's own record, once it started on this registry.
+    pub jobs_meta: Option<JobsMeta>,
 }
 
 impl Recovered {
@@ -133,11 +153,16 @@ pub struct RegistryBatch {
     /// Removed frameworks dropped from the bounded history (`master.max_removed_frameworks`).
     pub forgotten_frameworks: Vec<String>,
     pub id_epoch: Option<u64>,
+    /// The jobs framework's job records (`None`: the job was purged).
+    pub jobs: Vec<(String, Option<serde_json::Value>)>,
+    pub jobs_meta: Option<JobsMeta>,
 }
 
 impl RegistryBatch {
     pub fn is_empty(&self) -> bool {
-        self.frameworks.is_empty()
+        self.jobs.is_empty()
+            && self.jobs_meta.is_none()
+            && self.frameworks.is_empty()
             && self.agents.is_empty()
             && self.tasks.is_empty()
             && self.removed_frameworks.is_empty()
@@ -153,6 +178,8 @@ impl RegistryBatch {
             + self.removed_frameworks.len()
             + self.forgotten_frameworks.len()
             + usize::from(self.id_epoch.is_some())
+            + self.jobs.len()
+            + usize::from(self.jobs_meta.is_some())
     }
 }
 
@@ -160,6 +187,9 @@ impl RegistryBatch {
 pub struct Registry {
     db: Database,
     path: PathBuf,
+    /// Tests: every commit fails (nothing is written) while set.
+    #[cfg(test)]
+    pub(crate) fail_commits: std::sync::atomic::AtomicBool,
 }
 
 impl Registry {
@@ -174,7 +204,12 @@ impl Registry {
         std::fs::create_dir_all(work_dir)
             .map_err(|e| fail("cannot create the work dir", e.to_string()))?;
         let db = Database::create(&path).map_err(|e| fail("cannot open", e.to_string()))?;
-        let registry = Registry { db, path };
+        let registry = Registry {
+            db,
+            path,
+            #[cfg(test)]
+            fail_commits: Default::default(),
+        };
         // Create every table, so reads of a new registry find them.
         registry.commit(RegistryBatch::default())?;
         Ok(registry)
@@ -252,6 +287,26 @@ impl Registry {
             .map_err(|e| self.error("reading meta", e))?
             .map(|v| v.value())
             .unwrap_or(0);
+        let table = read
+            .open_table(JOBS)
+            .map_err(|e| self.error("cannot open table jobs", e))?;
+        for row in table.iter().map_err(|e| self.error("reading jobs", e))? {
+            let (key, value) = row.map_err(|e| self.error("reading jobs", e))?;
+            let record = serde_json::from_slice(value.value())
+                .map_err(|e| self.error("bad job record", format!("{}: {e}", key.value())))?;
+            out.jobs.push((key.value().to_string(), record));
+        }
+        let table = read
+            .open_table(JOBS_META)
+            .map_err(|e| self.error("cannot open table jobs_meta", e))?;
+        if let Some(value) = table
+            .get(JOBS_META_KEY)
+            .map_err(|e| self.error("reading jobs_meta", e))?
+        {
+            out.jobs_meta = Some(serde_json::from_slice(value.value()).map_err(|e| {
+                self.error("bad jobs_meta record", format!("{JOBS_META_KEY}: {e}"))
+            })?);
+        }
         Ok(out)
     }
 
@@ -329,6 +384,34 @@ impl Registry {
                     .insert(META_EPOCH, epoch)
                     .map_err(|e| self.error("writing meta", e))?;
             }
+            let mut table = write
+                .open_table(JOBS)
+                .map_err(|e| self.error("cannot open table jobs", e))?;
+            for (name, record) in &batch.jobs {
+                match record {
+                    Some(record) => {
+                        let bytes = serde_json::to_vec(record)
+                            .map_err(|e| self.error("encoding a job", e))?;
+                        table.insert(name.as_str(), bytes.as_slice())
+                    }
+                    None => table.remove(name.as_str()),
+                }
+                .map_err(|e| self.error("writing jobs", e))?;
+            }
+            let mut table = write
+                .open_table(JOBS_META)
+                .map_err(|e| self.error("cannot open table jobs_meta", e))?;
+            if let Some(meta) = &batch.jobs_meta {
+                let bytes =
+                    serde_json::to_vec(meta).map_err(|e| self.error("encoding jobs_meta", e))?;
+                table
+                    .insert(JOBS_META_KEY, bytes.as_slice())
+                    .map_err(|e| self.error("writing jobs_meta", e))?;
+            }
+        }
+        #[cfg(test)]
+        if self.fail_commits.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(self.error("cannot commit", "failure injected by a test"));
         }
         write.commit().map_err(|e| self.error("cannot commit", e))
     }
@@ -410,6 +493,7 @@ mod tests {
                     removed_frameworks: vec![],
                     forgotten_frameworks: vec![],
                     id_epoch: Some(77),
+                    ..Default::default()
                 })
                 .unwrap();
             registry
@@ -456,5 +540,73 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         let error = Registry::open(&file).err().unwrap().to_string();
         assert!(error.contains("plain-file"), "{error}");
+    }
+
+    #[test]
+    fn jobs_and_the_jobs_framework_record_survive_a_reopen_and_a_purge_sticks() {
+        let dir = tempfile::tempdir().unwrap();
+        let web = serde_json::json!({"spec": {"name": "web", "count": 2}, "stopped": false});
+        let meta = JobsMeta {
+            framework_id: Some("5f-F1".into()),
+            generation: 3,
+        };
+        {
+            let registry = Registry::open(dir.path()).unwrap();
+            assert!(registry.load().unwrap().jobs_meta.is_none());
+            registry
+                .commit(RegistryBatch {
+                    jobs: vec![
+                        ("web".into(), Some(web.clone())),
+                        ("once".into(), Some(serde_json::json!({"spec": {}}))),
+                    ],
+                    jobs_meta: Some(meta.clone()),
+                    ..Default::default()
+                })
+                .unwrap();
+            registry
+                .commit(RegistryBatch {
+                    jobs: vec![("once".into(), None)],
+                    ..Default::default()
+                })
+                .unwrap();
+        }
+        let recovered = Registry::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(recovered.jobs, vec![("web".to_string(), web)]);
+        assert_eq!(recovered.jobs_meta, Some(meta));
+    }
+
+    #[test]
+    fn a_corrupt_job_record_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::open(dir.path()).unwrap();
+        let write = registry.db.begin_write().unwrap();
+        {
+            let mut table = write.open_table(JOBS).unwrap();
+            table.insert("web", b"{not json".as_slice()).unwrap();
+        }
+        write.commit().unwrap();
+        let error = registry.load().unwrap_err().to_string();
+        assert!(
+            error.contains("bad job record") && error.contains("web"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_failed_commit_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::open(dir.path()).unwrap();
+        registry
+            .fail_commits
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let batch = RegistryBatch {
+            jobs: vec![("web".into(), Some(serde_json::json!({})))],
+            ..Default::default()
+        };
+        assert!(registry.commit(batch).is_err());
+        registry
+            .fail_commits
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        assert!(registry.load().unwrap().jobs.is_empty());
     }
 }

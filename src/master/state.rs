@@ -198,6 +198,10 @@ pub(crate) struct Durable {
     pub id_epoch: Option<u64>,
     /// Messages of this turn, sent once its changes are committed.
     pub outbox: Vec<(ConnId, Outbound)>,
+    /// The jobs framework's record changes of this turn, and who waits for their commit.
+    pub jobs: Vec<(String, Option<serde_json::Value>)>,
+    pub jobs_meta: Option<super::registry::JobsMeta>,
+    pub job_replies: Vec<tokio::sync::oneshot::Sender<Result<(), String>>>,
 }
 
 impl Durable {
@@ -211,6 +215,9 @@ impl Durable {
             forgotten: Vec::new(),
             id_epoch: None,
             outbox: Vec::new(),
+            jobs: Vec::new(),
+            jobs_meta: None,
+            job_replies: Vec::new(),
         }
     }
 }
@@ -445,6 +452,7 @@ impl MasterState {
             Event::Health(reply) => {
                 let _ = reply.send(self.health(now));
             }
+            Event::SaveJobs { jobs, meta, reply } => self.save_jobs(jobs, meta, reply),
         }
     }
 

@@ -6,6 +6,7 @@ mod batch;
 mod files;
 mod frameworks;
 mod health;
+mod jobs_store;
 mod liveness;
 mod offers;
 mod priorities;

@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
-use crate::jobs::runner::JobsHandle;
+use crate::jobs::runner::{ChangeError, JobsHandle};
 use crate::jobs::spec::JobSpec;
 use crate::master::events::Event;
 
@@ -193,10 +193,20 @@ fn refused(why: String) -> Response {
     (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response()
 }
 
+/// A job change that was refused (400) or not recorded in the registry (503).
+fn not_changed(error: ChangeError) -> Response {
+    match error {
+        ChangeError::Refused(why) => refused(why),
+        ChangeError::NotRecorded(why) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response()
+        }
+    }
+}
+
 /// `GET /jobs`: every job with its instances.
 async fn jobs_list(State(http): State<HttpState>) -> Response {
     match jobs_of(&http) {
-        Ok(jobs) => Json(jobs.jobs()).into_response(),
+        Ok(jobs) => Json(jobs.jobs().await).into_response(),
         Err(response) => *response,
     }
 }
@@ -207,7 +217,12 @@ async fn job_get(State(http): State<HttpState>, Path(name): Path<String>) -> Res
         Ok(jobs) => jobs,
         Err(response) => return *response,
     };
-    match jobs.jobs().into_iter().find(|j| j.job.spec.name == name) {
+    match jobs
+        .jobs()
+        .await
+        .into_iter()
+        .find(|j| j.job.spec.name == name)
+    {
         Some(job) => Json(job).into_response(),
         None => no_such_job(&name),
     }
@@ -224,13 +239,13 @@ async fn job_put(State(http): State<HttpState>, body: String) -> Response {
         Err(e) => return refused(format!("not a job spec: {e}")),
     };
     let name = spec.name.clone();
-    match jobs.put(spec) {
+    match jobs.put(spec).await {
         Ok(created) => Json(serde_json::json!({
             "job": name,
             "created": created,
         }))
         .into_response(),
-        Err(why) => refused(why),
+        Err(error) => not_changed(error),
     }
 }
 
@@ -272,10 +287,10 @@ async fn job_stop(
         Ok(jobs) => jobs,
         Err(response) => return *response,
     };
-    match jobs.stop(&name, query.purge) {
+    match jobs.stop(&name, query.purge).await {
         Ok(true) => Json(serde_json::json!({"job": name, "stopped": true})).into_response(),
         Ok(false) => no_such_job(&name),
-        Err(why) => refused(why),
+        Err(error) => not_changed(error),
     }
 }
 
@@ -298,10 +313,10 @@ async fn job_scale(
         Ok(scale) => scale,
         Err(e) => return refused(format!("expected {{\"count\": N}}: {e}")),
     };
-    match jobs.scale(&name, scale.count) {
+    match jobs.scale(&name, scale.count).await {
         Ok(true) => Json(serde_json::json!({"job": name, "count": scale.count})).into_response(),
         Ok(false) => no_such_job(&name),
-        Err(why) => refused(why),
+        Err(error) => not_changed(error),
     }
 }
 

@@ -1,0 +1,249 @@
+//! The jobs framework keeps its jobs in the master's registry: a `jobs.json` left by an older
+//! master is imported once (and renamed), the jobs, the batch outcomes and the framework's id
+//! survive a master restart from the registry alone, and no `jobs.json` is written again.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ringmaster::jobs::spec::parse_job_spec;
+use ringmaster::master::registry::Registry;
+use ringmaster::master::Master;
+
+const WEB: &str = "name: web\ntype: service\ncount: 1\ntask:\n  command: sleep 1000\n  \
+                   resources: cpus:1;mem:128\n";
+const ONCE: &str = "name: once\ntype: batch\ncount: 2\ntask:\n  command: \"true\"\n  \
+                    resources: cpus:0.1\n";
+
+async fn start(dir: &Path) -> Master {
+    let master = Master::start_durable(
+        "127.0.0.1:0",
+        Some("127.0.0.1:0"),
+        test_config(""),
+        Some(dir.to_path_buf()),
+    )
+    .await
+    .expect("master starts");
+    master.start_jobs().await.expect("jobs start");
+    master
+}
+
+async fn get_json(master: &Master, path: &str) -> serde_json::Value {
+    let url = format!("http://{}{path}", master.http_addr().unwrap());
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(WAIT))
+            .build()
+            .into();
+        let body = agent
+            .get(&url)
+            .call()
+            .expect("GET")
+            .body_mut()
+            .read_to_string()
+            .expect("body");
+        serde_json::from_str(&body).expect("JSON")
+    })
+    .await
+    .unwrap()
+}
+
+/// Job name -> the states of its instances, from `GET /jobs`.
+async fn job_states(master: &Master) -> Vec<(String, Vec<String>)> {
+    let jobs = get_json(master, "/jobs").await;
+    let mut out: Vec<(String, Vec<String>)> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            let states = j["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["state"].as_str().unwrap().to_string())
+                .collect();
+            (j["spec"]["name"].as_str().unwrap().to_string(), states)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Waits until the jobs framework subscribed; returns its framework id.
+async fn jobs_framework(master: &Master) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let snapshot = master.snapshot().await.unwrap();
+        if let Some(f) = snapshot
+            .frameworks
+            .iter()
+            .find(|f| f.name == "ringmaster-jobs" && f.connected)
+        {
+            return f.id.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the jobs framework never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_jobs_file_is_imported_once_and_jobs_survive_restarts_from_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let web = parse_job_spec(WEB, "web.yaml").unwrap();
+    let once = parse_job_spec(ONCE, "once.yaml").unwrap();
+    // What an older master left next to its registry.
+    let old = serde_json::json!({
+        "framework_id": null,
+        "generation": 4,
+        "jobs": [web, once],
+        "outcomes": {"once": [
+            {"index": 0, "succeeded": true, "exit_code": 0},
+            {"index": 1, "succeeded": false, "exit_code": 3},
+        ]},
+    });
+    std::fs::write(dir.path().join("jobs.json"), old.to_string()).unwrap();
+
+    let master = start(dir.path()).await;
+    assert!(!dir.path().join("jobs.json").exists());
+    assert!(dir.path().join("jobs.json.imported").exists());
+    let expected = vec![
+        (
+            "once".to_string(),
+            vec!["succeeded".to_string(), "failed".to_string()],
+        ),
+        ("web".to_string(), vec!["pending".to_string()]),
+    ];
+    assert_eq!(job_states(&master).await, expected);
+    let framework_id = jobs_framework(&master).await;
+    master.shutdown().await;
+
+    // What the registry holds: both jobs (with the outcomes) and the framework's record.
+    let recovered = Registry::open(dir.path()).unwrap().load().unwrap();
+    let names: Vec<&str> = recovered.jobs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["once", "web"]);
+    let meta = recovered.jobs_meta.expect("the jobs framework's record");
+    assert_eq!(meta.generation, 5, "imported 4, then one start");
+    assert_eq!(meta.framework_id.as_deref(), Some(framework_id.as_str()));
+
+    // A restart: everything back from the registry, under the same framework id; a jobs.json
+    // put back is not imported over the registry.
+    std::fs::write(dir.path().join("jobs.json"), "{\"jobs\": []}").unwrap();
+    let master = start(dir.path()).await;
+    assert_eq!(job_states(&master).await, expected);
+    assert_eq!(jobs_framework(&master).await, framework_id);
+    assert!(dir.path().join("jobs.json").exists(), "left alone");
+    std::fs::remove_file(dir.path().join("jobs.json")).unwrap();
+
+    // A change is committed before it is answered: job run, then purge.
+    let http = master.http_addr().unwrap().to_string();
+    let file = dir.path().join("extra.yaml");
+    std::fs::write(&file, WEB.replace("name: web", "name: extra")).unwrap();
+    let (h, f) = (http.clone(), file.to_string_lossy().to_string());
+    tokio::task::spawn_blocking(move || {
+        ringmaster::jobs::cli::run(&h, &f, false).map_err(|e| e.message)?;
+        ringmaster::jobs::cli::stop(&h, "once", true).map_err(|e| e.message)
+    })
+    .await
+    .unwrap()
+    .expect("job run, job stop --purge");
+    master.shutdown().await;
+    let recovered = Registry::open(dir.path()).unwrap().load().unwrap();
+    let names: Vec<&str> = recovered.jobs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["extra", "web"]);
+    assert_eq!(recovered.jobs_meta.unwrap().generation, 6);
+    assert!(
+        !dir.path().join("jobs.json").exists(),
+        "no jobs file is written"
+    );
+}
+
+#[tokio::test]
+async fn without_a_work_dir_jobs_live_in_memory() {
+    let master = Master::start_with_http("127.0.0.1:0", Some("127.0.0.1:0"), test_config(""))
+        .await
+        .expect("master starts");
+    master.start_jobs().await.expect("jobs start");
+    let http = master.http_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("web.yaml");
+    std::fs::write(&file, WEB).unwrap();
+    let f = file.to_string_lossy().to_string();
+    tokio::task::spawn_blocking(move || {
+        ringmaster::jobs::cli::run(&http, &f, false).map_err(|e| e.message)
+    })
+    .await
+    .unwrap()
+    .expect("job run");
+    assert_eq!(
+        job_states(&master).await,
+        vec![("web".to_string(), vec!["pending".to_string()])]
+    );
+    master.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_jobs_framework_runs_on_a_master_that_requires_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config("");
+    config.auth.required = true;
+    let master = Master::start_durable(
+        "127.0.0.1:0",
+        Some("127.0.0.1:0"),
+        config,
+        Some(dir.path().to_path_buf()),
+    )
+    .await
+    .expect("master starts");
+    master
+        .start_jobs()
+        .await
+        .expect("jobs start with auth required");
+    jobs_framework(&master).await;
+    let http = master.http_addr().unwrap().to_string();
+    let file = dir.path().join("web.yaml");
+    std::fs::write(&file, WEB).unwrap();
+    let f = file.to_string_lossy().to_string();
+    tokio::task::spawn_blocking(move || {
+        ringmaster::jobs::cli::run(&http, &f, false).map_err(|e| e.message)
+    })
+    .await
+    .unwrap()
+    .expect("job run");
+    assert_eq!(
+        job_states(&master).await,
+        vec![("web".to_string(), vec!["pending".to_string()])]
+    );
+    // It subscribed with its own credential (an anonymous client is refused here).
+    let snapshot = master.snapshot().await.unwrap();
+    assert!(snapshot
+        .frameworks
+        .iter()
+        .any(|f| f.name == "ringmaster-jobs" && f.connected));
+    master.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_jobs_principal_is_reserved() {
+    use std::collections::BTreeSet;
+    let mut config = test_config("");
+    config.auth.required = true;
+    config.auth.principals.insert(
+        ringmaster::master::JOBS_PRINCIPAL.to_string(),
+        ringmaster::security::PrincipalGrant::new(
+            b"operator secret".to_vec(),
+            BTreeSet::from([ringmaster_proto::security::AuthRole::Framework]),
+            ringmaster::security::AllowedUsers::Any,
+        ),
+    );
+    let error = Master::start("127.0.0.1:0", config)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("reserved"), "{error}");
+}
