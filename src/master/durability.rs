@@ -211,6 +211,7 @@ impl MasterState {
                     suppressed: false,
                     offers: HashSet::new(),
                     tasks: Default::default(),
+                    last_resources: None,
                     filters: HashMap::new(),
                     unacked: BTreeMap::new(),
                 },
@@ -270,7 +271,7 @@ impl MasterState {
             let record = TaskRecord {
                 agent: t.agent_id.as_str().into(),
                 name: t.name.into(),
-                resources: resources.clone(),
+                resources: Arc::new(resources.clone()),
                 state,
                 reason: t.reason.into(),
                 message: t.message.into(),

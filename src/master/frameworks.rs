@@ -118,6 +118,7 @@ impl MasterState {
                         suppressed: false,
                         offers: HashSet::new(),
                         tasks: Default::default(),
+                        last_resources: None,
                         filters: HashMap::new(),
                         unacked: BTreeMap::new(),
                     },

@@ -538,6 +538,15 @@ impl Harness {
         self.state.snapshot(self.now)
     }
 
+    /// The resources bundle a task's record holds (shared with its framework's other tasks of
+    /// the same resources).
+    pub fn task_resources(&self, fw: &Fw, task_id: &str) -> Option<std::sync::Arc<Resources>> {
+        self.state
+            .tasks
+            .get(&crate::master::state::make_task_key(&fw.id, task_id))
+            .map(|t| std::sync::Arc::clone(&t.resources))
+    }
+
     /// The state of a task the master knows.
     pub fn task_state(&self, fw: &Fw, task_id: &str) -> Option<TaskState> {
         self.state

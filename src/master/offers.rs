@@ -3,6 +3,7 @@
 
 use ringmaster_proto::convert::{BindingWire, DeviceStateWire, ResourcesWire};
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use ringmaster_proto::devices::{DeviceBinding, DeviceRequest, GpuDemand, GPU_MEM, GPU_MILLI};
 use ringmaster_proto::resources::{Resources, MILLI};
@@ -93,7 +94,7 @@ impl MasterState {
                         agent: agents.get(t.agent.as_str())?.key?,
                         priority: t.priority,
                         started: t.started,
-                        resources: t.resources.clone(),
+                        resources: Resources::clone(&t.resources),
                     })
                 })
                 .collect()
@@ -532,12 +533,13 @@ impl MasterState {
             let task_key: TaskKey = make_task_key(framework_id, &info.task_id);
             info.framework_id = framework_id.to_string();
             info.agent_id = agent_id.clone();
+            let shared = self.shared_resources(framework_id, &resources);
             self.tasks.insert(
                 task_key.clone(),
                 TaskRecord {
                     agent: agent_id.as_str().into(),
                     name: info.name.as_str().into(),
-                    resources: resources.clone(),
+                    resources: shared,
                     state: TaskState::TaskStaging,
                     reason: Box::default(),
                     message: Box::default(),
@@ -650,6 +652,22 @@ impl MasterState {
             ));
         }
         Ok(out)
+    }
+
+    /// `resources` as an `Arc` shared with the framework's previous task when they are equal
+    /// (its `last_resources`), else a new one that becomes the framework's last.
+    fn shared_resources(&mut self, framework_id: &str, resources: &Resources) -> Arc<Resources> {
+        let Some(fw) = self.frameworks.get_mut(framework_id) else {
+            return Arc::new(resources.clone());
+        };
+        match &fw.last_resources {
+            Some(last) if **last == *resources => Arc::clone(last),
+            _ => {
+                let shared = Arc::new(resources.clone());
+                fw.last_resources = Some(Arc::clone(&shared));
+                shared
+            }
+        }
     }
 
     /// The checks every task to be launched must pass (from an Accept or a batch): a usable,

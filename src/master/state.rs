@@ -85,6 +85,9 @@ pub(crate) struct FrameworkRecord {
     pub offers: HashSet<String>,
     /// Its live (not ended) tasks: [`MasterState::framework_tasks`] lists them.
     pub tasks: TaskRefs,
+    /// The resources of its latest launched task, shared by its next tasks of the same
+    /// resources (a framework mostly launches one shape).
+    pub last_resources: Option<Arc<Resources>>,
     /// Agents declined by this framework, not offered to it again before the instant.
     pub filters: HashMap<String, Instant>,
     /// Status updates sent and not yet acknowledged, by update id, in send order.
@@ -126,7 +129,9 @@ pub(crate) struct OfferRecord {
 pub(crate) struct TaskRecord {
     pub agent: CompactString,
     pub name: CompactString,
-    pub resources: Resources,
+    /// Shared with the framework's other tasks of the same resources (`FrameworkRecord::
+    /// last_resources`): one bundle per framework and shape, not per task.
+    pub resources: Arc<Resources>,
     pub state: TaskState,
     pub reason: Box<str>,
     pub message: Box<str>,
@@ -165,7 +170,7 @@ impl TaskRecord {
         TaskRecord {
             agent: agent.into(),
             name: CompactString::default(),
-            resources: Resources::default(),
+            resources: Arc::default(),
             state: TaskState::TaskRunning,
             reason: Box::default(),
             message: Box::default(),

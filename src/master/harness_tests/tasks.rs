@@ -555,3 +555,25 @@ fn an_update_id_of_another_master_incarnation_is_not_an_acknowledgement() {
     h.ack(&fw, &running);
     assert!(h.state.frameworks[&fw.id].unacked.is_empty());
 }
+
+#[test]
+fn tasks_of_a_framework_with_equal_resources_share_one_bundle() {
+    let mut h = Harness::new();
+    h.agent("a1", "cpus:8;mem:4096");
+    let fw = h.framework("web");
+    let other = h.framework("batch");
+    h.launch(&fw, "t1", "cpus:1;mem:128");
+    h.launch(&fw, "t2", "cpus:1;mem:128");
+    h.launch(&fw, "t3", "cpus:2;mem:128");
+    h.launch(&other, "t1", "cpus:1;mem:128");
+    let bundle = |h: &Harness, fw: &super::super::harness::Fw, id: &str| {
+        h.task_resources(fw, id).expect("known task")
+    };
+    let (t1, t2, t3) = (bundle(&h, &fw, "t1"), bundle(&h, &fw, "t2"), bundle(&h, &fw, "t3"));
+    assert!(std::sync::Arc::ptr_eq(&t1, &t2), "equal resources, one bundle");
+    assert!(!std::sync::Arc::ptr_eq(&t2, &t3));
+    assert_eq!(t3.to_string(), "cpus:2;mem:128");
+    // Another framework has its own.
+    assert!(!std::sync::Arc::ptr_eq(&t1, &bundle(&h, &other, "t1")));
+    assert_eq!(*t1, *bundle(&h, &other, "t1"));
+}
