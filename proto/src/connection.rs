@@ -15,7 +15,7 @@ pub const DEFAULT_MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 
 /// A fresh read buffer: enough for the small messages most connections carry (heartbeats,
 /// updates); the codec reserves room for a larger frame once its length prefix is read.
-const READ_BUFFER_BYTES: usize = 1024;
+const READ_BUFFER_BYTES: usize = 512;
 /// An idle buffer larger than this is given back (a master holds thousands of mostly idle
 /// connections; tokio-util's buffers start at 8 KiB each and never shrink by themselves).
 const KEEP_IDLE_BUFFER_BYTES: usize = 16 * 1024;

@@ -569,8 +569,15 @@ fn tasks_of_a_framework_with_equal_resources_share_one_bundle() {
     let bundle = |h: &Harness, fw: &super::super::harness::Fw, id: &str| {
         h.task_resources(fw, id).expect("known task")
     };
-    let (t1, t2, t3) = (bundle(&h, &fw, "t1"), bundle(&h, &fw, "t2"), bundle(&h, &fw, "t3"));
-    assert!(std::sync::Arc::ptr_eq(&t1, &t2), "equal resources, one bundle");
+    let (t1, t2, t3) = (
+        bundle(&h, &fw, "t1"),
+        bundle(&h, &fw, "t2"),
+        bundle(&h, &fw, "t3"),
+    );
+    assert!(
+        std::sync::Arc::ptr_eq(&t1, &t2),
+        "equal resources, one bundle"
+    );
     assert!(!std::sync::Arc::ptr_eq(&t2, &t3));
     assert_eq!(t3.to_string(), "cpus:2;mem:128");
     // Another framework has its own.
