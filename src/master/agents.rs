@@ -184,7 +184,8 @@ impl MasterState {
                 && self.tasks.get(&task_key).is_some_and(|t| {
                     t.agent == agent_id
                         && (!t.state.is_terminal()
-                            || (t.state == TaskState::TaskLost && &*t.reason == "agent_lost"))
+                            || (t.state == TaskState::TaskLost
+                                && t.detail.reason() == "agent_lost"))
                 });
             if !adoptable {
                 tracing::warn!(agent = %agent_id, task = %status.task_id, framework = %status.framework_id,
@@ -220,8 +221,9 @@ impl MasterState {
                 let task = self.tasks.get_mut(&task_key).expect("adoptable");
                 task.terminal_unacked = false;
                 if task.at_user_priority {
-                    let (user, partition) = (task.user.clone(), task.partition.clone());
-                    self.alloc.start_quota(&user, &partition, &resources);
+                    let tenant = task.tenant.clone();
+                    self.alloc
+                        .start_quota(&tenant.user, &tenant.partition, &resources);
                 }
                 if let Some(fw) = self.frameworks.get_mut(task_key.0.as_str()) {
                     fw.tasks.insert(hash);

@@ -18,7 +18,8 @@ use super::registry::{
     AgentEntry, FrameworkEntry, Recovered, Registry, RegistryBatch, RegistryError, TaskEntry,
 };
 use super::state::{
-    make_task_key, AgentRecord, Durable, FrameworkRecord, MasterState, Peer, TaskKey, TaskRecord,
+    make_task_key, AgentRecord, Detail, Durable, FrameworkRecord, MasterState, Peer, TaskKey,
+    TaskRecord, Tenant,
 };
 
 impl MasterState {
@@ -200,8 +201,7 @@ impl MasterState {
                     id: f.id,
                     key,
                     name: f.name,
-                    user: f.user.into(),
-                    partition: f.partition.into(),
+                    tenant: Tenant::new(&f.user, &f.partition),
                     weight,
                     failover_timeout,
                     conn: None,
@@ -273,13 +273,11 @@ impl MasterState {
                 name: t.name.into(),
                 resources: Arc::new(resources.clone()),
                 state,
-                reason: t.reason.into(),
-                message: t.message.into(),
+                detail: Detail::new(&t.reason, &t.message),
                 holds_resources: false,
                 priority: t.priority,
                 at_user_priority: t.at_user_priority,
-                user: shared(&self.frameworks, &key.0, &t.user, |f| &f.user),
-                partition: shared(&self.frameworks, &key.0, &t.partition, |f| &f.partition),
+                tenant: shared_tenant(&self.frameworks, &key.0, &t.user, &t.partition),
                 started: t.started,
                 preempted: t.preempted,
                 exit_code: t.exit_code,
@@ -346,9 +344,9 @@ fn framework_entry(f: &FrameworkRecord, principal: String) -> FrameworkEntry {
     FrameworkEntry {
         id: f.id.clone(),
         name: f.name.clone(),
-        user: f.user.to_string(),
+        user: f.tenant.user.to_string(),
         weight: f.weight,
-        partition: f.partition.to_string(),
+        partition: f.tenant.partition.to_string(),
         failover_timeout_secs: f.failover_timeout.as_secs_f64(),
         principal,
     }
@@ -374,13 +372,13 @@ fn task_entry(key: &TaskKey, t: &TaskRecord) -> TaskEntry {
         resources: t.resources.to_string(),
         devices: t.devices.to_string(),
         state: t.state as i32,
-        reason: t.reason.to_string(),
-        message: t.message.to_string(),
+        reason: t.detail.reason().to_string(),
+        message: t.detail.message().to_string(),
         exit_code: t.exit_code,
         priority: t.priority,
         at_user_priority: t.at_user_priority,
-        user: t.user.to_string(),
-        partition: t.partition.to_string(),
+        user: t.tenant.user.to_string(),
+        partition: t.tenant.partition.to_string(),
         started: t.started,
         preempted: t.preempted,
         terminal_unacked: t.terminal_unacked,
@@ -389,14 +387,14 @@ fn task_entry(key: &TaskKey, t: &TaskRecord) -> TaskEntry {
 
 /// A recovered task's user or partition: its framework's shared copy when they match, so the
 /// tasks of a framework do not hold one allocation each.
-fn shared(
+fn shared_tenant(
     frameworks: &HashMap<String, FrameworkRecord>,
     framework_id: &str,
-    value: &str,
-    field: impl Fn(&FrameworkRecord) -> &Arc<str>,
-) -> Arc<str> {
-    match frameworks.get(framework_id).map(&field) {
-        Some(own) if **own == *value => own.clone(),
-        _ => Arc::from(value),
+    user: &str,
+    partition: &str,
+) -> Arc<Tenant> {
+    match frameworks.get(framework_id).map(|f| &f.tenant) {
+        Some(own) if *own.user == *user && *own.partition == *partition => own.clone(),
+        _ => Tenant::new(user, partition),
     }
 }

@@ -11,7 +11,7 @@ use ringmaster_proto::{
 use tokio::time::{Duration, Instant};
 
 use super::events::ConnId;
-use super::state::{make_task_key, FrameworkRecord, MasterState, Peer, TaskKey};
+use super::state::{make_task_key, FrameworkRecord, MasterState, Peer, TaskKey, Tenant};
 use ringmaster_core::placement::DEFAULT_PARTITION;
 
 /// The longest failover timeout a framework may ask for: one week.
@@ -89,8 +89,9 @@ impl MasterState {
                 fw.conn = Some(conn);
                 fw.disconnected_at = None;
                 fw.name = subscribe.name.clone();
-                fw.user = subscribe.user.as_str().into();
-                fw.partition = partition.as_str().into();
+                if fw.tenant.user.as_ref() != subscribe.user || *fw.tenant.partition != *partition {
+                    fw.tenant = Tenant::new(&subscribe.user, &partition);
+                }
                 fw.failover_timeout = failover_timeout;
                 if fw.weight != weight {
                     fw.weight = weight;
@@ -107,8 +108,7 @@ impl MasterState {
                         id: id.clone(),
                         key,
                         name: subscribe.name.clone(),
-                        user: subscribe.user.as_str().into(),
-                        partition: partition.as_str().into(),
+                        tenant: Tenant::new(&subscribe.user, &partition),
                         weight,
                         failover_timeout,
                         conn: Some(conn),

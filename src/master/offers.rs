@@ -15,7 +15,9 @@ use tokio::time::{Duration, Instant};
 
 use super::allocator::CycleFacts;
 use super::pending::agent_feasible;
-use super::state::{make_task_key, FrameworkRecord, MasterState, OfferRecord, TaskKey, TaskRecord};
+use super::state::{
+    make_task_key, Detail, FrameworkRecord, MasterState, OfferRecord, TaskKey, TaskRecord, Tenant,
+};
 use super::ConnId;
 use ringmaster_core::placement::fragmentation::TaskShape;
 use ringmaster_core::placement::FrameworkKey;
@@ -264,8 +266,8 @@ impl MasterState {
                 task_priority(
                     &self.config.priorities,
                     self.alloc.ledger(),
-                    &f.user,
-                    &f.partition,
+                    &f.tenant.user,
+                    &f.tenant.partition,
                     demand,
                 )
                 .priority
@@ -507,11 +509,12 @@ impl MasterState {
         for shape in shapes {
             self.alloc.launched(shape);
         }
-        let (user, partition) = self
+        let tenant = self
             .frameworks
             .get(framework_id)
-            .map(|f| (f.user.clone(), f.partition.clone()))
-            .unwrap_or_default();
+            .map(|f| f.tenant.clone())
+            .unwrap_or_else(|| Tenant::new("", ringmaster_core::placement::DEFAULT_PARTITION));
+        let (user, partition) = (&*tenant.user, &*tenant.partition);
         let mut launch = Vec::with_capacity(tasks.len());
         for (mut info, resources, devices) in tasks {
             let (priority, at_user_priority) = if info.priority_class == "base" {
@@ -520,14 +523,14 @@ impl MasterState {
                 let p = task_priority(
                     &self.config.priorities,
                     self.alloc.ledger(),
-                    &user,
-                    &partition,
+                    user,
+                    partition,
                     &resources,
                 );
                 (p.priority, p.at_user_priority)
             };
             if at_user_priority {
-                self.alloc.start_quota(&user, &partition, &resources);
+                self.alloc.start_quota(user, partition, &resources);
             }
             self.launches += 1;
             let task_key: TaskKey = make_task_key(framework_id, &info.task_id);
@@ -541,13 +544,11 @@ impl MasterState {
                     name: info.name.as_str().into(),
                     resources: shared,
                     state: TaskState::TaskStaging,
-                    reason: Box::default(),
-                    message: Box::default(),
+                    detail: Detail::default(),
                     holds_resources: false,
                     priority,
                     at_user_priority,
-                    user: user.clone(),
-                    partition: partition.clone(),
+                    tenant: tenant.clone(),
                     started: self.launches,
                     preempted: false,
                     exit_code: None,

@@ -51,7 +51,7 @@ pub(crate) fn agent_feasible(
             .is_some_and(|until| *until > now),
         devices_fit,
     };
-    feasible::check(&facts, &framework.partition)
+    feasible::check(&facts, &framework.tenant.partition)
 }
 
 impl MasterState {
@@ -156,12 +156,12 @@ impl MasterState {
             ));
         }
         let config = &self.config.priorities;
-        config.grant(&f.user, &f.partition)?;
+        config.grant(&f.tenant.user, &f.tenant.partition)?;
         let p = task_priority(
             config,
             self.alloc.ledger(),
-            &f.user,
-            &f.partition,
+            &f.tenant.user,
+            &f.tenant.partition,
             &f.demand,
         );
         let tail = if p.priority > config.base() {

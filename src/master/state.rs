@@ -72,9 +72,8 @@ pub(crate) struct FrameworkRecord {
     pub id: String,
     pub key: FrameworkKey,
     pub name: String,
-    pub user: Arc<str>,
-    /// The partition its tasks run in (`default` when the Subscribe named none).
-    pub partition: Arc<str>,
+    /// Its user and partition (`default` when the Subscribe named none), shared with its tasks.
+    pub tenant: Arc<Tenant>,
     pub weight: f64,
     pub failover_timeout: Duration,
     pub conn: Option<ConnId>,
@@ -126,6 +125,46 @@ pub(crate) struct OfferRecord {
     pub expires: Instant,
 }
 
+/// Who a framework's tasks run for, and where: one allocation per framework, shared by its
+/// tasks (a pointer in each task record instead of two).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Tenant {
+    pub user: Box<str>,
+    pub partition: Box<str>,
+}
+
+impl Tenant {
+    pub fn new(user: &str, partition: &str) -> Arc<Self> {
+        Arc::new(Tenant {
+            user: user.into(),
+            partition: partition.into(),
+        })
+    }
+}
+
+/// Why a task is in its state and what its agent said: one pointer, null while both are empty
+/// (most running tasks), instead of two boxed strings in every record.
+#[derive(Default)]
+pub(crate) struct Detail(Option<Box<(Box<str>, Box<str>)>>);
+
+impl Detail {
+    pub fn new(reason: &str, message: &str) -> Self {
+        if reason.is_empty() && message.is_empty() {
+            Detail(None)
+        } else {
+            Detail(Some(Box::new((reason.into(), message.into()))))
+        }
+    }
+
+    pub fn reason(&self) -> &str {
+        self.0.as_ref().map_or("", |d| &d.0)
+    }
+
+    pub fn message(&self) -> &str {
+        self.0.as_ref().map_or("", |d| &d.1)
+    }
+}
+
 pub(crate) struct TaskRecord {
     pub agent: CompactString,
     pub name: CompactString,
@@ -133,8 +172,8 @@ pub(crate) struct TaskRecord {
     /// last_resources`): one bundle per framework and shape, not per task.
     pub resources: Arc<Resources>,
     pub state: TaskState,
-    pub reason: Box<str>,
-    pub message: Box<str>,
+    /// Its reason and message.
+    pub detail: Detail,
     /// Whether the task's resources are currently counted as used on its agent.
     pub holds_resources: bool,
     /// The priority set at accept time (docs/priorities.md).
@@ -142,8 +181,7 @@ pub(crate) struct TaskRecord {
     /// Runs at its user's priority, so it counts against the quota of (user, partition).
     pub at_user_priority: bool,
     /// Shared with its framework's record (one allocation per framework, not per task).
-    pub user: Arc<str>,
-    pub partition: Arc<str>,
+    pub tenant: Arc<Tenant>,
     /// Launch order, for choosing preemption victims (most recent first).
     pub started: u64,
     /// Killed to make room for a higher-priority demand: ends KILLED with reason `preempted`.
@@ -172,13 +210,11 @@ impl TaskRecord {
             name: CompactString::default(),
             resources: Arc::default(),
             state: TaskState::TaskRunning,
-            reason: Box::default(),
-            message: Box::default(),
+            detail: Detail::default(),
             holds_resources: false,
             priority: 0,
             at_user_priority: false,
-            user: Arc::from("u"),
-            partition: Arc::from(DEFAULT_PARTITION),
+            tenant: Tenant::new("u", DEFAULT_PARTITION),
             started: 0,
             preempted: false,
             exit_code: None,

@@ -6,7 +6,7 @@ use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Message, TaskState, TaskStatus, Update};
 use tokio::time::Instant;
 
-use super::state::{make_task_key, MasterState, PendingUpdate, TaskKey, MAX_RETRY_BACKOFF};
+use super::state::{make_task_key, Detail, MasterState, PendingUpdate, TaskKey, MAX_RETRY_BACKOFF};
 
 impl MasterState {
     /// Counts a task's resources as used on its agent and allocated to its framework.
@@ -65,8 +65,7 @@ impl MasterState {
             return;
         };
         task.state = state;
-        task.reason = reason.into();
-        task.message = message.into();
+        task.detail = Detail::new(reason, message);
         tracing::info!(framework = %task_key.0, task = %task_key.1, agent = %task.agent,
             state = state.short_name(), reason, "task state");
         self.task_changed(task_key);
@@ -100,12 +99,9 @@ impl MasterState {
             (state, reason)
         };
         if task.at_user_priority {
-            let (user, partition, resources) = (
-                task.user.clone(),
-                task.partition.clone(),
-                task.resources.clone(),
-            );
-            self.alloc.end_quota(&user, &partition, &resources);
+            let (tenant, resources) = (task.tenant.clone(), task.resources.clone());
+            self.alloc
+                .end_quota(&tenant.user, &tenant.partition, &resources);
         }
         self.release_task_resources(task_key);
         let hash = self.tasks.hash_of(task_key);
@@ -117,8 +113,7 @@ impl MasterState {
         }
         let task = self.tasks.get_mut(task_key).expect("checked above");
         task.state = state;
-        task.reason = reason.into();
-        task.message = message.into();
+        task.detail = Detail::new(reason, message);
         task.exit_code = exit_code;
         task.terminal_unacked = self.frameworks.contains_key(task_key.0.as_str());
         self.task_changed(task_key);
@@ -197,8 +192,8 @@ impl MasterState {
             framework_id: task_key.0.to_string(),
             agent_id: task.agent.to_string(),
             state: task.state as i32,
-            reason: task.reason.to_string(),
-            message: task.message.to_string(),
+            reason: task.detail.reason().to_string(),
+            message: task.detail.message().to_string(),
             exit_code,
             update_id: String::new(),
             timestamp_ms: self.started_unix_ms

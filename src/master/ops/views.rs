@@ -82,7 +82,7 @@ impl MasterState {
             .map(|f| FrameworkView {
                 id: f.id.clone(),
                 name: f.name.clone(),
-                user: f.user.to_string(),
+                user: f.tenant.user.to_string(),
                 weight: f.weight,
                 connected: f.conn.is_some(),
                 share: self.alloc.drf().share(f.key, &total),
@@ -122,7 +122,7 @@ impl MasterState {
                 name: t.name.to_string(),
                 resources: t.resources.to_string(),
                 state: t.state.short_name().to_string(),
-                reason: t.reason.to_string(),
+                reason: t.detail.reason().to_string(),
                 priority: Some(t.priority),
                 healthy: t.health.healthy(),
                 devices: t
