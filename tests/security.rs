@@ -681,6 +681,7 @@ async fn sdk_with_a_wrong_secret_stops_with_a_clear_error() {
     config.security = ClientSecurity {
         tls: Some(fixture.tls()),
         credential: Some(Credential::from_secret_file("alice", &secret).unwrap()),
+        dialer: None,
     };
     let result = tokio::time::timeout(WAIT, ringmaster_sdk::run(config.clone(), NeverCalled))
         .await
@@ -806,4 +807,55 @@ async fn a_master_requiring_authentication_serves_no_http_on_its_protocol_port()
         );
         master.shutdown().await;
     }
+}
+
+/// The built-in jobs framework runs on a master that serves TLS and requires authentication:
+/// it reaches its master through an in-process stream (no TLS client, no CA needed) and still
+/// authenticates, as its own principal.
+#[tokio::test]
+async fn jobs_run_on_a_tls_master_that_requires_authentication() {
+    let fixture = Fixture::new();
+    let master = start(fixture.config(true, true)).await;
+    master
+        .start_jobs()
+        .await
+        .expect("jobs start on a TLS master");
+    let tls = fixture.tls();
+    let mut agent = agent(master.addr(), Some(&tls), "a1").await;
+    let file = fixture.dir().join("web.yaml");
+    std::fs::write(
+        &file,
+        "name: web\ntype: service\ncount: 1\ntask:\n  command: sleep 1000\n  \
+         resources: cpus:1;mem:128\n",
+    )
+    .unwrap();
+    let http = master.http_addr().unwrap().to_string();
+    let file = file.to_string_lossy().to_string();
+    tokio::task::spawn_blocking(move || {
+        ringmaster::jobs::cli::run(&http, &file, false).map_err(|e| e.message)
+    })
+    .await
+    .unwrap()
+    .expect("job run");
+    let tasks = agent
+        .expect("RunTasks", |m| match m {
+            Message::RunTasks(r) => Some(r.tasks.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].task_id, "web.0.1-1");
+    let snapshot = wait_for_state(&master, "the jobs framework connected", |s| {
+        s.frameworks
+            .iter()
+            .any(|f| f.name == "ringmaster-jobs" && f.connected)
+    })
+    .await;
+    let jobs = snapshot
+        .frameworks
+        .iter()
+        .find(|f| f.name == "ringmaster-jobs")
+        .unwrap();
+    assert_eq!(jobs.user, "jobs");
+    master.shutdown().await;
 }

@@ -5,8 +5,10 @@
 //! provider only (no system libraries). Certificates and keys are read from PEM files, and
 //! every error names the file it is about.
 
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -232,18 +234,54 @@ pub async fn connect(
     })?
 }
 
+/// Opens a stream to a master through memory instead of the network: the master's built-in
+/// clients (the jobs framework) reach their own master this way, so they need neither a CA
+/// for the master's certificate nor a listening address (docs/jobs.md). The stream still
+/// carries the whole protocol, authentication included.
+#[derive(Clone)]
+pub struct Dialer(Arc<DialFn>);
+
+type DialFn =
+    dyn Fn() -> Pin<Box<dyn Future<Output = io::Result<BoxedStream>> + Send>> + Send + Sync;
+
+impl Dialer {
+    pub fn new<F, Fut>(dial: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = io::Result<BoxedStream>> + Send + 'static,
+    {
+        Dialer(Arc::new(move || Box::pin(dial())))
+    }
+
+    async fn dial(&self) -> io::Result<BoxedStream> {
+        (self.0)().await
+    }
+}
+
+impl std::fmt::Debug for Dialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Dialer(in-process)")
+    }
+}
+
 /// How a client secures its connections: TLS (when the master serves TLS) and a credential
 /// (when it authenticates). The default is plain TCP and anonymous, as before security existed.
+/// With a `dialer` the client connects through it instead (in-process; no TCP, no TLS).
 #[derive(Clone, Debug, Default)]
 pub struct ClientSecurity {
     pub tls: Option<TlsClient>,
     pub credential: Option<Credential>,
+    pub dialer: Option<Dialer>,
 }
 
 impl PartialEq for ClientSecurity {
     fn eq(&self, other: &Self) -> bool {
         self.tls.as_ref().map(TlsClient::ca) == other.tls.as_ref().map(TlsClient::ca)
             && self.credential == other.credential
+            && match (&self.dialer, &other.dialer) {
+                (Some(a), Some(b)) => Arc::ptr_eq(&a.0, &b.0),
+                (a, b) => a.is_none() && b.is_none(),
+            }
     }
 }
 
@@ -279,12 +317,27 @@ impl ClientSecurity {
             (Some(_), None) => return Err("--principal needs --secret-file".into()),
             (None, Some(_)) => return Err("--secret-file needs --principal".into()),
         };
-        Ok(ClientSecurity { tls, credential })
+        Ok(ClientSecurity {
+            tls,
+            credential,
+            dialer: None,
+        })
     }
 
-    /// Connects to `addr` (over TLS when configured); see [`connect`].
+    /// Connects to `addr` (over TLS when configured; through the dialer when there is one,
+    /// which ignores `addr`); see [`connect`].
     pub async fn connect(&self, addr: &str, timeout: Duration) -> io::Result<BoxedStream> {
-        connect(addr, self.tls.as_ref(), timeout).await
+        match &self.dialer {
+            Some(dialer) => tokio::time::timeout(timeout, dialer.dial())
+                .await
+                .map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("connecting in-process timed out after {timeout:?}"),
+                    )
+                })?,
+            None => connect(addr, self.tls.as_ref(), timeout).await,
+        }
     }
 
     /// What to send after `ack` for `role`: `Ok(Some(Authenticate))` with a credential,
@@ -399,8 +452,8 @@ mod tests {
             .unwrap()
             .is_none());
         let security = ClientSecurity {
-            tls: None,
             credential: Some(Credential::new("rack", b"s".to_vec()).unwrap()),
+            ..Default::default()
         };
         let answer = security
             .authenticate(&ack, AuthRole::Agent)

@@ -242,11 +242,12 @@ impl Shared {
 }
 
 /// Starts the jobs framework against the master at `master` (its own protocol address,
-/// authenticating with `credential` when the master requires it), with the jobs `loaded` from the registry, keeping them through `store` (see the module docs).
+/// reached as `security` says: in the master, through an in-process dialer, with a credential
+/// when the master requires authentication), with the jobs `loaded` from the registry, keeping them through `store` (see the module docs).
 /// Ends at `shutdown`.
 pub async fn start(
     master: String,
-    credential: Option<ringmaster_proto::security::Credential>,
+    security: ringmaster_proto::transport::ClientSecurity,
     store: JobsStore,
     loaded: LoadedJobs,
     mut shutdown: watch::Receiver<bool>,
@@ -280,7 +281,7 @@ pub async fn start(
         .map_err(|e| anyhow::anyhow!("jobs: {e}"))?;
     let mut config = FrameworkConfig::new(master, FRAMEWORK_NAME);
     config.user = JOBS_USER.into();
-    config.security.credential = credential;
+    config.security = security;
     config.failover_timeout = FAILOVER_TIMEOUT;
     config.framework_id = meta.framework_id;
     let scheduler = JobsScheduler {

@@ -110,6 +110,9 @@ pub use events::ConnId;
 #[allow(unused_imports)]
 pub(crate) use events::{Event, Outbound};
 
+/// Bytes buffered each way on the jobs framework's in-process stream.
+const IN_PROCESS_BUFFER: usize = 64 * 1024;
+
 /// A running master: its address and a handle to ask for state or shut it down.
 pub struct Master {
     addr: SocketAddr,
@@ -121,8 +124,9 @@ pub struct Master {
     stopping: watch::Receiver<bool>,
     /// The built-in jobs framework, once started ([`Master::start_jobs`]).
     jobs: Arc<OnceLock<crate::jobs::runner::JobsHandle>>,
-    /// Why the jobs framework cannot run here, if it cannot.
-    jobs_blocked: Option<&'static str>,
+    /// Streams to the protocol listener from inside this process (the jobs framework's
+    /// connection: no TCP, no TLS; see [`ringmaster_proto::transport::Dialer`]).
+    in_process: mpsc::Sender<ringmaster_proto::transport::BoxedStream>,
     /// The jobs framework's credential, when the master requires authentication.
     jobs_credential: Option<ringmaster_proto::security::Credential>,
     /// The jobs the registry held at start, until [`Master::start_jobs`] takes them.
@@ -195,7 +199,9 @@ impl Master {
             .transpose()?;
         // With required authentication the built-in jobs framework gets a principal of its
         // own, whose secret never leaves this process (docs/jobs.md, docs/security.md).
-        let jobs_credential = (config.auth.required && config.tls.is_none())
+        let jobs_credential = config
+            .auth
+            .required
             .then(|| jobs_principal(&mut config.auth))
             .transpose()?;
         let config = Arc::new(config);
@@ -220,7 +226,7 @@ impl Master {
             let _ = stop_all.send(true);
         });
         let jobs = Arc::new(OnceLock::new());
-        let jobs_blocked = config.tls.is_some().then_some("the master serves TLS");
+        let (in_process, in_process_rx) = mpsc::channel(4);
         // With HTTP on, the protocol port serves it too: one address for every client. Not
         // where that would widen who reaches the HTTP surface (it has no authentication): not
         // with TLS or required authentication on the protocol, and not from a protocol port on
@@ -262,6 +268,7 @@ impl Master {
                 shutdown_rx,
             )
             .with_http(http_handoff)
+            .with_in_process(in_process_rx)
             .run(),
         );
         let join = tokio::spawn(async move {
@@ -283,7 +290,7 @@ impl Master {
             join,
             stopping,
             jobs,
-            jobs_blocked,
+            in_process,
             jobs_credential,
             jobs_loaded: std::sync::Mutex::new(Some(jobs_loaded)),
             work_dir,
@@ -291,14 +298,12 @@ impl Master {
         })
     }
 
-    /// Starts the built-in jobs framework (docs/jobs.md): it subscribes to this master over
-    /// loopback and keeps its jobs in the master's registry (with `--work-dir`), so they
-    /// survive a restart. A `<work-dir>/jobs.json` of an older master is imported once. With
-    /// required authentication it authenticates as [`JOBS_PRINCIPAL`]; not yet with TLS.
+    /// Starts the built-in jobs framework (docs/jobs.md): it subscribes to this master through
+    /// an in-process stream (no TCP, so no TLS either) and keeps its jobs in the master's
+    /// registry (with `--work-dir`), so they survive a restart. A `<work-dir>/jobs.json` of an
+    /// older master is imported once. With required authentication it authenticates as
+    /// [`JOBS_PRINCIPAL`].
     pub async fn start_jobs(&self) -> anyhow::Result<()> {
-        if let Some(why) = self.jobs_blocked {
-            anyhow::bail!("jobs are not available: {why} (docs/jobs.md)");
-        }
         let loaded = self
             .jobs_loaded
             .lock()
@@ -317,9 +322,28 @@ impl Master {
             },
             self.addr.port(),
         );
+        let to_listener = self.in_process.clone();
+        let dialer = ringmaster_proto::transport::Dialer::new(move || {
+            let to_listener = to_listener.clone();
+            async move {
+                let (client, server) = tokio::io::duplex(IN_PROCESS_BUFFER);
+                to_listener.send(Box::new(server)).await.map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        "the master has stopped",
+                    )
+                })?;
+                Ok(Box::new(client) as ringmaster_proto::transport::BoxedStream)
+            }
+        });
+        let security = ringmaster_proto::transport::ClientSecurity {
+            credential: self.jobs_credential.clone(),
+            dialer: Some(dialer),
+            ..Default::default()
+        };
         let handle = crate::jobs::runner::start(
             master.to_string(),
-            self.jobs_credential.clone(),
+            security,
             store,
             loaded,
             self.shutdown_rx.clone(),

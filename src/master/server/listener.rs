@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringmaster_proto::transport::BoxedStream;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -129,7 +130,13 @@ pub(crate) struct Listener {
     refusals: RefusalLog,
     tasks: TaskTracker,
     http: Option<super::task::HttpHandoff>,
+    /// Streams opened from inside the process (see [`super::super::Master::start_jobs`]).
+    in_process: Option<mpsc::Receiver<BoxedStream>>,
 }
+
+/// The peer address logged for an in-process connection.
+const IN_PROCESS_PEER: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 
 impl Listener {
     pub(crate) fn new(
@@ -152,7 +159,15 @@ impl Listener {
             refusals: RefusalLog::new(REFUSAL_LOG_EVERY),
             tasks: TaskTracker::new(),
             http: None,
+            in_process: None,
         }
+    }
+
+    /// Also serves the streams sent on `streams` (in-process clients), as if accepted, after
+    /// the same connection cap but without TLS (they never left the process) or HTTP.
+    pub(crate) fn with_in_process(mut self, streams: mpsc::Receiver<BoxedStream>) -> Self {
+        self.in_process = Some(streams);
+        self
     }
 
     /// Serves HTTP on the protocol port too: connections that open with an HTTP request go
@@ -175,6 +190,7 @@ impl Listener {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
+                Some(stream) = next_stream(&mut self.in_process) => self.admit_in_process(stream),
                 _ = super::stopping(&mut shutdown) => break,
             }
         }
@@ -189,6 +205,46 @@ impl Listener {
 
     /// Starts a task for a new connection, or closes it when the cap is reached.
     fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
+        let Some(open) = self.open_slot(peer) else {
+            drop(stream);
+            return;
+        };
+        let _ = stream.set_nodelay(true);
+        let task = self.task(peer).with_http(self.http.clone());
+        let tls = self.tls.clone();
+        self.tasks.spawn(async move {
+            task.run(stream, tls).await;
+            drop(open);
+        });
+    }
+
+    /// Starts a task for a stream opened inside the process.
+    fn admit_in_process(&mut self, stream: BoxedStream) {
+        let Some(open) = self.open_slot(IN_PROCESS_PEER) else {
+            return;
+        };
+        let task = self.task(IN_PROCESS_PEER);
+        self.tasks.spawn(async move {
+            task.run_in_process(stream).await;
+            drop(open);
+        });
+    }
+
+    fn task(&self, peer: SocketAddr) -> ConnectionTask {
+        let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(%peer, conn, open = self.cap.open(), "connection accepted");
+        ConnectionTask::new(
+            conn,
+            peer,
+            self.events.clone(),
+            self.config.clone(),
+            self.metrics.clone(),
+            self.shutdown.clone(),
+        )
+    }
+
+    /// A slot under the connection cap, or `None` (counted and logged) when the cap is reached.
+    fn open_slot(&mut self, peer: SocketAddr) -> Option<OpenConnection> {
         let Some(slot) = self.cap.try_admit() else {
             self.metrics.connection_refused();
             if let Some(refused) = self.refusals.refused(Instant::now()) {
@@ -199,27 +255,23 @@ impl Listener {
                     "connection limit reached: closing new connections (limits.max_connections)"
                 );
             }
-            drop(stream);
-            return;
+            return None;
         };
-        let open = OpenConnection::new(slot, self.metrics.clone());
-        let _ = stream.set_nodelay(true);
-        let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-        tracing::trace!(%peer, conn, open = self.cap.open(), "connection accepted");
-        let task = ConnectionTask::new(
-            conn,
-            peer,
-            self.events.clone(),
-            self.config.clone(),
-            self.metrics.clone(),
-            self.shutdown.clone(),
-        )
-        .with_http(self.http.clone());
-        let tls = self.tls.clone();
-        self.tasks.spawn(async move {
-            task.run(stream, tls).await;
-            drop(open);
-        });
+        Some(OpenConnection::new(slot, self.metrics.clone()))
+    }
+}
+
+/// The next in-process stream; pending forever without a channel or after it closed.
+async fn next_stream(streams: &mut Option<mpsc::Receiver<BoxedStream>>) -> Option<BoxedStream> {
+    match streams {
+        Some(rx) => match rx.recv().await {
+            Some(stream) => Some(stream),
+            None => {
+                *streams = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -125,6 +125,12 @@ impl ConnectionTask {
         }
     }
 
+    /// Runs a connection opened inside the process: already private, so no TLS and no HTTP;
+    /// the protocol handshake (and authentication) as for any client.
+    pub(crate) async fn run_in_process(self, stream: BoxedStream) {
+        self.handle(stream).await;
+    }
+
     /// Wraps the socket in TLS when the master serves TLS. A client that sends plain protocol
     /// bytes to a TLS master gets a plain `Error` with `TLS_REQUIRED` (it could not read
     /// anything else) and is closed; a failed handshake is logged and counted.
