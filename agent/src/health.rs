@@ -204,12 +204,12 @@ pub async fn run_check(spec: &HealthSpec, context: &CheckContext) -> Result<(), 
         .arg("ringmaster-health")
         .arg(&spec.command)
         .current_dir(&context.sandbox)
-        .envs(context.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
+    process::set_environment(&mut command, &context.env);
     process::confine(
         &mut command,
         context.user.as_ref(),

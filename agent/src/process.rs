@@ -136,6 +136,27 @@ pub enum LaunchError {
     SpawnInCgroup { cgroup: String, source: io::Error },
 }
 
+/// The agent's own variables a task (and its health checks) inherits; everything else of the
+/// agent's environment (credentials of the operator's shell, `RINGMASTER_*` settings of the
+/// agent) stays out of tasks, as Mesos and Kubernetes start containers from their spec alone.
+const INHERITED_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ"];
+/// `PATH` when the agent has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Clears `command`'s environment down to [`INHERITED_ENV`] of the agent's, then sets `env`
+/// (the task's: what the agent sets, the framework's, the devices').
+pub fn set_environment(command: &mut Command, env: &[(String, String)]) {
+    command.env_clear();
+    for name in INHERITED_ENV {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        } else if *name == "PATH" {
+            command.env(name, DEFAULT_PATH);
+        }
+    }
+    command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+}
+
 /// Starts `sh -c COMMAND` in its own process group inside the sandbox. When the group is gone,
 /// `(tag, outcome)` is sent on `exits`. Must be called within a tokio runtime.
 pub fn launch<T: Send + 'static>(
@@ -175,12 +196,12 @@ pub fn launch<T: Send + 'static>(
         .arg("ringmaster-task")
         .arg(&spec.command)
         .current_dir(&spec.sandbox)
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0)
         .kill_on_drop(false);
+    set_environment(&mut command, &spec.env);
     confine(&mut command, switch_user, spec.cgroup.as_deref());
     let child = command.spawn().map_err(|source| match &spec.cgroup {
         Some(cgroup) => LaunchError::SpawnInCgroup {
@@ -644,6 +665,22 @@ mod tests {
         assert_eq!(stdout, format!("hello there from {}\n", sandbox.display()));
         let stderr = std::fs::read_to_string(spec.sandbox.join("stderr")).unwrap();
         assert_eq!(stderr, "oops\n");
+    }
+
+    #[tokio::test]
+    async fn a_task_sees_its_own_environment_not_the_agents() {
+        // Cargo runs tests with variables of its own (CARGO_MANIFEST_DIR, ...): the agent's
+        // environment beyond what tasks may inherit.
+        let (leak, _) = std::env::vars()
+            .find(|(k, _)| !INHERITED_ENV.contains(&k.as_str()) && k != "GREETING")
+            .expect("the test process has variables a task must not see");
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(dir.path(), "env");
+        assert_eq!(run_to_end(&spec).await, ExitOutcome::Code(0));
+        let stdout = std::fs::read_to_string(spec.sandbox.join("stdout")).unwrap();
+        let names: Vec<&str> = stdout.lines().filter_map(|l| l.split('=').next()).collect();
+        assert!(!names.contains(&leak.as_str()), "{leak} leaked: {stdout}");
+        assert!(names.contains(&"GREETING") && names.contains(&"PATH"), "{stdout}");
     }
 
     #[tokio::test]
