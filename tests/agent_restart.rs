@@ -96,3 +96,47 @@ async fn a_restarted_agent_adopts_running_tasks_and_reports_ended_ones() {
     assert!(!ringmaster_agent::process::process_is_alive(long_pid));
     assert!(!ringmaster_agent::process::group_has_live_members(long_pid));
 }
+
+/// A restarted agent keeps checking the health of a task it adopts: the check, failing after
+/// the restart, gets the task killed and reported FAILED with `health_check_failed` (before,
+/// an adopted task was never checked again).
+#[tokio::test]
+async fn a_restarted_agent_keeps_checking_an_adopted_tasks_health() {
+    let master = start_master(test_config("  agent_timeout: 30s\n")).await;
+    let addr = master.addr().to_string();
+    let work = tempfile::tempdir().unwrap();
+    let agent = processes::start_agent(&addr, "a1", "cpus:4;mem:1024", work.path());
+    wait_for_state(&master, "agent registered", |s| {
+        s.agents.iter().any(|a| a.connected)
+    })
+    .await;
+    let mut fw = Client::framework(master.addr(), "f").await;
+    fw.demand("cpus:1;mem:128", 1).await;
+    let offer = fw.expect_offers().await.remove(0);
+    fw.demand("cpus:1;mem:128", 0).await;
+    let mut checked = task("checked", "cpus:1;mem:128", "touch ok; sleep 1000");
+    checked.health = Some(ringmaster_proto::HealthCheck {
+        command: "test -f ok".into(),
+        interval_ms: 100,
+        timeout_ms: 1000,
+        failures: 2,
+        grace_ms: 100,
+    });
+    fw.accept(&offer.offer_id, vec![checked]).await;
+    let running = fw.expect_state("checked", TaskState::TaskRunning).await;
+    fw.ack(&running).await;
+    wait_for_state(&master, "the task reported healthy", |s| {
+        s.tasks
+            .iter()
+            .any(|t| t.id == "checked" && t.healthy == Some(true))
+    })
+    .await;
+
+    drop(agent); // SIGKILL; the task keeps running
+    wait_for_state(&master, "agent disconnected", |s| !s.agents[0].connected).await;
+    let sandbox = work.path().join("sandboxes").join(&fw.id).join("checked");
+    std::fs::remove_file(sandbox.join("ok")).unwrap();
+    let _agent = processes::start_agent(&addr, "a1", "cpus:4;mem:1024", work.path());
+    let failed = fw.expect_state("checked", TaskState::TaskFailed).await;
+    assert_eq!(failed.reason, "health_check_failed", "{failed:?}");
+}

@@ -96,6 +96,8 @@ struct TaskRecord {
     health_checker: Option<Checker>,
     /// Set when the health check failed: the message the FAILED status carries.
     health_failure: Option<String>,
+    /// Its health check, kept in the task file for a restarted agent.
+    health_spec: Option<HealthSpec>,
 }
 
 impl TaskRecord {
@@ -548,7 +550,7 @@ impl AgentState {
                 let status = self.issue(status, out);
                 let pid = handle.pid();
                 // Checks run where the task runs: sandbox, user, environment, cgroup.
-                let health_checker = health_spec.map(|check| {
+                let health_checker = health_spec.clone().map(|check| {
                     let context = CheckContext {
                         sandbox: spec.sandbox.clone(),
                         env: spec.env.clone(),
@@ -570,6 +572,7 @@ impl AgentState {
                         kill_grace_ms: info.kill_grace_ms,
                         health_checker,
                         health_failure: None,
+                        health_spec,
                     },
                 );
                 self.save_task_file(&key);
@@ -618,6 +621,7 @@ impl AgentState {
                 kill_grace_ms: 0,
                 health_checker: None,
                 health_failure: None,
+                health_spec: None,
             },
         );
     }
@@ -899,6 +903,7 @@ impl AgentState {
             kill_reason: record.kill_reason.clone(),
             kill_grace_ms: record.kill_grace_ms,
             ended,
+            health: record.health_spec.clone(),
         };
         let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
         if let Err(e) = file.save(&sandbox) {
@@ -967,6 +972,7 @@ impl AgentState {
                         kill_grace_ms: file.kill_grace_ms,
                         health_checker: None,
                         health_failure: None,
+                        health_spec: file.health,
                     },
                 );
                 continue;
@@ -976,6 +982,9 @@ impl AgentState {
                 .isolation
                 .existing_task_cgroup(&key.framework_id, &key.task_id, &resources)
                 .map(Arc::new);
+            let health_checker = file.health.clone().and_then(|check| {
+                self.adopted_checker(&key, file.pid, &sandbox, cgroup.clone(), check)
+            });
             let handle = process::adopt(
                 file.pid,
                 file.start_ticks,
@@ -1005,12 +1014,58 @@ impl AgentState {
                     pid: file.pid,
                     start_ticks: file.start_ticks,
                     kill_grace_ms: file.kill_grace_ms,
-                    health_checker: None,
+                    health_checker,
                     health_failure: None,
+                    health_spec: file.health,
                 },
             );
         }
         recovered
+    }
+
+    /// The health checker of a task adopted after a restart: checks run as the user the
+    /// task's process runs as and with its environment, both read from `/proc` (not from the
+    /// task file, which the task could rewrite), under the same user policy as a launch.
+    /// `None` (logged) when that cannot be established.
+    fn adopted_checker(
+        &self,
+        key: &TaskKey,
+        pid: u32,
+        sandbox: &std::path::Path,
+        cgroup: Option<Arc<isolation::TaskCgroup>>,
+        check: HealthSpec,
+    ) -> Option<Checker> {
+        let policy = UserPolicy {
+            default_user: self.config.task_user.clone(),
+            allow_root: self.config.allow_root_tasks,
+            agent_uid: users::agent_uid(),
+        };
+        let context = process::process_uid(pid)
+            .ok_or_else(|| format!("cannot read the owner of pid {pid}"))
+            .and_then(|uid| users::resolve_task_user(&uid.to_string(), &policy, users::lookup_user))
+            .and_then(|user| {
+                let env = process::process_environment(pid)
+                    .ok_or_else(|| format!("cannot read the environment of pid {pid}"))?;
+                Ok(CheckContext {
+                    sandbox: sandbox.to_path_buf(),
+                    env,
+                    user: Some(user),
+                    cgroup,
+                })
+            });
+        match context {
+            Ok(context) => Some(health::start(
+                check,
+                context,
+                key.clone(),
+                self.health_tx.clone(),
+            )),
+            Err(e) => {
+                tracing::warn!(task = %key.task_id, framework = %key.framework_id,
+                    "not checking the health of an adopted task: {e}");
+                None
+            }
+        }
     }
 
     fn issue(&mut self, mut status: TaskStatus, out: &mut Vec<Message>) -> TaskStatus {

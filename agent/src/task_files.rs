@@ -9,7 +9,11 @@
 
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use ringmaster_proto::{TaskState, TaskStatus};
+
+use crate::health::HealthSpec;
 
 /// The record file's name inside a task's sandbox.
 pub const TASK_FILE: &str = ".ringmaster-task";
@@ -33,6 +37,8 @@ pub struct TaskFile {
     pub kill_grace_ms: u64,
     /// The terminal status, once the task ended (until the master acknowledges it).
     pub ended: Option<TaskStatus>,
+    /// Its health check, so a restarted agent keeps checking an adopted task.
+    pub health: Option<HealthSpec>,
 }
 
 fn escape(value: &str) -> String {
@@ -81,6 +87,16 @@ impl TaskFile {
         if self.kill_grace_ms != 0 {
             lines.push(format!("kill_grace_ms={}", self.kill_grace_ms));
         }
+        if let Some(health) = &self.health {
+            lines.push(format!("health_command={}", escape(&health.command)));
+            lines.push(format!(
+                "health_interval_ms={}",
+                health.interval.as_millis()
+            ));
+            lines.push(format!("health_timeout_ms={}", health.timeout.as_millis()));
+            lines.push(format!("health_failures={}", health.failures));
+            lines.push(format!("health_grace_ms={}", health.grace.as_millis()));
+        }
         if let Some(status) = &self.ended {
             lines.push(format!("ended_state={}", status.state));
             lines.push(format!("ended_reason={}", escape(&status.reason)));
@@ -104,8 +120,17 @@ impl TaskFile {
             kill_reason: None,
             kill_grace_ms: 0,
             ended: None,
+            health: None,
         };
         let mut ended_state: Option<i32> = None;
+        let mut health_command: Option<String> = None;
+        let mut health = HealthSpec {
+            command: String::new(),
+            interval: crate::health::DEFAULT_INTERVAL,
+            timeout: crate::health::DEFAULT_TIMEOUT,
+            failures: crate::health::DEFAULT_FAILURES,
+            grace: Duration::ZERO,
+        };
         let mut ended = TaskStatus::default();
         let (mut has_fw, mut has_task) = (false, false);
         for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
@@ -121,6 +146,11 @@ impl TaskFile {
                 "start_ticks" => file.start_ticks = value.parse().map_err(|_| bad())?,
                 "kill_reason" => file.kill_reason = Some(value),
                 "kill_grace_ms" => file.kill_grace_ms = value.parse().map_err(|_| bad())?,
+                "health_command" => health_command = Some(value),
+                "health_interval_ms" => health.interval = millis(&value).ok_or_else(bad)?,
+                "health_timeout_ms" => health.timeout = millis(&value).ok_or_else(bad)?,
+                "health_failures" => health.failures = value.parse().map_err(|_| bad())?,
+                "health_grace_ms" => health.grace = millis(&value).ok_or_else(bad)?,
                 "ended_state" => ended_state = Some(value.parse().map_err(|_| bad())?),
                 "ended_reason" => ended.reason = value,
                 "ended_message" => ended.message = value,
@@ -131,6 +161,19 @@ impl TaskFile {
         }
         if !has_fw || !has_task {
             return Err("framework_id or task_id missing".into());
+        }
+        if let Some(command) = health_command {
+            // Held to the agent's bounds again: the file is in the task's own sandbox.
+            file.health = Some(
+                HealthSpec::from_wire(&ringmaster_proto::HealthCheck {
+                    command,
+                    interval_ms: health.interval.as_millis() as u64,
+                    timeout_ms: health.timeout.as_millis() as u64,
+                    failures: health.failures,
+                    grace_ms: health.grace.as_millis() as u64,
+                })
+                .map_err(|e| format!("health: {e}"))?,
+            );
         }
         if let Some(state) = ended_state {
             let terminal = TaskState::try_from(state).is_ok_and(|s| s.is_terminal());
@@ -151,6 +194,10 @@ impl TaskFile {
         std::fs::write(&tmp, self.render())?;
         std::fs::rename(&tmp, sandbox.join(TASK_FILE))
     }
+}
+
+fn millis(value: &str) -> Option<Duration> {
+    value.parse().ok().map(Duration::from_millis)
 }
 
 /// Removes a task's file (the master acknowledged its end); a missing file is fine.
@@ -209,6 +256,13 @@ mod tests {
             kill_reason: Some("killed_by_framework".into()),
             kill_grace_ms: 15_000,
             ended: None,
+            health: Some(HealthSpec {
+                command: "test -f ready && echo 'ok=%'".into(),
+                interval: Duration::from_millis(1500),
+                timeout: Duration::from_millis(700),
+                failures: 4,
+                grace: Duration::from_secs(3),
+            }),
         }
     }
 
@@ -239,6 +293,12 @@ mod tests {
             TaskFile::parse(&default_grace.render()).unwrap(),
             default_grace
         );
+        let unchecked = TaskFile {
+            health: None,
+            ..sample()
+        };
+        assert!(!unchecked.render().contains("health_"));
+        assert_eq!(TaskFile::parse(&unchecked.render()).unwrap(), unchecked);
     }
 
     #[test]
