@@ -331,10 +331,13 @@ mod tests {
         engine.put(spec.clone());
         let big: ringmaster_core::resources::Resources = "cpus:10".parse().unwrap();
         engine.place(
+            "default",
             &[crate::jobs::engine::OfferView {
                 id: "o1",
                 agent: "a1",
                 resources: &big,
+                hostname: "a1",
+                attributes: &[],
             }],
             tokio::time::Instant::now(),
         );
