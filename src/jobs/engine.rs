@@ -1036,12 +1036,15 @@ mod tests {
             .collect()
     }
 
+    /// `(offer id, agent, hostname, attributes)`.
+    type TestOffer<'a> = (&'a str, &'a str, &'a str, Vec<(String, String)>);
+
     /// Places what is due on offers `(id, agent, hostname, attributes)` of 4 cpus each;
     /// returns (offer id, task ids) of the offers that got tasks.
     fn place_on(
         e: &mut Engine,
         partition: &str,
-        offers: &[(&str, &str, &str, Vec<(String, String)>)],
+        offers: &[TestOffer<'_>],
         now: Instant,
     ) -> Vec<(String, Vec<String>)> {
         let four: Resources = "cpus:4;mem:1000".parse().unwrap();
