@@ -200,6 +200,9 @@ fn constrained_and_partitioned_jobs_land_only_where_they_may_and_survive_a_maste
     assert_ne!(gpu_framework, default_framework);
     let status = status_json(&http, "nowhere");
     assert_eq!(status["instances"][0]["state"], "pending", "{status:#}");
+    // The partition's instance's output is found through its own framework.
+    let (code, _, err) = job(&http, &["logs", "train"]);
+    assert_eq!(code, 0, "{err}");
 
     // kill -9 of the master, restart: both partitions' instances adopted, same frameworks.
     master.0.kill().unwrap();
