@@ -238,6 +238,24 @@ mod tests {
     }
 
     #[test]
+    fn an_older_jobs_meta_reads_as_the_default_partitions_framework() {
+        let old: JobsMeta =
+            serde_json::from_str(r#"{"framework_id": "1-F1", "generation": 4}"#).unwrap();
+        assert_eq!(old.framework_id.as_deref(), Some("1-F1"));
+        assert!(old.partitions.is_empty());
+        let mut meta = old.clone();
+        meta.partitions.insert("gpu".into(), "1-F2".into());
+        let json = serde_json::to_value(&meta).unwrap();
+        assert_eq!(json["partitions"]["gpu"], "1-F2");
+        assert_eq!(serde_json::from_value::<JobsMeta>(json).unwrap(), meta);
+        // Without other partitions it is written as before.
+        assert!(serde_json::to_value(&old)
+            .unwrap()
+            .get("partitions")
+            .is_none());
+    }
+
+    #[test]
     fn a_bad_record_is_an_error_naming_the_job() {
         let error = JobRecord::decode("web", serde_json::json!({"spec": 7})).unwrap_err();
         assert!(error.contains("`web`"), "{error}");
