@@ -11,6 +11,7 @@ use common::*;
 use ringmaster::jobs::spec::parse_job_spec;
 use ringmaster::master::registry::Registry;
 use ringmaster::master::Master;
+use ringmaster_proto::TaskState;
 
 const WEB: &str = "name: web\ntype: service\ncount: 1\ntask:\n  command: sleep 1000\n  \
                    resources: cpus:1;mem:128\n";
@@ -246,4 +247,105 @@ async fn the_jobs_principal_is_reserved() {
         .expect("refused")
         .to_string();
     assert!(error.contains("reserved"), "{error}");
+}
+
+/// `job run` of the spec text `text` (written to `dir/NAME.yaml`) against `master`.
+async fn run_job(master: &Master, dir: &Path, name: &str, text: &str) {
+    let http = master.http_addr().unwrap().to_string();
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, text).unwrap();
+    let f = file.to_string_lossy().to_string();
+    tokio::task::spawn_blocking(move || {
+        ringmaster::jobs::cli::run(&http, &f, false).map_err(|e| e.message)
+    })
+    .await
+    .unwrap()
+    .expect("job run");
+}
+
+/// The job `name` from `GET /jobs`.
+async fn job_json(master: &Master, name: &str) -> serde_json::Value {
+    get_json(master, "/jobs")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["spec"]["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no job {name}"))
+}
+
+#[tokio::test]
+async fn a_service_that_gave_up_stays_failed_after_a_restart() {
+    const FLAKY: &str = "name: flaky\ntype: service\ntask:\n  command: x\n  \
+                         resources: cpus:1\nrestart:\n  attempts: 1\n  delay: 10ms\n  \
+                         interval: 1h\n";
+    let dir = tempfile::tempdir().unwrap();
+    let master = start(dir.path()).await;
+    let mut agent = Client::agent(master.addr(), "a1", "cpus:4;mem:1024").await;
+    run_job(&master, dir.path(), "flaky", FLAKY).await;
+    // Launched, fails; restarted once, fails again: more than 1 restart within 1h.
+    for attempt in 1..=2 {
+        let tasks = agent.expect_run().await;
+        assert_eq!(tasks.len(), 1);
+        assert!(tasks[0].task_id.starts_with("flaky.0."), "{tasks:?}");
+        agent
+            .report(&tasks[0], TaskState::TaskRunning, &format!("r{attempt}"))
+            .await;
+        agent
+            .report(&tasks[0], TaskState::TaskFailed, &format!("f{attempt}"))
+            .await;
+    }
+    let deadline = Instant::now() + WAIT;
+    let failed = loop {
+        let job = job_json(&master, "flaky").await;
+        if !job["failed"].is_null() {
+            break job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service never gave up: {job:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let why = failed["failed"].as_str().unwrap().to_string();
+    assert!(why.contains("more than 1 restarts"), "{why}");
+    master.shutdown().await;
+    drop(agent);
+
+    // On disk with the job.
+    let recovered = Registry::open(dir.path()).unwrap().load().unwrap();
+    let (_, record) = recovered
+        .jobs
+        .iter()
+        .find(|(n, _)| n == "flaky")
+        .expect("the job's record");
+    assert_eq!(record["failed"], why.as_str(), "{record}");
+
+    // After a restart: still failed, and not launched again, while another job is.
+    let master = start(dir.path()).await;
+    let mut agent = Client::agent(master.addr(), "a1", "cpus:4;mem:1024").await;
+    let job = job_json(&master, "flaky").await;
+    assert_eq!(job["failed"], why.as_str(), "{job:#}");
+    assert_eq!(job["done"], true, "{job:#}");
+    assert_eq!(job["instances"][0]["state"], "failed", "{job:#}");
+    run_job(
+        &master,
+        dir.path(),
+        "probe",
+        WEB.replace("name: web", "name: probe").as_str(),
+    )
+    .await;
+    let tasks = agent.expect_run().await;
+    let ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+    assert!(ids.iter().all(|id| id.starts_with("probe.")), "{ids:?}");
+    let job = job_json(&master, "flaky").await;
+    assert_eq!(job["failed"], why.as_str(), "{job:#}");
+    assert_eq!(job["instances"][0]["state"], "failed", "{job:#}");
+    // Run again: tried again.
+    run_job(&master, dir.path(), "flaky", FLAKY).await;
+    let tasks = agent.expect_run().await;
+    assert!(tasks[0].task_id.starts_with("flaky.0."), "{tasks:?}");
+    assert!(job_json(&master, "flaky").await["failed"].is_null());
+    master.shutdown().await;
 }

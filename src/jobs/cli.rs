@@ -195,12 +195,18 @@ pub fn render(jobs: &[JobView]) -> String {
         } else {
             "running".into()
         };
+        // Only a job outside the default partition has one in its spec's JSON.
+        let partition = job["spec"]["partition"]
+            .as_str()
+            .map(|p| format!("partition {p}  "))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "job {}  {}  count {}  {}  {}\n",
+            "job {}  {}  count {}  {}  {}{}\n",
             job["spec"]["name"].as_str().unwrap_or("?"),
             job["spec"]["type"].as_str().unwrap_or("?"),
             job["spec"]["count"],
             job["spec"]["task"]["resources"].as_str().unwrap_or(""),
+            partition,
             state
         ));
         out.push_str(
@@ -254,6 +260,13 @@ fn render_plan(spec: &JobSpec, plan: &crate::master::plan::Plan) -> String {
     }
     if let Some(health) = &spec.task.health {
         out.push_str(&format!("  health: {}\n", health.describe()));
+    }
+    if spec.partition != super::spec::DEFAULT_PARTITION {
+        out.push_str(&format!("  partition: {}\n", spec.partition));
+    }
+    if !spec.constraints.is_empty() {
+        let shown: Vec<String> = spec.constraints.iter().map(|c| c.to_string()).collect();
+        out.push_str(&format!("  constraints: {}\n", shown.join(", ")));
     }
     if plan.unplaced > 0 {
         out.push_str(&format!(
@@ -331,10 +344,13 @@ mod tests {
         engine.put(spec.clone());
         let big: ringmaster_core::resources::Resources = "cpus:10".parse().unwrap();
         engine.place(
+            "default",
             &[crate::jobs::engine::OfferView {
                 id: "o1",
                 agent: "a1",
                 resources: &big,
+                hostname: "a1",
+                attributes: &[],
             }],
             tokio::time::Instant::now(),
         );
@@ -356,5 +372,35 @@ mod tests {
             text.contains("health: `test -e ok` every 10s, timeout 2s, unhealthy after 3 failures in a row, first check after 10s"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn plan_and_status_show_the_partition_and_the_constraints() {
+        let spec = parse_job_spec(
+            "name: web\ntype: service\ntask:\n  command: x\n  resources: cpus:1\npartition: gpu\n\
+             constraints:\n  - {attribute: rack, value: r1}\n  - {operator: distinct_hosts}\n",
+            "w.yaml",
+        )
+        .unwrap();
+        let plan = crate::master::plan::Plan {
+            placed: vec![],
+            unplaced: 1,
+            why: Some("no agent satisfies rack = r1".into()),
+        };
+        let text = render_plan(&spec, &plan);
+        assert!(text.contains("  partition: gpu\n"), "{text}");
+        assert!(
+            text.contains("  constraints: rack = r1, distinct_hosts\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1 more cannot be placed: no agent satisfies rack = r1"),
+            "{text}"
+        );
+        let mut engine = Engine::default();
+        engine.put(spec);
+        let value = serde_json::to_value(engine.job("web").unwrap().clone().report()).unwrap();
+        let table = render(&[view(value)]);
+        assert!(table.contains("cpus:1  partition gpu  running"), "{table}");
     }
 }

@@ -8,13 +8,14 @@
 //! restarts, and after one the framework learns from reconciliation which instances still run
 //! and adopts them.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
 
 use ringmaster_core::resources::Resources;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::constraints::{AgentFacts, Matcher};
 use super::spec::{JobKind, JobSpec, MAX_RESTART_DELAY};
 
 /// Where an instance is in its life.
@@ -164,6 +165,18 @@ pub struct OfferView<'a> {
     pub id: &'a str,
     pub agent: &'a str,
     pub resources: &'a Resources,
+    /// The agent's hostname and attributes, for the jobs' constraints.
+    pub hostname: &'a str,
+    pub attributes: &'a [(String, String)],
+}
+
+impl OfferView<'_> {
+    fn facts(&self) -> AgentFacts<'_> {
+        AgentFacts {
+            hostname: self.hostname,
+            attributes: self.attributes,
+        }
+    }
 }
 
 /// The jobs framework's books.
@@ -203,6 +216,14 @@ impl Engine {
         self.jobs.get(name)
     }
 
+    /// The partitions the jobs run in (each has a framework of its own).
+    pub fn partitions(&self) -> BTreeSet<String> {
+        self.jobs
+            .values()
+            .map(|j| j.spec.partition.clone())
+            .collect()
+    }
+
     /// Creates a job or updates it. An update with another task template replaces the
     /// instances one at a time (see [`Engine::tick`]); a new count scales. Returns tasks to kill.
     pub fn put(&mut self, spec: JobSpec) -> Vec<String> {
@@ -224,7 +245,12 @@ impl Engine {
                 Vec::new()
             }
             Some(job) => {
-                let template_changed = job.spec.task != spec.task || job.spec.kind != spec.kind;
+                // Another partition or other constraints replace the instances too: they may
+                // run where the new spec does not allow.
+                let template_changed = job.spec.task != spec.task
+                    || job.spec.kind != spec.kind
+                    || job.spec.partition != spec.partition
+                    || job.spec.constraints != spec.constraints;
                 job.spec = spec;
                 job.stopped = false;
                 job.failed = None;
@@ -319,6 +345,15 @@ impl Engine {
         }
     }
 
+    /// Restores that a job gave up (a service restarted too often, kept with the job): it is
+    /// not launched again until it is run again (`job run` of its spec, [`Engine::put`]).
+    /// Its instances stay as they are: one that still runs is adopted, and left running.
+    pub fn restore_failed(&mut self, name: &str, why: &str) {
+        if let Some(job) = self.jobs.get_mut(name) {
+            job.failed = Some(why.to_string());
+        }
+    }
+
     /// Forgets a job at once (after a purge, its tasks' updates are ignored).
     pub fn remove(&mut self, name: &str) {
         self.jobs.remove(name);
@@ -353,15 +388,16 @@ impl Engine {
         kill
     }
 
-    /// What to ask the master for: the shape of the first job with instances due, and how
-    /// many of that shape are due at `now`. `None`: nothing to launch.
-    pub fn demand(&self, now: Instant) -> Option<(Resources, u32)> {
+    /// What the framework of `partition` asks the master for: the shape of the partition's
+    /// first job with instances due, and how many of that shape are due at `now`. `None`:
+    /// nothing to launch there.
+    pub fn demand(&self, partition: &str, now: Instant) -> Option<(Resources, u32)> {
         let mut shape: Option<Resources> = None;
         let mut count = 0;
         for job in self
             .jobs
             .values()
-            .filter(|j| !j.stopped && j.failed.is_none())
+            .filter(|j| !j.stopped && j.failed.is_none() && j.spec.partition == partition)
         {
             let due = job.instances.iter().filter(|i| due(i, now)).count() as u32;
             if due == 0 {
@@ -390,9 +426,18 @@ impl Engine {
             .min()
     }
 
-    /// Places due instances on offers, first fit, jobs in name order. Returns the tasks to
-    /// launch per offer (offers with none are declined by the caller).
-    pub fn place(&mut self, offers: &[OfferView<'_>], now: Instant) -> Vec<(String, Vec<Launch>)> {
+    /// Places due instances of the jobs of `partition` on offers (made to that partition's
+    /// framework), first fit, jobs in name order, each instance only on an agent that
+    /// satisfies its job's constraints (with `distinct_hosts`: on none that holds a live
+    /// instance of the job or got one in this round). An instance no offer suits stays
+    /// pending. Returns the tasks to launch per offer (offers with none are declined by the
+    /// caller).
+    pub fn place(
+        &mut self,
+        partition: &str,
+        offers: &[OfferView<'_>],
+        now: Instant,
+    ) -> Vec<(String, Vec<Launch>)> {
         let mut free: Vec<Resources> = offers.iter().map(|o| o.resources.clone()).collect();
         let mut out: Vec<(String, Vec<Launch>)> = offers
             .iter()
@@ -400,14 +445,35 @@ impl Engine {
             .collect();
         let generation = self.generation;
         for (name, job) in self.jobs.iter_mut() {
-            if job.stopped || job.failed.is_some() {
+            if job.stopped || job.failed.is_some() || job.spec.partition != partition {
+                continue;
+            }
+            if !job.instances.iter().any(|i| due(i, now)) {
                 continue;
             }
             let resources = job.spec.resources();
+            let matcher = Matcher::new(&job.spec.constraints);
+            let suits: Vec<bool> = offers.iter().map(|o| matcher.matches(&o.facts())).collect();
+            // distinct_hosts: the agents that hold a live instance of the job.
+            let mut taken: HashSet<String> = if matcher.distinct_hosts() {
+                job.instances
+                    .iter()
+                    .filter(|i| i.state.has_task())
+                    .filter_map(|i| i.agent.clone())
+                    .collect()
+            } else {
+                HashSet::new()
+            };
             for instance in job.instances.iter_mut().filter(|i| due(i, now)) {
-                let Some(slot) = free.iter().position(|f| f.contains(&resources)) else {
+                let slot = (0..offers.len()).find(|&s| {
+                    suits[s] && !taken.contains(offers[s].agent) && free[s].contains(&resources)
+                });
+                let Some(slot) = slot else {
                     break;
                 };
+                if matcher.distinct_hosts() {
+                    taken.insert(offers[slot].agent.to_string());
+                }
                 free[slot] = free[slot].saturating_sub(&resources);
                 if instance.generation != generation {
                     instance.generation = generation;
@@ -661,13 +727,15 @@ mod tests {
             id: "o1",
             agent: "a1",
             resources,
+            hostname: "h1",
+            attributes: &[],
         }
     }
 
     /// Launches every due instance on one big offer; returns the task ids.
     fn launch_all(e: &mut Engine, now: Instant) -> Vec<String> {
         let big: Resources = "cpus:100;mem:10000".parse().unwrap();
-        let placed = e.place(&[offer(&big)], now);
+        let placed = e.place("default", &[offer(&big)], now);
         placed[0].1.iter().map(|l| l.task_id.clone()).collect()
     }
 
@@ -697,19 +765,19 @@ mod tests {
         let mut e = Engine::default();
         e.put(spec("service", 2, 3));
         let shape: Resources = "cpus:1;mem:100".parse().unwrap();
-        assert_eq!(e.demand(t0), Some((shape.clone(), 2)));
+        assert_eq!(e.demand("default", t0), Some((shape.clone(), 2)));
         let tasks = launch_all(&mut e, t0);
         assert_eq!(tasks, ["web.0.0-1", "web.1.0-1"]);
-        assert_eq!(e.demand(t0), None);
+        assert_eq!(e.demand("default", t0), None);
         running(&mut e, "web.0.0-1", t0);
         running(&mut e, "web.1.0-1", t0);
         assert_eq!(states(&e), [InstanceState::Running, InstanceState::Running]);
         ended(&mut e, "web.1.0-1", false, t0);
         assert_eq!(states(&e)[1], InstanceState::Pending);
-        assert_eq!(e.demand(t0), None, "not before its delay");
+        assert_eq!(e.demand("default", t0), None, "not before its delay");
         assert_eq!(e.next_due(), Some(t0 + Duration::from_secs(1)));
         let t1 = t0 + Duration::from_secs(1);
-        assert_eq!(e.demand(t1), Some((shape, 1)));
+        assert_eq!(e.demand("default", t1), Some((shape, 1)));
         assert_eq!(launch_all(&mut e, t1), ["web.1.0-2"]);
         let instance = &e.job("web").unwrap().instances[1];
         assert_eq!((instance.restarts, instance.last_exit_code), (1, Some(1)));
@@ -779,7 +847,7 @@ mod tests {
             .unwrap()
             .contains("more than 2 restarts"));
         assert!(job.done());
-        assert_eq!(e.demand(now + Duration::from_secs(600)), None);
+        assert_eq!(e.demand("default", now + Duration::from_secs(600)), None);
     }
 
     #[test]
@@ -821,7 +889,7 @@ mod tests {
         ended(&mut e, "web.0.0-1", false, t0);
         ended(&mut e, "web.1.0-1", false, t0);
         assert_eq!(states(&e), [InstanceState::Stopped, InstanceState::Stopped]);
-        assert_eq!(e.demand(t0 + Duration::from_secs(60)), None);
+        assert_eq!(e.demand("default", t0 + Duration::from_secs(60)), None);
         assert!(e.job("web").unwrap().done());
         assert!(e.stop("nope", false).is_none());
     }
@@ -892,7 +960,7 @@ mod tests {
         let mut e = Engine::default();
         e.put(spec("service", 1, 3));
         let small: Resources = "cpus:0.5;mem:100".parse().unwrap();
-        let placed = e.place(&[offer(&small)], t0);
+        let placed = e.place("default", &[offer(&small)], t0);
         assert!(placed[0].1.is_empty());
         assert_eq!(states(&e), [InstanceState::Pending]);
     }
@@ -943,6 +1011,226 @@ mod tests {
             ]
         );
         assert_eq!(launch_all(&mut again, t0), ["web.2.1-1"]);
+    }
+
+    /// A job `name` with `count` instances of cpus:1 in `partition` under `constraints`
+    /// (YAML list items, one a line).
+    fn placed_spec(name: &str, count: u32, partition: &str, constraints: &[&str]) -> JobSpec {
+        let mut text = format!(
+            "name: {name}\ntype: service\ncount: {count}\ntask:\n  command: run\n  \
+             resources: cpus:1\npartition: {partition}\n"
+        );
+        if !constraints.is_empty() {
+            text.push_str("constraints:\n");
+            for c in constraints {
+                text.push_str(&format!("  - {c}\n"));
+            }
+        }
+        parse_job_spec(&text, "t.yaml").unwrap()
+    }
+
+    fn attrs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// `(offer id, agent, hostname, attributes)`.
+    type TestOffer<'a> = (&'a str, &'a str, &'a str, Vec<(String, String)>);
+
+    /// Places what is due on offers `(id, agent, hostname, attributes)` of 4 cpus each;
+    /// returns (offer id, task ids) of the offers that got tasks.
+    fn place_on(
+        e: &mut Engine,
+        partition: &str,
+        offers: &[TestOffer<'_>],
+        now: Instant,
+    ) -> Vec<(String, Vec<String>)> {
+        let four: Resources = "cpus:4;mem:1000".parse().unwrap();
+        let views: Vec<OfferView<'_>> = offers
+            .iter()
+            .map(|(id, agent, hostname, attributes)| OfferView {
+                id,
+                agent,
+                resources: &four,
+                hostname,
+                attributes,
+            })
+            .collect();
+        e.place(partition, &views, now)
+            .into_iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(o, l)| (o, l.into_iter().map(|l| l.task_id).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn each_operator_keeps_instances_to_the_agents_that_satisfy_it() {
+        let t0 = Instant::now();
+        let offers = [
+            (
+                "o1",
+                "a1",
+                "node1",
+                attrs(&[("rack", "r1"), ("zone", "eu-1")]),
+            ),
+            (
+                "o2",
+                "a2",
+                "node2",
+                attrs(&[("rack", "r2"), ("ssd", "yes")]),
+            ),
+        ];
+        let cases: [(&str, &[&str]); 9] = [
+            ("{attribute: rack, value: r2}", &["o2"]),
+            ("{attribute: rack, operator: \"=\", value: r1}", &["o1"]),
+            ("{attribute: rack, operator: \"!=\", value: r1}", &["o2"]),
+            (
+                "{attribute: zone, operator: regexp, value: \"eu-[0-9]\"}",
+                &["o1"],
+            ),
+            ("{attribute: ssd, operator: is_set}", &["o2"]),
+            ("{attribute: ssd, operator: is_not_set}", &["o1"]),
+            ("{attribute: hostname, value: node2}", &["o2"]),
+            (
+                "{attribute: hostname, operator: regexp, value: \"node.*\"}",
+                &["o1"],
+            ),
+            ("{attribute: rack, value: r9}", &[]),
+        ];
+        for (constraint, expected) in cases {
+            let mut e = Engine::default();
+            e.put(placed_spec("web", 1, "default", &[constraint]));
+            let placed = place_on(&mut e, "default", &offers, t0);
+            let on: Vec<&str> = placed.iter().map(|(o, _)| o.as_str()).collect();
+            assert_eq!(on, expected, "{constraint}");
+            if expected.is_empty() {
+                // Nothing suits: the instance waits, still asking.
+                assert_eq!(states(&e), [InstanceState::Pending]);
+                assert!(e.demand("default", t0).is_some());
+            }
+        }
+        // Every constraint must hold.
+        let mut e = Engine::default();
+        e.put(placed_spec(
+            "web",
+            1,
+            "default",
+            &[
+                "{attribute: rack, value: r2}",
+                "{attribute: ssd, operator: is_not_set}",
+            ],
+        ));
+        assert!(place_on(&mut e, "default", &offers, t0).is_empty());
+    }
+
+    #[test]
+    fn distinct_hosts_puts_no_two_live_instances_on_one_agent() {
+        let t0 = Instant::now();
+        let offers = [
+            ("o1", "a1", "node1", attrs(&[])),
+            ("o2", "a2", "node2", attrs(&[])),
+        ];
+        let mut e = Engine::default();
+        e.put(placed_spec(
+            "web",
+            3,
+            "default",
+            &["{operator: distinct_hosts}"],
+        ));
+        // Two agents, three instances: one each, the third waits.
+        let placed = place_on(&mut e, "default", &offers, t0);
+        assert_eq!(
+            placed,
+            [
+                ("o1".to_string(), vec!["web.0.0-1".to_string()]),
+                ("o2".to_string(), vec!["web.1.0-1".to_string()])
+            ]
+        );
+        assert_eq!(states(&e)[2], InstanceState::Pending);
+        // Later offers of the same agents: they hold live instances.
+        assert!(place_on(&mut e, "default", &offers, t0).is_empty());
+        // An instance ends on a1: the third may go there.
+        ended(&mut e, "web.0.0-1", false, t0);
+        let t1 = t0 + Duration::from_secs(1);
+        let placed = place_on(&mut e, "default", &offers, t1);
+        assert_eq!(placed.len(), 1, "{placed:?}");
+        assert_eq!(placed[0].0, "o1");
+        // Without the constraint, one agent takes them all.
+        let mut e = Engine::default();
+        e.put(placed_spec("web", 3, "default", &[]));
+        let placed = place_on(&mut e, "default", &offers, t0);
+        assert_eq!(
+            placed,
+            [(
+                "o1".to_string(),
+                vec![
+                    "web.0.0-1".to_string(),
+                    "web.1.0-1".to_string(),
+                    "web.2.0-1".to_string()
+                ]
+            )]
+        );
+    }
+
+    #[test]
+    fn offers_of_a_partition_go_to_its_jobs_and_demand_is_per_partition() {
+        let t0 = Instant::now();
+        let mut e = Engine::default();
+        e.put(placed_spec("web", 1, "default", &[]));
+        e.put(placed_spec("train", 2, "gpu", &[]));
+        assert_eq!(
+            e.partitions().into_iter().collect::<Vec<_>>(),
+            ["default", "gpu"]
+        );
+        let cpus = |n| Some(("cpus:1".parse::<Resources>().unwrap(), n));
+        assert_eq!(e.demand("default", t0), cpus(1));
+        assert_eq!(e.demand("gpu", t0), cpus(2));
+        assert_eq!(e.demand("other", t0), None);
+        let offers = [("o1", "g1", "gpu1", attrs(&[("partition", "gpu")]))];
+        let placed = place_on(&mut e, "gpu", &offers, t0);
+        assert_eq!(
+            placed,
+            [(
+                "o1".to_string(),
+                vec!["train.0.0-1".to_string(), "train.1.0-1".to_string()]
+            )]
+        );
+        assert_eq!(e.demand("gpu", t0), None);
+        assert_eq!(e.demand("default", t0), cpus(1), "web still waits");
+        let offers = [("o2", "d1", "cpu1", attrs(&[]))];
+        let placed = place_on(&mut e, "default", &offers, t0);
+        assert_eq!(placed, [("o2".to_string(), vec!["web.0.0-1".to_string()])]);
+        // Moving a job to another partition replaces its instances there.
+        running(&mut e, "web.0.0-1", t0);
+        e.put(placed_spec("web", 1, "gpu", &[]));
+        assert_eq!(e.tick(), ["web.0.0-1"]);
+        ended(&mut e, "web.0.0-1", false, t0);
+        assert_eq!(e.demand("default", t0), None);
+        assert_eq!(e.demand("gpu", t0), cpus(1));
+    }
+
+    #[test]
+    fn a_failed_service_restored_stays_failed_and_a_new_run_retries_it() {
+        let t0 = Instant::now();
+        let mut e = Engine::with_generation(2);
+        e.put(spec("service", 2, 1));
+        e.restore_failed("web", "more than 1 restarts within 1m");
+        // A live instance is adopted, nothing is launched.
+        running(&mut e, "web.1.1-3", t0);
+        assert_eq!(launch_all(&mut e, t0), Vec::<String>::new());
+        assert_eq!(e.demand("default", t0), None);
+        let job = e.job("web").unwrap();
+        assert_eq!(
+            job.failed.as_deref(),
+            Some("more than 1 restarts within 1m")
+        );
+        assert_eq!(states(&e), [InstanceState::Pending, InstanceState::Running]);
+        // Run again: tried again.
+        e.put(spec("service", 2, 1));
+        assert!(e.job("web").unwrap().failed.is_none());
+        assert_eq!(launch_all(&mut e, t0), ["web.0.2-1"]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! in the master's registry.
 
 pub mod cli;
+pub mod constraints;
 pub mod engine;
 pub mod logs;
 pub mod records;

@@ -27,9 +27,14 @@ pub struct JobRecord {
     pub spec: JobSpec,
     #[serde(default)]
     pub stopped: bool,
-    /// Batch instances that ended for good.
+    /// Instances that ended for good (batch: succeeded or failed; service: the one whose
+    /// end made the job give up).
     #[serde(default)]
     pub outcomes: Vec<Outcome>,
+    /// Why a service gave up (restarted too often), if it did: it stays failed after a
+    /// restart until it is run again. Absent in records of older masters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 impl JobRecord {
@@ -40,6 +45,7 @@ impl JobRecord {
             spec: job.spec.clone(),
             stopped: job.stopped,
             outcomes: engine.outcomes().remove(name).unwrap_or_default(),
+            failed: job.failed.clone(),
         })
     }
 
@@ -60,6 +66,9 @@ impl JobRecord {
         let name = self.spec.name.clone();
         engine.put(self.spec);
         engine.restore_outcomes(&name, &self.outcomes);
+        if let Some(why) = &self.failed {
+            engine.restore_failed(&name, why);
+        }
         if self.stopped {
             engine.stop(&name, false);
         }
@@ -105,6 +114,7 @@ pub async fn import_jobs_file(
         let record = JobRecord {
             outcomes: outcomes.remove(&spec.name).unwrap_or_default(),
             stopped: false,
+            failed: None,
             spec,
         };
         jobs.push((record.spec.name.clone(), serde_json::to_value(&record)?));
@@ -112,6 +122,7 @@ pub async fn import_jobs_file(
     let meta = JobsMeta {
         framework_id: file.framework_id,
         generation: file.generation,
+        ..JobsMeta::default()
     };
     store
         .save(
@@ -199,6 +210,49 @@ mod tests {
         assert!(web.stopped, "a stopped job stays stopped");
         assert_eq!(states(&again, "web"), [InstanceState::Stopped; 3]);
         assert_eq!(JobRecord::encode(&again, "gone").unwrap(), None);
+    }
+
+    #[test]
+    fn a_failed_service_is_kept_failed_and_older_records_read() {
+        let mut engine = Engine::with_generation(1);
+        engine.put(spec("web", "service", 1));
+        engine.restore_failed("web", "more than 3 restarts within 10m");
+        let value = JobRecord::encode(&engine, "web").unwrap().unwrap();
+        assert_eq!(value["failed"], "more than 3 restarts within 10m");
+        let mut again = Engine::with_generation(2);
+        JobRecord::decode("web", value).unwrap().restore(&mut again);
+        let web = again.job("web").unwrap();
+        assert_eq!(
+            web.failed.as_deref(),
+            Some("more than 3 restarts within 10m")
+        );
+        assert!(web.done());
+        assert_eq!(again.demand("default", tokio::time::Instant::now()), None);
+        // A record without `failed` (an older master's, or a job that did not fail).
+        let old = serde_json::json!({"spec": spec("web", "service", 1)});
+        let record = JobRecord::decode("web", old).unwrap();
+        assert_eq!(record.failed, None);
+        engine.put(spec("web", "service", 1));
+        let value = JobRecord::encode(&engine, "web").unwrap().unwrap();
+        assert!(value.get("failed").is_none(), "{value}");
+    }
+
+    #[test]
+    fn an_older_jobs_meta_reads_as_the_default_partitions_framework() {
+        let old: JobsMeta =
+            serde_json::from_str(r#"{"framework_id": "1-F1", "generation": 4}"#).unwrap();
+        assert_eq!(old.framework_id.as_deref(), Some("1-F1"));
+        assert!(old.partitions.is_empty());
+        let mut meta = old.clone();
+        meta.partitions.insert("gpu".into(), "1-F2".into());
+        let json = serde_json::to_value(&meta).unwrap();
+        assert_eq!(json["partitions"]["gpu"], "1-F2");
+        assert_eq!(serde_json::from_value::<JobsMeta>(json).unwrap(), meta);
+        // Without other partitions it is written as before.
+        assert!(serde_json::to_value(&old)
+            .unwrap()
+            .get("partitions")
+            .is_none());
     }
 
     #[test]

@@ -8,7 +8,14 @@
 //! is reported accepted only once it is committed, and nothing it starts is launched before.
 //! A restarted master resubscribes with the same id, learns by reconciliation which instances
 //! still run, and adopts them instead of launching them again.
+//!
+//! Partitions: the master keeps a framework to one partition, so the jobs framework is one
+//! framework per partition that has jobs (the default partition's is always there, named
+//! `ringmaster-jobs`; another's is `ringmaster-jobs/<partition>`), each subscribed with its
+//! own id (kept in [`JobsMeta`]), offered only its partition's agents, asking for and placing
+//! only its partition's jobs. They share one [`Engine`] and one registry record.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -21,7 +28,7 @@ use tokio::time::Instant;
 
 use super::engine::{Engine, InstanceHealth, Job, JobReport, OfferView};
 use super::records::JobRecord;
-use super::spec::JobSpec;
+use super::spec::{JobSpec, DEFAULT_PARTITION};
 use crate::master::jobs_store::{JobsMeta, JobsStore, LoadedJobs};
 
 /// The jobs framework's name in `/state`.
@@ -40,13 +47,41 @@ const RECONCILE_GRACE: Duration = Duration::from_secs(2);
 struct Shared {
     engine: Engine,
     generation: u32,
+    /// The framework of each partition (started or only known from the registry).
+    frameworks: BTreeMap<String, PartitionFramework>,
+    /// Live tasks -> the partition whose framework launched or reported them: where a kill
+    /// goes.
+    tasks: HashMap<String, String>,
+    /// A job change is being committed: no launches until it is (offers are declined).
+    writing: bool,
+}
+
+/// The jobs framework of one partition.
+#[derive(Default)]
+struct PartitionFramework {
+    /// Subscribing (its session task runs).
+    started: bool,
     /// No launches before this instant (see [`RECONCILE_GRACE`]).
     hold_until: Option<Instant>,
     driver: Option<Driver>,
     framework_id: Option<String>,
     demand: Option<(Resources, u32)>,
-    /// A job change is being committed: no launches until it is (offers are declined).
-    writing: bool,
+}
+
+/// What a partition's framework subscribes with: the shared configuration (master, user,
+/// security, failover timeout) and the end of the master.
+struct Launcher {
+    template: FrameworkConfig,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// The name of the jobs framework of `partition` in `/state`.
+pub fn framework_name(partition: &str) -> String {
+    if partition == DEFAULT_PARTITION {
+        FRAMEWORK_NAME.to_string()
+    } else {
+        format!("{FRAMEWORK_NAME}/{partition}")
+    }
 }
 
 /// A handle on the jobs framework for the HTTP API: create, stop, scale, read.
@@ -57,6 +92,7 @@ pub struct JobsHandle {
     /// One write at a time, each from the state after the previous one: the registry sees
     /// the changes in the order they were made.
     gate: Arc<tokio::sync::Mutex<()>>,
+    starter: Starter,
 }
 
 /// Why a job change was not made.
@@ -67,6 +103,10 @@ pub enum ChangeError {
     /// The registry did not record it (the master is stopping).
     NotRecorded(String),
 }
+
+/// A handle's way to start the framework of a partition that gets its first job.
+#[derive(Clone)]
+struct Starter(Arc<Launcher>);
 
 impl JobsHandle {
     fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -144,6 +184,9 @@ impl JobsHandle {
             saved.map_err(ChangeError::NotRecorded)?;
             shared.kill(kill);
             shared.sync_demand(Instant::now());
+            drop(shared);
+            // A job in a partition without a framework yet: subscribe one.
+            handle.start_frameworks();
             Ok(Some(out))
         })
         .await
@@ -163,17 +206,60 @@ impl JobsHandle {
             .await
     }
 
-    /// Commits the framework's own record (its id, its start count).
+    /// Commits the framework's own record (its ids, its start count).
     async fn save_meta(&self) -> Result<(), String> {
         let _gate = self.gate.lock().await;
         let meta = {
             let shared = self.lock();
+            let id = |p: &PartitionFramework| p.framework_id.clone();
             JobsMeta {
-                framework_id: shared.framework_id.clone(),
+                framework_id: shared.frameworks.get(DEFAULT_PARTITION).and_then(id),
                 generation: shared.generation,
+                partitions: shared
+                    .frameworks
+                    .iter()
+                    .filter(|(p, _)| p.as_str() != DEFAULT_PARTITION)
+                    .filter_map(|(p, f)| Some((p.clone(), id(f)?)))
+                    .collect(),
             }
         };
         self.store.save(Vec::new(), Some(meta)).await
+    }
+
+    /// Starts the framework of every partition that has jobs, and of the default partition,
+    /// that is not started yet.
+    fn start_frameworks(&self) {
+        let mut shared = self.lock();
+        let mut partitions = shared.engine.partitions();
+        partitions.insert(DEFAULT_PARTITION.to_string());
+        for partition in partitions {
+            let framework = shared.frameworks.entry(partition.clone()).or_default();
+            if framework.started {
+                continue;
+            }
+            framework.started = true;
+            let mut config = self.starter.0.template.clone();
+            config.name = framework_name(&partition);
+            config.partition = partition.clone();
+            config.framework_id = framework.framework_id.clone();
+            tracing::info!(%partition, framework = %config.name, "starting a jobs framework");
+            let scheduler = JobsScheduler {
+                handle: self.clone(),
+                partition,
+            };
+            let mut shutdown = self.starter.0.shutdown.clone();
+            tokio::spawn(async move {
+                let name = config.name.clone();
+                tokio::select! {
+                    result = ringmaster_sdk::run(config, scheduler) => {
+                        if let Err(e) = result {
+                            tracing::error!(framework = %name, error = %e, "a jobs framework stopped");
+                        }
+                    }
+                    _ = shutdown.wait_for(|stop| *stop) => {}
+                }
+            });
+        }
     }
 
     /// The jobs framework's id and the task of instance `index` of job `name` whose output
@@ -191,7 +277,12 @@ impl JobsHandle {
             .clone()
             .or_else(|| instance.last_task_id.clone())
             .ok_or(LogsLookup::NoTaskYet)?;
-        let framework = shared.framework_id.clone().ok_or(LogsLookup::NoTaskYet)?;
+        let partition = shared.tasks.get(&task).unwrap_or(&job.spec.partition);
+        let framework = shared
+            .frameworks
+            .get(partition)
+            .and_then(|f| f.framework_id.clone())
+            .ok_or(LogsLookup::NoTaskYet)?;
         Ok((framework, task))
     }
 
@@ -219,25 +310,40 @@ pub enum LogsLookup {
 }
 
 impl Shared {
+    /// Kills tasks, each through the framework of its partition (where it was launched or
+    /// reported from; else its job's).
     fn kill(&self, tasks: Vec<String>) {
-        if let Some(driver) = &self.driver {
-            for task in tasks {
+        for task in tasks {
+            let partition = self.tasks.get(&task).map(String::as_str).or_else(|| {
+                let job = super::engine::parse_task_id(&task)?.0;
+                Some(self.engine.job(job)?.spec.partition.as_str())
+            });
+            let driver = self
+                .frameworks
+                .get(partition.unwrap_or(DEFAULT_PARTITION))
+                .and_then(|f| f.driver.as_ref());
+            if let Some(driver) = driver {
                 let _ = driver.kill(&task);
             }
         }
     }
 
+    /// Restates each connected partition framework's demand when it changed.
     fn sync_demand(&mut self, now: Instant) {
-        let demand = self.engine.demand(now);
-        if demand == self.demand {
-            return;
+        for (partition, framework) in self.frameworks.iter_mut() {
+            let demand = self.engine.demand(partition, now);
+            if demand == framework.demand {
+                continue;
+            }
+            let Some(driver) = &framework.driver else {
+                continue;
+            };
+            let _ = match &demand {
+                Some((shape, count)) => driver.request(shape, *count),
+                None => driver.request(&Resources::new(), 0),
+            };
+            framework.demand = demand;
         }
-        let Some(driver) = &self.driver else { return };
-        let _ = match &demand {
-            Some((shape, count)) => driver.request(shape, *count),
-            None => driver.request(&Resources::new(), 0),
-        };
-        self.demand = demand;
     }
 }
 
@@ -260,46 +366,54 @@ pub async fn start(
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .restore(&mut engine);
     }
+    // The ids of the partitions' frameworks (an older registry has the default one only).
+    let mut frameworks: BTreeMap<String, PartitionFramework> = BTreeMap::new();
+    let ids = meta
+        .partitions
+        .iter()
+        .map(|(p, id)| (p.clone(), Some(id.clone())))
+        .chain([(DEFAULT_PARTITION.to_string(), meta.framework_id.clone())]);
+    for (partition, framework_id) in ids {
+        frameworks.insert(
+            partition,
+            PartitionFramework {
+                framework_id,
+                ..PartitionFramework::default()
+            },
+        );
+    }
     let shared = Arc::new(Mutex::new(Shared {
         engine,
         generation,
-        hold_until: None,
-        driver: None,
-        framework_id: meta.framework_id.clone(),
-        demand: None,
+        frameworks,
+        tasks: HashMap::new(),
         writing: false,
     }));
+    let mut template = FrameworkConfig::new(master, FRAMEWORK_NAME);
+    template.user = JOBS_USER.into();
+    template.security = security;
+    template.failover_timeout = FAILOVER_TIMEOUT;
     let handle = JobsHandle {
         shared: shared.clone(),
         store,
         gate: Arc::default(),
+        starter: Starter(Arc::new(Launcher {
+            template,
+            shutdown: shutdown.clone(),
+        })),
     };
     // The new generation is on disk before any task carries it.
     handle
         .save_meta()
         .await
         .map_err(|e| anyhow::anyhow!("jobs: {e}"))?;
-    let mut config = FrameworkConfig::new(master, FRAMEWORK_NAME);
-    config.user = JOBS_USER.into();
-    config.security = security;
-    config.failover_timeout = FAILOVER_TIMEOUT;
-    config.framework_id = meta.framework_id;
-    let scheduler = JobsScheduler {
-        handle: handle.clone(),
-    };
+    // The default partition's framework, and one for every partition with jobs.
+    handle.start_frameworks();
     let ticker = handle.clone();
     tokio::spawn(async move {
-        let run = ringmaster_sdk::run(config, scheduler);
-        tokio::pin!(run);
         let mut tick = tokio::time::interval(TICK);
         loop {
             tokio::select! {
-                result = &mut run => {
-                    if let Err(e) = result {
-                        tracing::error!(error = %e, "the jobs framework stopped");
-                    }
-                    return;
-                }
                 _ = tick.tick() => {
                     let mut shared = ticker.lock();
                     let kill = shared.engine.tick();
@@ -313,8 +427,10 @@ pub async fn start(
     Ok(handle)
 }
 
+/// The framework of one partition.
 struct JobsScheduler {
     handle: JobsHandle,
+    partition: String,
 }
 
 impl JobsScheduler {
@@ -324,7 +440,14 @@ impl JobsScheduler {
         let terminal = state.is_terminal();
         let success = state == TaskState::TaskFinished && status.exit_code.unwrap_or(0) == 0;
         let mut shared = self.handle.lock();
+        if !terminal {
+            // Its kill goes through this partition's framework.
+            shared
+                .tasks
+                .insert(status.task_id.clone(), self.partition.clone());
+        }
         let ended_before = terminal.then(|| shared.engine.outcomes());
+        let failed_before = terminal.then(|| failed_of(&shared.engine, &status.task_id));
         let kill = shared.engine.update(
             &status.task_id,
             state == TaskState::TaskRunning,
@@ -342,20 +465,25 @@ impl JobsScheduler {
         };
         shared.engine.set_health(&status.task_id, health);
         shared.kill(kill);
+        if terminal {
+            shared.tasks.remove(&status.task_id);
+        }
         shared.sync_demand(Instant::now());
         let job = super::engine::parse_task_id(&status.task_id)?.0;
         let before = ended_before?;
-        (before.get(job) != shared.engine.outcomes().get(job)).then(|| job.to_string())
+        let gave_up = failed_before? != failed_of(&shared.engine, &status.task_id);
+        (gave_up || before.get(job) != shared.engine.outcomes().get(job)).then(|| job.to_string())
     }
 
     async fn subscribed(&self, driver: &Driver, framework_id: &str) {
         let new_id = {
             let mut shared = self.handle.lock();
-            shared.driver = Some(driver.clone());
-            shared.demand = None;
-            shared.hold_until = Some(Instant::now() + RECONCILE_GRACE);
-            let new_id = shared.framework_id.as_deref() != Some(framework_id);
-            shared.framework_id = Some(framework_id.to_string());
+            let framework = shared.frameworks.entry(self.partition.clone()).or_default();
+            framework.driver = Some(driver.clone());
+            framework.demand = None;
+            framework.hold_until = Some(Instant::now() + RECONCILE_GRACE);
+            let new_id = framework.framework_id.as_deref() != Some(framework_id);
+            framework.framework_id = Some(framework_id.to_string());
             new_id
         };
         if new_id {
@@ -372,7 +500,8 @@ impl JobsScheduler {
 #[async_trait::async_trait]
 impl Scheduler for JobsScheduler {
     async fn registered(&mut self, driver: &Driver, framework_id: &str) {
-        tracing::info!(framework = %framework_id, "jobs framework subscribed");
+        tracing::info!(framework = %framework_id, partition = %self.partition,
+            "jobs framework subscribed");
         self.subscribed(driver, framework_id).await;
     }
 
@@ -386,13 +515,25 @@ impl Scheduler for JobsScheduler {
             .iter()
             .map(|o| Resources::from_wire(o.resources.as_ref()).unwrap_or_default())
             .collect();
+        let attributes: Vec<Vec<(String, String)>> = offers
+            .iter()
+            .map(|o| {
+                o.attributes
+                    .iter()
+                    .map(|a| (a.key.clone(), a.value.clone()))
+                    .collect()
+            })
+            .collect();
         let views: Vec<OfferView<'_>> = offers
             .iter()
             .zip(&resources)
-            .map(|(o, r)| OfferView {
+            .zip(&attributes)
+            .map(|((o, r), a)| OfferView {
                 id: &o.offer_id,
                 agent: &o.agent_id,
                 resources: r,
+                hostname: &o.hostname,
+                attributes: a,
             })
             .collect();
         let mut shared = self.handle.lock();
@@ -402,12 +543,17 @@ impl Scheduler for JobsScheduler {
             let _ = driver.decline(&ids, Duration::from_millis(100));
             return;
         }
-        if shared.hold_until.is_some_and(|until| now < until) {
+        let held = shared
+            .frameworks
+            .get(&self.partition)
+            .and_then(|f| f.hold_until)
+            .is_some_and(|until| now < until);
+        if held {
             let ids: Vec<String> = offers.iter().map(|o| o.offer_id.clone()).collect();
             let _ = driver.decline(&ids, Duration::from_millis(500));
             return;
         }
-        let placed = shared.engine.place(&views, now);
+        let placed = shared.engine.place(&self.partition, &views, now);
         let mut decline = Vec::new();
         for (offer_id, launches) in placed {
             if launches.is_empty() {
@@ -422,7 +568,11 @@ impl Scheduler for JobsScheduler {
                 })
                 .collect();
             for launch in &launches {
-                tracing::info!(job = %launch.job, task = %launch.task_id, "launching instance");
+                tracing::info!(job = %launch.job, task = %launch.task_id,
+                    partition = %self.partition, "launching instance");
+                shared
+                    .tasks
+                    .insert(launch.task_id.clone(), self.partition.clone());
             }
             let _ = driver.accept(&offer_id, tasks);
         }
@@ -445,8 +595,18 @@ impl Scheduler for JobsScheduler {
     }
 
     async fn disconnected(&mut self, _driver: &Driver) {
-        self.handle.lock().demand = None;
+        if let Some(framework) = self.handle.lock().frameworks.get_mut(&self.partition) {
+            framework.demand = None;
+        }
     }
+}
+
+/// Whether the job of `task_id` has given up: a change of it is committed (the job's
+/// `failed` is kept in its record).
+fn failed_of(engine: &Engine, task_id: &str) -> bool {
+    super::engine::parse_task_id(task_id)
+        .and_then(|(job, ..)| engine.job(job))
+        .is_some_and(|job| job.failed.is_some())
 }
 
 /// The task an instance runs.

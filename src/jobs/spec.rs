@@ -24,6 +24,10 @@
 //!   attempts: 3          # batch: retries per instance; service: restarts within `interval`
 //!   delay: 1s            # doubled after each restart of an instance, up to 5 min
 //!   interval: 10m
+//! partition: default     # the agents (attribute `partition`) its instances run on
+//! constraints:           # every one must hold on the agent of an instance
+//!   - {attribute: rack, operator: "=", value: r1}   # =, !=, regexp, is_set, is_not_set
+//!   - {operator: distinct_hosts}                    # no two live instances on one agent
 //! ```
 
 use std::collections::BTreeMap;
@@ -32,6 +36,7 @@ use std::time::Duration;
 use ringmaster_core::resources::{check_known_names, Resources};
 use serde::{Deserialize, Serialize};
 
+use super::constraints::{self, Constraint, Operator, OPERATORS};
 use crate::yaml::{ConfigError, Seg, YamlSource};
 
 /// The most instances one job may ask for.
@@ -71,6 +76,26 @@ pub struct JobSpec {
     pub count: u32,
     pub task: TaskTemplate,
     pub restart: RestartPolicy,
+    /// The partition its instances run in (the jobs framework subscribes once per partition).
+    #[serde(
+        default = "default_partition",
+        skip_serializing_if = "is_default_partition"
+    )]
+    pub partition: String,
+    /// What an agent must satisfy to run an instance ([`constraints`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<Constraint>,
+}
+
+/// The partition of agents without a `partition` attribute, and of jobs without one.
+pub const DEFAULT_PARTITION: &str = ringmaster_core::placement::DEFAULT_PARTITION;
+
+fn default_partition() -> String {
+    DEFAULT_PARTITION.to_string()
+}
+
+fn is_default_partition(partition: &String) -> bool {
+    partition == DEFAULT_PARTITION
 }
 
 /// What every instance of a job runs.
@@ -214,6 +239,9 @@ impl JobSpec {
             return Err("restart.delay: above 1h".into());
         }
         check_priority_class(&self.task.priority_class)?;
+        check_partition(&self.partition).map_err(|e| format!("partition: {e}"))?;
+        constraints::check_all(&self.constraints)
+            .map_err(|(i, key, e)| format!("constraints[{i}].{key}: {e}"))?;
         if let Some(health) = &self.task.health {
             if self.kind != JobKind::Service {
                 return Err(format!("task.health: {}", SERVICE_ONLY));
@@ -239,6 +267,21 @@ struct RawSpec {
     task: RawTask,
     #[serde(default)]
     restart: RawRestart,
+    #[serde(default)]
+    partition: Option<String>,
+    #[serde(default)]
+    constraints: Vec<RawConstraint>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConstraint {
+    #[serde(default)]
+    attribute: Option<String>,
+    #[serde(default)]
+    operator: Option<String>,
+    #[serde(default)]
+    value: Option<serde_yaml::Value>,
 }
 
 fn one() -> u32 {
@@ -365,6 +408,9 @@ pub fn parse_job_spec(text: &str, file: &str) -> Result<JobSpec, ConfigError> {
             ));
         }
     }
+    let partition = raw.partition.unwrap_or_else(default_partition);
+    check_partition(&partition).map_err(|e| at(&["partition"], e))?;
+    let constraints = read_constraints(&raw.constraints, &source)?;
     Ok(JobSpec {
         name: raw.name,
         kind: raw.kind,
@@ -384,7 +430,85 @@ pub fn parse_job_spec(text: &str, file: &str) -> Result<JobSpec, ConfigError> {
             delay_ms: delay.as_millis() as u64,
             interval_ms: interval.as_millis() as u64,
         },
+        partition,
+        constraints,
     })
+}
+
+/// `constraints:` from the file: each item's operator read (`=` when left out), its
+/// attribute and value checked against the operator, errors at the item's key.
+fn read_constraints(
+    raw: &[RawConstraint],
+    source: &YamlSource<'_>,
+) -> Result<Vec<Constraint>, ConfigError> {
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, item) in raw.iter().enumerate() {
+        let at = |key: &str, message: String| {
+            source.error(
+                &[Seg::from("constraints"), Seg::from(i), Seg::from(key)],
+                message,
+            )
+        };
+        let operator = match item.operator.as_deref() {
+            None => Operator::Eq,
+            Some(text) => Operator::parse(text).ok_or_else(|| {
+                at(
+                    "operator",
+                    format!("`{text}` is not an operator: one of {OPERATORS}"),
+                )
+            })?,
+        };
+        let value = match &item.value {
+            None => None,
+            Some(serde_yaml::Value::String(s)) => Some(s.clone()),
+            Some(serde_yaml::Value::Number(n)) => Some(n.to_string()),
+            Some(serde_yaml::Value::Bool(b)) => Some(b.to_string()),
+            Some(_) => {
+                return Err(at(
+                    "value",
+                    "must be a string, a number or a boolean".into(),
+                ))
+            }
+        };
+        let constraint = Constraint {
+            attribute: item.attribute.clone().unwrap_or_default(),
+            operator,
+            value,
+        };
+        constraint.check().map_err(|(key, e)| {
+            let present = match key {
+                "attribute" => item.attribute.is_some(),
+                "value" => item.value.is_some(),
+                _ => true,
+            };
+            let mut error = at(key, e);
+            if !present {
+                // A missing key has no line of its own: the item's.
+                error.line = source
+                    .error(&[Seg::from("constraints"), Seg::from(i)], "")
+                    .line;
+            }
+            error
+        })?;
+        out.push(constraint);
+    }
+    Ok(out)
+}
+
+/// Partition names: what the master accepts in a subscription (no spaces or control
+/// characters), not empty, and usable in a framework name.
+fn check_partition(partition: &str) -> Result<(), String> {
+    if partition.is_empty()
+        || partition.len() > 63
+        || partition
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+    {
+        return Err(format!(
+            "`{partition}` is not a partition name: 1-63 characters, no spaces, control characters or /"
+        ));
+    }
+    Ok(())
 }
 
 /// `task.health` from the file: durations read, defaults filled, bounds checked.
@@ -681,5 +805,118 @@ restart:
         spec.task.health.as_mut().unwrap().timeout_ms = 1000;
         spec.kind = JobKind::Batch;
         assert!(spec.check().unwrap_err().contains("only a service"));
+    }
+
+    const PLACED: &str = r#"name: web
+type: service
+count: 2
+task:
+  command: "sleep 1000"
+  resources: "cpus:0.5"
+partition: gpu
+constraints:
+  - attribute: rack
+    value: r1
+  - attribute: zone
+    operator: regexp
+    value: "eu-.*"
+  - {attribute: ssd, operator: is_set}
+  - {attribute: hostname, operator: "!=", value: node1}
+  - {attribute: version, value: 2}
+  - operator: distinct_hosts
+"#;
+
+    #[test]
+    fn constraints_and_partition_read_with_their_defaults() {
+        let spec = parse_job_spec(PLACED, "web.yaml").unwrap();
+        assert_eq!(spec.partition, "gpu");
+        let shown: Vec<String> = spec.constraints.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            shown,
+            [
+                "rack = r1",
+                "zone regexp eu-.*",
+                "ssd is_set",
+                "hostname != node1",
+                "version = 2",
+                "distinct_hosts"
+            ]
+        );
+        assert!(spec.check().is_ok());
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), spec);
+        // Without them: the default partition, no constraints, and JSON as before.
+        let plain = parse_job_spec(WEB, "web.yaml").unwrap();
+        assert_eq!(plain.partition, "default");
+        assert!(plain.constraints.is_empty());
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(
+            !json.contains("partition") && !json.contains("constraints"),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), plain);
+    }
+
+    #[test]
+    fn bad_constraints_name_file_line_and_key() {
+        let e = error(&PLACED.replace("operator: regexp", "operator: like"));
+        assert_eq!(
+            e,
+            "job.yaml:12: constraints[1].operator: `like` is not an operator: one of =, !=, regexp, is_set, is_not_set, distinct_hosts"
+        );
+        let e = error(&PLACED.replace("    value: r1\n", ""));
+        assert_eq!(
+            e,
+            "job.yaml:9: constraints[0].value: operator = needs a value"
+        );
+        let e = error(&PLACED.replace(
+            "{attribute: ssd, operator: is_set}",
+            "{attribute: ssd, operator: is_set, value: x}",
+        ));
+        assert_eq!(
+            e,
+            "job.yaml:14: constraints[2].value: operator is_set takes no value"
+        );
+        let e = error(&PLACED.replace("value: \"eu-.*\"", "value: \"eu-(\""));
+        assert!(
+            e.starts_with("job.yaml:13: constraints[1].value: `eu-(` is not a regular expression"),
+            "{e}"
+        );
+        let e = error(&PLACED.replace(
+            "  - operator: distinct_hosts",
+            "  - {operator: distinct_hosts, attribute: rack}",
+        ));
+        assert_eq!(
+            e,
+            "job.yaml:17: constraints[5].attribute: operator distinct_hosts takes no attribute"
+        );
+        let e = error(&PLACED.replace("  - attribute: rack\n    value: r1", "  - value: r1"));
+        assert_eq!(
+            e,
+            "job.yaml:9: constraints[0].attribute: operator = needs an attribute"
+        );
+        let e = error(&PLACED.replace("    value: r1\n", "    valeu: r1\n"));
+        assert!(e.starts_with("job.yaml:10: constraints[0]: "), "{e}");
+        assert!(e.contains("unknown field `valeu`"), "{e}");
+        let e = error(&PLACED.replace("partition: gpu", "partition: \"a b\""));
+        assert!(
+            e.starts_with("job.yaml:7: partition: `a b` is not a partition name"),
+            "{e}"
+        );
+        let e = error(&PLACED.replace("partition: gpu", "partiton: gpu"));
+        assert!(e.contains("unknown field `partiton`"), "{e}");
+    }
+
+    #[test]
+    fn a_json_spec_with_bad_constraints_is_refused() {
+        let mut spec = parse_job_spec(PLACED, "web.yaml").unwrap();
+        spec.constraints[0].value = None;
+        assert_eq!(
+            spec.check().unwrap_err(),
+            "constraints[0].value: operator = needs a value"
+        );
+        let mut spec = parse_job_spec(PLACED, "web.yaml").unwrap();
+        spec.partition = String::new();
+        assert!(spec.check().unwrap_err().starts_with("partition: "));
     }
 }

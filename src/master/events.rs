@@ -47,10 +47,12 @@ pub(crate) enum Event {
         request: super::files::FileRequest,
         reply: super::files::FileReply,
     },
-    /// Where would `count` instances of `demand` go now? (`POST /jobs/plan`)
+    /// Where would `count` instances of `demand` go now, in the job's partition and under its
+    /// constraints? (`POST /jobs/plan`)
     Plan {
         demand: ringmaster_proto::resources::Resources,
         count: u32,
+        placement: super::plan::Placement,
         reply: oneshot::Sender<super::plan::Plan>,
     },
     /// The built-in jobs framework's records changed (`crate::jobs::runner`, through

@@ -108,14 +108,19 @@ pub struct TaskEntry {
     pub terminal_unacked: bool,
 }
 
-/// The built-in jobs framework's own record: its framework id and how many times it started
+/// The built-in jobs framework's own record: its framework ids and how many times it started
 /// (task ids carry the count, so none is reused).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobsMeta {
+    /// The framework of the default partition (`ringmaster-jobs`).
     #[serde(default)]
     pub framework_id: Option<String>,
     #[serde(default)]
     pub generation: u32,
+    /// The frameworks of the other partitions (`ringmaster-jobs/<partition>`), by partition.
+    /// Absent in records of older masters (they had the default partition's only).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub partitions: std::collections::BTreeMap<String, String>,
 }
 
 /// Everything read back from a registry at start.
@@ -549,6 +554,7 @@ mod tests {
         let meta = JobsMeta {
             framework_id: Some("5f-F1".into()),
             generation: 3,
+            partitions: [("gpu".to_string(), "5f-F2".to_string())].into(),
         };
         {
             let registry = Registry::open(dir.path()).unwrap();

@@ -485,9 +485,10 @@ impl MasterState {
             Event::Plan {
                 demand,
                 count,
+                placement,
                 reply,
             } => {
-                let _ = reply.send(self.plan(&demand, count));
+                let _ = reply.send(self.plan(&demand, count, &placement));
             }
             Event::ReadFile { request, reply } => self.read_file(request, reply, now),
             Event::Health(reply) => {

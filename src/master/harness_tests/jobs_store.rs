@@ -44,6 +44,7 @@ fn a_job_save_is_answered_only_after_the_turn_is_committed_and_survives_a_restar
     let meta = JobsMeta {
         framework_id: Some("1-F1".into()),
         generation: 2,
+        ..JobsMeta::default()
     };
     let mut first = save(&mut h, "web", Some(web.clone()), Some(meta.clone()));
     let mut second = save(&mut h, "once", Some(serde_json::json!({"spec": {}})), None);

@@ -403,7 +403,7 @@ fn a_plan_places_instances_on_a_copy_of_the_cluster_and_explains_the_rest() {
     h.agent("a1", "cpus:4;mem:1024");
     h.agent("a2", "cpus:2;mem:1024");
     let demand: ringmaster_proto::resources::Resources = "cpus:2;mem:100".parse().unwrap();
-    let plan = h.state.plan(&demand, 4);
+    let plan = h.state.plan(&demand, 4, &Default::default());
     let mut placed = plan.placed.clone();
     placed.sort();
     assert_eq!(placed, ["a1", "a1", "a2"], "{plan:?}");
@@ -411,6 +411,127 @@ fn a_plan_places_instances_on_a_copy_of_the_cluster_and_explains_the_rest() {
     assert!(plan.why.as_deref().unwrap().contains("cpus"), "{plan:?}");
     // Nothing was taken for real.
     assert_eq!(h.snapshot().free, "cpus:6;mem:2048");
-    let plan = h.state.plan(&demand, 2);
+    let plan = h.state.plan(&demand, 2, &Default::default());
     assert_eq!((plan.placed.len(), plan.unplaced, plan.why), (2, 0, None));
+}
+
+/// An agent with attributes `key:value;...` (hostname = id).
+fn attributed(h: &mut Harness, id: &str, resources: &str, attributes: &[(&str, &str)]) {
+    let mut r = super::super::harness::register(id, resources);
+    r.attributes = attributes
+        .iter()
+        .map(|(k, v)| ringmaster_proto::v1::Attribute {
+            key: k.to_string(),
+            value: v.to_string(),
+        })
+        .collect();
+    h.agent_with(r);
+}
+
+fn placement(partition: &str, constraints: &str) -> super::super::plan::Placement {
+    let text = format!(
+        "name: p\ntype: service\ntask:\n  command: x\n  resources: cpus:1\npartition: {partition}\n{constraints}"
+    );
+    let spec = crate::jobs::spec::parse_job_spec(&text, "p.yaml").unwrap();
+    super::super::plan::Placement {
+        partition: spec.partition,
+        constraints: spec.constraints,
+    }
+}
+
+#[test]
+fn a_plan_honors_constraints_distinct_hosts_and_the_partition_and_says_why_not() {
+    let mut h = Harness::new();
+    attributed(&mut h, "a1", "cpus:4;mem:1024", &[("rack", "r1")]);
+    attributed(&mut h, "a2", "cpus:4;mem:1024", &[("rack", "r2")]);
+    attributed(
+        &mut h,
+        "a3",
+        "cpus:4;mem:1024",
+        &[("rack", "r1"), ("ssd", "yes")],
+    );
+    attributed(
+        &mut h,
+        "g1",
+        "cpus:4;mem:1024",
+        &[("partition", "gpu"), ("rack", "r1")],
+    );
+    let demand: ringmaster_proto::resources::Resources = "cpus:2;mem:100".parse().unwrap();
+    let sorted = |plan: &super::super::plan::Plan| {
+        let mut placed = plan.placed.clone();
+        placed.sort();
+        placed
+    };
+
+    // rack = r1 in the default partition: a1 and a3 (g1 is in partition gpu), 2 each.
+    let rack = placement(
+        "default",
+        "constraints:\n  - {attribute: rack, value: r1}\n",
+    );
+    let plan = h.state.plan(&demand, 5, &rack);
+    assert_eq!(sorted(&plan), ["a1", "a1", "a3", "a3"], "{plan:?}");
+    assert_eq!(plan.unplaced, 1);
+    assert!(plan.why.as_deref().unwrap().contains("cpus"), "{plan:?}");
+
+    // Each operator, one instance: where it may go.
+    let cases = [
+        ("{attribute: rack, operator: \"!=\", value: r1}", vec!["a2"]),
+        ("{attribute: ssd, operator: is_set}", vec!["a3"]),
+        (
+            "{attribute: hostname, operator: regexp, value: \"a[23]\"}",
+            vec!["a2", "a3"],
+        ),
+    ];
+    for (constraint, agents) in cases {
+        let p = placement("default", &format!("constraints:\n  - {constraint}\n"));
+        let plan = h.state.plan(&demand, 1, &p);
+        assert_eq!(plan.unplaced, 0, "{constraint}: {plan:?}");
+        assert!(
+            agents.contains(&plan.placed[0].as_str()),
+            "{constraint}: {plan:?}"
+        );
+    }
+
+    // No agent satisfies it: said so.
+    let r9 = placement(
+        "default",
+        "constraints:\n  - {attribute: rack, value: r9}\n",
+    );
+    let plan = h.state.plan(&demand, 2, &r9);
+    assert_eq!((plan.placed.len(), plan.unplaced), (0, 2));
+    assert_eq!(plan.why.as_deref(), Some("no agent satisfies rack = r9"));
+    let both = placement(
+        "default",
+        "constraints:\n  - {attribute: rack, value: r2}\n  - {attribute: ssd, operator: is_set}\n",
+    );
+    let plan = h.state.plan(&demand, 1, &both);
+    assert_eq!(
+        plan.why.as_deref(),
+        Some("no agent satisfies all of: rack = r2, ssd is_set")
+    );
+
+    // distinct_hosts: one per agent.
+    let distinct = placement(
+        "default",
+        "constraints:\n  - {attribute: rack, value: r1}\n  - {operator: distinct_hosts}\n",
+    );
+    let plan = h.state.plan(&demand, 3, &distinct);
+    assert_eq!(sorted(&plan), ["a1", "a3"], "{plan:?}");
+    assert_eq!(plan.unplaced, 1);
+    assert!(
+        plan.why.as_deref().unwrap().starts_with("distinct_hosts"),
+        "{plan:?}"
+    );
+
+    // Partition gpu: only g1; a constraint it fails is named.
+    let plan = h.state.plan(&demand, 2, &placement("gpu", ""));
+    assert_eq!(sorted(&plan), ["g1", "g1"], "{plan:?}");
+    let plan = h.state.plan(
+        &demand,
+        1,
+        &placement("gpu", "constraints:\n  - {attribute: rack, value: r2}\n"),
+    );
+    assert_eq!(plan.why.as_deref(), Some("no agent satisfies rack = r2"));
+    // Nothing was taken for real.
+    assert_eq!(h.snapshot().free, "cpus:16;mem:4096");
 }

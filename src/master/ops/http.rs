@@ -259,9 +259,14 @@ async fn job_plan(State(http): State<HttpState>, body: String) -> Response {
         return refused(why);
     }
     let (demand, count) = (spec.resources(), spec.count);
+    let placement = crate::master::plan::Placement {
+        partition: spec.partition,
+        constraints: spec.constraints,
+    };
     match ask(&http.events, |reply| Event::Plan {
         demand,
         count,
+        placement,
         reply,
     })
     .await
