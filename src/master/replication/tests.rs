@@ -1,0 +1,254 @@
+//! Replication's storage against openraft's own storage test suite, its durability across a
+//! reopen, and three Raft nodes in one process replicating registry batches through a leader
+//! change.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::{Config, StorageError};
+use tempfile::TempDir;
+
+use super::super::registry::{FrameworkEntry, Registry, RegistryBatch};
+use super::log_store::LogStore;
+use super::network::Router;
+use super::raft::RaftReplicator;
+use super::state_machine::StateMachine;
+use super::{NodeId, ReplicationError, Replicator, Role, TypeConfig};
+
+/// Opens the log store and the state machine of one master in `dir`.
+fn open_storage(dir: &std::path::Path) -> (LogStore, StateMachine) {
+    let log = LogStore::open(dir).expect("open raft.redb");
+    let registry = Arc::new(Registry::open(dir).expect("open registry.redb"));
+    let sm = StateMachine::new(registry).expect("state machine");
+    (log, sm)
+}
+
+/// Fresh storage in a fresh temp dir for each suite case; the dir lives as long as the case.
+struct FreshStorage;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for FreshStorage {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError<NodeId>> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (log, sm) = open_storage(dir.path());
+        Ok((dir, log, sm))
+    }
+}
+
+#[test]
+fn openraft_storage_suite_passes() {
+    Suite::test_all(FreshStorage).expect("openraft storage suite");
+}
+
+fn framework(id: &str) -> FrameworkEntry {
+    FrameworkEntry {
+        id: id.into(),
+        name: "exec".into(),
+        user: "alice".into(),
+        weight: 1.0,
+        partition: "default".into(),
+        failover_timeout_secs: 30.0,
+        principal: String::new(),
+    }
+}
+
+fn batch_adding(id: &str) -> RegistryBatch {
+    RegistryBatch {
+        frameworks: vec![(id.into(), Some(framework(id)))],
+        jobs: vec![(
+            "web".into(),
+            Some(serde_json::json!({"spec": {"count": 2}})),
+        )],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn the_vote_the_log_and_the_applied_point_survive_a_reopen() {
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    let dir = tempfile::tempdir().unwrap();
+    let log_id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+    {
+        let (mut log, mut sm) = open_storage(dir.path());
+        log.save_vote(&Vote::new(1, 1)).await.unwrap();
+        let entries = vec![
+            Entry {
+                log_id: log_id(1),
+                payload: EntryPayload::Blank,
+            },
+            Entry {
+                log_id: log_id(2),
+                payload: EntryPayload::Normal(batch_adding("f1")),
+            },
+        ];
+        openraft::storage::RaftLogStorageExt::blocking_append(&mut log, entries.clone())
+            .await
+            .unwrap();
+        sm.apply(entries).await.unwrap();
+    }
+    let (mut log, mut sm) = open_storage(dir.path());
+    assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(1, 1)));
+    assert_eq!(
+        log.get_log_state().await.unwrap().last_log_id,
+        Some(log_id(2))
+    );
+    assert_eq!(sm.applied_state().await.unwrap().0, Some(log_id(2)));
+    let recovered = sm.registry().load().unwrap();
+    assert_eq!(recovered.frameworks, vec![framework("f1")]);
+}
+
+/// How long a test waits for an event before it fails.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn test_config() -> Config {
+    Config {
+        cluster_name: "ringmaster-test".into(),
+        heartbeat_interval: 50,
+        election_timeout_min: 200,
+        election_timeout_max: 400,
+        ..Default::default()
+    }
+}
+
+struct Node {
+    replicator: RaftReplicator,
+    registry: Arc<Registry>,
+    _dir: TempDir,
+}
+
+/// Waits until `node` sees a leader other than `not`, and returns it.
+async fn leader_seen_by(node: &Node, not: Option<NodeId>) -> NodeId {
+    let metrics = node
+        .replicator
+        .raft()
+        .wait(Some(PATIENCE))
+        .metrics(
+            |m| m.current_leader.is_some() && m.current_leader != not,
+            "a leader is elected",
+        )
+        .await
+        .expect("no leader elected in time");
+    metrics.current_leader.unwrap()
+}
+
+/// Waits until `node` applied at least `index`.
+async fn applied(node: &Node, index: u64) {
+    node.replicator
+        .raft()
+        .wait(Some(PATIENCE))
+        .applied_index_at_least(Some(index), "the batch is applied")
+        .await
+        .expect("not applied in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_masters_replicate_a_batch_and_survive_the_leader() {
+    let router = Router::default();
+    let mut nodes: BTreeMap<NodeId, Node> = BTreeMap::new();
+    for id in 1..=3 {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, sm) = open_storage(dir.path());
+        let registry = sm.registry().clone();
+        let replicator = RaftReplicator::start(id, test_config(), router.clone(), log, sm)
+            .await
+            .unwrap();
+        router.add(id, replicator.raft().clone());
+        nodes.insert(
+            id,
+            Node {
+                replicator,
+                registry,
+                _dir: dir,
+            },
+        );
+    }
+    let members: BTreeMap<NodeId, String> = (1..=3)
+        .map(|id| (id, format!("127.0.0.1:{}", 5050 + id)))
+        .collect();
+    nodes[&1]
+        .replicator
+        .raft()
+        .initialize(members)
+        .await
+        .unwrap();
+
+    // A leader is elected and replicates the first batch to every master's registry.
+    let leader = leader_seen_by(&nodes[&1], None).await;
+    let leader_node = &nodes[&leader];
+    leader_node
+        .replicator
+        .raft()
+        .wait(Some(PATIENCE))
+        .state(openraft::ServerState::Leader, "the leader knows it leads")
+        .await
+        .unwrap();
+    let index = leader_node
+        .replicator
+        .replicate(batch_adding("f1"))
+        .await
+        .unwrap();
+    let status = leader_node.replicator.status();
+    assert_eq!(status.role, Role::Leader);
+    assert_eq!(status.leader, Some(leader));
+    for node in nodes.values() {
+        applied(node, index).await;
+        let recovered = node.registry.load().unwrap();
+        assert_eq!(recovered.frameworks, vec![framework("f1")]);
+        assert_eq!(recovered.jobs.len(), 1);
+    }
+
+    // A follower refuses to replicate and names the leader.
+    let follower = *nodes.keys().find(|id| **id != leader).unwrap();
+    match nodes[&follower]
+        .replicator
+        .replicate(batch_adding("f-refused"))
+        .await
+    {
+        Err(ReplicationError::NotLeader { leader: named, .. }) => {
+            assert_eq!(named, Some(leader))
+        }
+        other => panic!("a follower replicated: {other:?}"),
+    }
+
+    // The leader dies; the two survivors elect a new one and replicate the next batch.
+    router.remove(leader);
+    let dead = nodes.remove(&leader).unwrap();
+    dead.replicator.raft().shutdown().await.unwrap();
+    let survivor = nodes.values().next().unwrap();
+    let new_leader = leader_seen_by(survivor, Some(leader)).await;
+    assert_ne!(new_leader, leader);
+    let new_leader_node = &nodes[&new_leader];
+    new_leader_node
+        .replicator
+        .raft()
+        .wait(Some(PATIENCE))
+        .state(
+            openraft::ServerState::Leader,
+            "the new leader knows it leads",
+        )
+        .await
+        .unwrap();
+    let index = new_leader_node
+        .replicator
+        .replicate(batch_adding("f2"))
+        .await
+        .unwrap();
+    for node in nodes.values() {
+        applied(node, index).await;
+        let mut ids: Vec<String> = node
+            .registry
+            .load()
+            .unwrap()
+            .frameworks
+            .into_iter()
+            .map(|f| f.id)
+            .collect();
+        ids.sort();
+        assert_eq!(ids, vec!["f1".to_string(), "f2".to_string()]);
+    }
+    for node in nodes.values() {
+        node.replicator.raft().shutdown().await.unwrap();
+    }
+}
