@@ -5,8 +5,8 @@
 //! which have nothing to do with the registry's records. Keeping it out of `registry.redb`
 //! keeps the registry's format unchanged and lets each file be compacted on its own.
 //!
-//! Every write is a durable (`Durability::Immediate`) redb transaction, run on a blocking
-//! thread so the Raft core's task never waits on an fsync. `append` acknowledges entries to
+//! Every write but the committed id's is a durable (`Durability::Immediate`) redb
+//! transaction, run on a blocking thread so the Raft core's task never waits on an fsync. `append` acknowledges entries to
 //! Raft only after their transaction committed: a vote or an acknowledged entry survives a
 //! crash, as Raft's safety requires. Entries are JSON (the payload holds JSON job records, so
 //! the encoding must be self-describing); a record that does not decode is an error, never a
@@ -90,8 +90,14 @@ impl LogStore {
         Ok(Some(decoded))
     }
 
-    /// Runs one durable write transaction on a blocking thread.
-    async fn write<F>(&self, subject: ErrorSubject<NodeId>, body: F) -> StorageResult<()>
+    /// Runs one write transaction on a blocking thread, durable unless `durability` says
+    /// otherwise.
+    async fn write<F>(
+        &self,
+        subject: ErrorSubject<NodeId>,
+        durability: Durability,
+        body: F,
+    ) -> StorageResult<()>
     where
         F: FnOnce(&redb::WriteTransaction) -> Result<(), String> + Send + 'static,
     {
@@ -99,7 +105,7 @@ impl LogStore {
         let result = tokio::task::spawn_blocking(move || -> Result<(), String> {
             let mut write = db.begin_write().map_err(|e| e.to_string())?;
             write
-                .set_durability(Durability::Immediate)
+                .set_durability(durability)
                 .map_err(|e| e.to_string())?;
             body(&write)?;
             write.commit().map_err(|e| e.to_string())
@@ -122,11 +128,12 @@ impl LogStore {
         key: &'static str,
         value: &T,
         subject: ErrorSubject<NodeId>,
+        durability: Durability,
     ) -> StorageResult<()> {
         let bytes = serde_json::to_vec(value).map_err(|e| {
             StorageIOError::new(subject.clone(), ErrorVerb::Write, AnyError::new(&e))
         })?;
-        self.write(subject, move |write| {
+        self.write(subject, durability, move |write| {
             let mut table = write.open_table(STATE).map_err(|e| e.to_string())?;
             table
                 .insert(key, bytes.as_slice())
@@ -202,7 +209,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
-        self.write_state(VOTE_KEY, vote, ErrorSubject::Vote).await
+        self.write_state(VOTE_KEY, vote, ErrorSubject::Vote, Durability::Immediate)
+            .await
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
@@ -210,8 +218,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        self.write_state(COMMITTED_KEY, &committed, ErrorSubject::Store)
-            .await
+        // Not fsynced on its own: the committed id only saves re-learning it from the leader
+        // after a restart (the applied point lives in the registry), and the next durable
+        // append or vote makes it durable anyway.
+        self.write_state(
+            COMMITTED_KEY,
+            &committed,
+            ErrorSubject::Store,
+            Durability::None,
+        )
+        .await
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
@@ -232,7 +248,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             rows.push((entry.log_id.index, bytes));
         }
         let result = self
-            .write(ErrorSubject::Logs, move |write| {
+            .write(ErrorSubject::Logs, Durability::Immediate, move |write| {
                 let mut table = write.open_table(LOG).map_err(|e| e.to_string())?;
                 for (index, bytes) in &rows {
                     table
@@ -253,7 +269,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        self.write(ErrorSubject::Logs, move |write| {
+        self.write(ErrorSubject::Logs, Durability::Immediate, move |write| {
             let mut table = write.open_table(LOG).map_err(|e| e.to_string())?;
             table
                 .retain_in(log_id.index.., |_, _| false)
@@ -268,7 +284,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         })?;
         // The purge point and the removal are one transaction: the log state never claims a
         // purge point above entries still present, nor loses entries without a purge point.
-        self.write(ErrorSubject::Logs, move |write| {
+        self.write(ErrorSubject::Logs, Durability::Immediate, move |write| {
             let mut state = write.open_table(STATE).map_err(|e| e.to_string())?;
             state
                 .insert(PURGED_KEY, bytes.as_slice())

@@ -1,6 +1,7 @@
 //! An in-process Raft network for tests: every node's RPCs are calls on the target's
 //! `Raft` handle (which itself talks to its core over channels), looked up in a shared
-//! router. Removing a node from the router makes it unreachable, as a dead machine would be.
+//! router. Removing a node from the router cuts it off both ways, as a dead or partitioned
+//! machine would be: nothing reaches it and nothing it sends arrives.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,31 +32,47 @@ impl Router {
         self.nodes.lock().unwrap().remove(&id);
     }
 
+    /// The network as node `me` uses it.
+    pub(super) fn for_node(&self, me: NodeId) -> NodeNetwork {
+        NodeNetwork {
+            router: self.clone(),
+            me,
+        }
+    }
+
     fn get<E: std::error::Error>(
         &self,
+        from: NodeId,
         target: NodeId,
     ) -> Result<Raft<TypeConfig>, RPCError<NodeId, NodeAddr, E>> {
-        self.nodes
-            .lock()
-            .unwrap()
+        let nodes = self.nodes.lock().unwrap();
+        nodes
             .get(&target)
+            .filter(|_| nodes.contains_key(&from))
             .cloned()
             .ok_or_else(|| {
                 // Unreachable, not a plain network error: the sender backs off instead of
                 // retrying at once, as it would for a dead machine.
                 RPCError::Unreachable(Unreachable::new(&AnyError::error(format!(
-                    "node {target} is not on the network"
+                    "node {from} cannot reach node {target}"
                 ))))
             })
     }
 }
 
-impl RaftNetworkFactory<TypeConfig> for Router {
+/// One node's view of the network: its links start from it.
+pub(super) struct NodeNetwork {
+    router: Router,
+    me: NodeId,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NodeNetwork {
     type Network = Link;
 
     async fn new_client(&mut self, target: NodeId, _node: &NodeAddr) -> Link {
         Link {
-            router: self.clone(),
+            router: self.router.clone(),
+            from: self.me,
             target,
         }
     }
@@ -64,6 +81,7 @@ impl RaftNetworkFactory<TypeConfig> for Router {
 /// One node's connection to one target.
 pub(super) struct Link {
     router: Router,
+    from: NodeId,
     target: NodeId,
 }
 
@@ -73,7 +91,7 @@ impl RaftNetwork<TypeConfig> for Link {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeAddr, RaftError<NodeId>>> {
-        let raft = self.router.get(self.target)?;
+        let raft = self.router.get(self.from, self.target)?;
         raft.append_entries(rpc)
             .await
             .map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
@@ -87,7 +105,7 @@ impl RaftNetwork<TypeConfig> for Link {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, NodeAddr, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        let raft = self.router.get(self.target)?;
+        let raft = self.router.get(self.from, self.target)?;
         raft.install_snapshot(rpc)
             .await
             .map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
@@ -98,7 +116,7 @@ impl RaftNetwork<TypeConfig> for Link {
         rpc: VoteRequest<NodeId>,
         _option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeAddr, RaftError<NodeId>>> {
-        let raft = self.router.get(self.target)?;
+        let raft = self.router.get(self.from, self.target)?;
         raft.vote(rpc)
             .await
             .map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))

@@ -143,15 +143,14 @@ async fn applied(node: &Node, index: u64) {
         .expect("not applied in time");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_masters_replicate_a_batch_and_survive_the_leader() {
-    let router = Router::default();
+/// Starts three masters on `router` and makes them one group.
+async fn start_cluster(router: &Router) -> BTreeMap<NodeId, Node> {
     let mut nodes: BTreeMap<NodeId, Node> = BTreeMap::new();
     for id in 1..=3 {
         let dir = tempfile::tempdir().unwrap();
         let (log, sm) = open_storage(dir.path());
         let registry = sm.registry().clone();
-        let replicator = RaftReplicator::start(id, test_config(), router.clone(), log, sm)
+        let replicator = RaftReplicator::start(id, test_config(), router.for_node(id), log, sm)
             .await
             .unwrap();
         router.add(id, replicator.raft().clone());
@@ -173,23 +172,49 @@ async fn three_masters_replicate_a_batch_and_survive_the_leader() {
         .initialize(members)
         .await
         .unwrap();
+    nodes
+}
 
-    // A leader is elected and replicates the first batch to every master's registry.
-    let leader = leader_seen_by(&nodes[&1], None).await;
-    let leader_node = &nodes[&leader];
-    leader_node
+/// Waits until a leader (other than `not`) is elected and knows it leads; returns its id.
+async fn elected_leader(nodes: &BTreeMap<NodeId, Node>, not: Option<NodeId>) -> NodeId {
+    let witness = nodes.values().next().unwrap();
+    let leader = leader_seen_by(witness, not).await;
+    nodes[&leader]
         .replicator
         .raft()
         .wait(Some(PATIENCE))
         .state(openraft::ServerState::Leader, "the leader knows it leads")
         .await
         .unwrap();
-    let index = leader_node
+    leader
+}
+
+fn framework_ids(node: &Node) -> Vec<String> {
+    let mut ids: Vec<String> = node
+        .registry
+        .load()
+        .unwrap()
+        .frameworks
+        .into_iter()
+        .map(|f| f.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_masters_replicate_a_batch_and_survive_the_leader() {
+    let router = Router::default();
+    let mut nodes = start_cluster(&router).await;
+
+    // A leader is elected and replicates the first batch to every master's registry.
+    let leader = elected_leader(&nodes, None).await;
+    let index = nodes[&leader]
         .replicator
         .replicate(batch_adding("f1"))
         .await
         .unwrap();
-    let status = leader_node.replicator.status();
+    let status = nodes[&leader].replicator.status();
     assert_eq!(status.role, Role::Leader);
     assert_eq!(status.leader, Some(leader));
     for node in nodes.values() {
@@ -216,38 +241,75 @@ async fn three_masters_replicate_a_batch_and_survive_the_leader() {
     router.remove(leader);
     let dead = nodes.remove(&leader).unwrap();
     dead.replicator.raft().shutdown().await.unwrap();
-    let survivor = nodes.values().next().unwrap();
-    let new_leader = leader_seen_by(survivor, Some(leader)).await;
+    let new_leader = elected_leader(&nodes, Some(leader)).await;
     assert_ne!(new_leader, leader);
-    let new_leader_node = &nodes[&new_leader];
-    new_leader_node
-        .replicator
-        .raft()
-        .wait(Some(PATIENCE))
-        .state(
-            openraft::ServerState::Leader,
-            "the new leader knows it leads",
-        )
-        .await
-        .unwrap();
-    let index = new_leader_node
+    let index = nodes[&new_leader]
         .replicator
         .replicate(batch_adding("f2"))
         .await
         .unwrap();
     for node in nodes.values() {
         applied(node, index).await;
-        let mut ids: Vec<String> = node
-            .registry
-            .load()
-            .unwrap()
-            .frameworks
-            .into_iter()
-            .map(|f| f.id)
-            .collect();
-        ids.sort();
-        assert_eq!(ids, vec!["f1".to_string(), "f2".to_string()]);
+        assert_eq!(framework_ids(node), vec!["f1", "f2"]);
     }
+    for node in nodes.values() {
+        node.replicator.raft().shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_missed_purged_entries_catches_up_from_a_snapshot() {
+    let router = Router::default();
+    let nodes = start_cluster(&router).await;
+    let leader = elected_leader(&nodes, None).await;
+    let lagging = *nodes.keys().find(|id| **id != leader).unwrap();
+
+    // While one follower is cut off, the other one makes the quorum.
+    router.remove(lagging);
+    let mut index = 0;
+    for id in ["f1", "f2", "f3"] {
+        index = nodes[&leader]
+            .replicator
+            .replicate(batch_adding(id))
+            .await
+            .unwrap();
+    }
+
+    // The leader snapshots its registry and purges the entries the cut-off follower lacks.
+    let raft = nodes[&leader].replicator.raft();
+    raft.trigger().snapshot().await.unwrap();
+    raft.wait(Some(PATIENCE))
+        .metrics(
+            |m| m.snapshot.is_some_and(|s| s.index >= index),
+            "the leader built a snapshot",
+        )
+        .await
+        .unwrap();
+    raft.trigger().purge_log(index).await.unwrap();
+    raft.wait(Some(PATIENCE))
+        .metrics(
+            |m| m.purged.is_some_and(|p| p.index >= index),
+            "the leader purged its log",
+        )
+        .await
+        .unwrap();
+
+    // Back on the network, the follower can only catch up by installing the snapshot.
+    let follower = &nodes[&lagging];
+    router.add(lagging, follower.replicator.raft().clone());
+    follower
+        .replicator
+        .raft()
+        .wait(Some(PATIENCE))
+        .metrics(
+            |m| m.snapshot.is_some_and(|s| s.index >= index),
+            "the follower installed the snapshot",
+        )
+        .await
+        .unwrap();
+    applied(follower, index).await;
+    assert_eq!(framework_ids(follower), vec!["f1", "f2", "f3"]);
+    assert_eq!(follower.registry.load().unwrap().jobs.len(), 1);
     for node in nodes.values() {
         node.replicator.raft().shutdown().await.unwrap();
     }
