@@ -438,16 +438,13 @@ impl Registry {
         let image: RegistryImage =
             serde_json::from_slice(image).map_err(|e| self.error("bad registry image", e))?;
         let write = self.begin_durable_write()?;
-        for name in [
-            FRAMEWORKS.name(),
-            AGENTS.name(),
-            JOBS.name(),
-            JOBS_META.name(),
-        ] {
-            let table = TableDefinition::<&str, &[u8]>::new(name);
-            write
-                .delete_table(table)
-                .map_err(|e| self.error("cannot clear a table", format!("{name}: {e}")))?;
+        for definition in [FRAMEWORKS, AGENTS, JOBS, JOBS_META] {
+            write.delete_table(definition).map_err(|e| {
+                self.error(
+                    "cannot clear a table",
+                    format!("{}: {e}", definition.name()),
+                )
+            })?;
         }
         write
             .delete_table(TASKS)

@@ -99,6 +99,41 @@ async fn the_vote_the_log_and_the_applied_point_survive_a_reopen() {
     assert_eq!(recovered.frameworks, vec![framework("f1")]);
 }
 
+#[tokio::test]
+async fn a_failed_apply_leaves_neither_records_nor_an_applied_point() {
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+    let dir = tempfile::tempdir().unwrap();
+    let (_log, mut sm) = open_storage(dir.path());
+    let entry = Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+        payload: EntryPayload::Normal(batch_adding("f1")),
+    };
+    sm.registry()
+        .fail_commits
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(sm.apply(vec![entry.clone()]).await.is_err());
+    assert_eq!(sm.applied_state().await.unwrap().0, None);
+    assert!(sm.registry().load().unwrap().frameworks.is_empty());
+    assert_eq!(sm.registry().replication_applied().unwrap(), None);
+
+    // Applied again once the disk works: exactly once, with its applied point.
+    sm.registry()
+        .fail_commits
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    sm.apply(vec![entry.clone()]).await.unwrap();
+    assert_eq!(sm.applied_state().await.unwrap().0, Some(entry.log_id));
+    // A state machine opened afresh reads the same applied point back from the registry.
+    let mut reopened = StateMachine::new(sm.registry().clone()).unwrap();
+    assert_eq!(
+        reopened.applied_state().await.unwrap().0,
+        Some(entry.log_id)
+    );
+    assert_eq!(
+        reopened.registry().load().unwrap().frameworks,
+        vec![framework("f1")]
+    );
+}
+
 /// How long a test waits for an event before it fails.
 const PATIENCE: Duration = Duration::from_secs(20);
 
