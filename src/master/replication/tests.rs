@@ -137,12 +137,14 @@ async fn a_failed_apply_leaves_neither_records_nor_an_applied_point() {
 /// How long a test waits for an event before it fails.
 const PATIENCE: Duration = Duration::from_secs(20);
 
+/// Elections are slow enough that a busy CI machine stalling a thread for a few hundred
+/// milliseconds does not depose a healthy leader mid-test.
 fn test_config() -> Config {
     Config {
         cluster_name: "ringmaster-test".into(),
-        heartbeat_interval: 50,
-        election_timeout_min: 200,
-        election_timeout_max: 400,
+        heartbeat_interval: 100,
+        election_timeout_min: 800,
+        election_timeout_max: 1600,
         ..Default::default()
     }
 }
