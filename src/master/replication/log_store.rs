@@ -297,3 +297,57 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stores `bytes` under `index` behind the log store's back, as a damaged disk might.
+    fn plant(store: &LogStore, index: u64, bytes: &[u8]) {
+        let write = store.db.begin_write().unwrap();
+        write.open_table(LOG).unwrap().insert(index, bytes).unwrap();
+        write.commit().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_damaged_entry_is_an_error_naming_its_index_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        plant(&store, 3, b"{not json");
+        let error = store.try_get_log_entries(3..4).await.unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("bad entry") && message.contains('3'),
+            "{message}"
+        );
+        assert!(store.get_log_state().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_entry_under_the_wrong_index_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        let entry: Entry<TypeConfig> = Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 5),
+            payload: openraft::EntryPayload::Blank,
+        };
+        plant(&store, 6, &serde_json::to_vec(&entry).unwrap());
+        let error = store.try_get_log_entries(..).await.unwrap_err();
+        assert!(error.to_string().contains("has index 5"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_damaged_vote_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        let write = store.db.begin_write().unwrap();
+        write
+            .open_table(STATE)
+            .unwrap()
+            .insert(VOTE_KEY, b"nope".as_slice())
+            .unwrap();
+        write.commit().unwrap();
+        let error = store.read_vote().await.unwrap_err();
+        assert!(error.to_string().contains("bad vote record"), "{error}");
+    }
+}

@@ -134,6 +134,20 @@ async fn a_failed_apply_leaves_neither_records_nor_an_applied_point() {
     );
 }
 
+#[test]
+fn a_damaged_replication_record_in_the_registry_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Arc::new(Registry::open(dir.path()).unwrap());
+    registry
+        .commit_replicated(&[], b"{not json")
+        .expect("plant a damaged record");
+    let error = StateMachine::new(registry).err().expect("refused");
+    assert!(
+        error.to_string().contains("bad replication record"),
+        "{error}"
+    );
+}
+
 /// How long a test waits for an event before it fails.
 const PATIENCE: Duration = Duration::from_secs(20);
 
