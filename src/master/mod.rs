@@ -83,6 +83,7 @@ mod pending;
 pub mod plan;
 mod read_file;
 pub mod registry;
+pub(crate) mod replication;
 mod server;
 mod state;
 mod task_table;

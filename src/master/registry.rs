@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize};
 
 const FRAMEWORKS: TableDefinition<&str, &[u8]> = TableDefinition::new("frameworks");
@@ -34,6 +34,14 @@ const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs");
 /// The jobs framework's own record ([`JobsMeta`]), under [`JOBS_META_KEY`].
 const JOBS_META: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs_meta");
 const JOBS_META_KEY: &str = "framework";
+/// Replication's own bookkeeping (`super::replication`): under [`REPLICATION_APPLIED_KEY`], the
+/// last applied Raft log id and membership (opaque bytes to the registry). Written in the same
+/// transaction as the batches it covers, so after a crash an entry is neither applied twice
+/// nor lost. [`Registry::load`] does not read it: it is not the master's state.
+const REPLICATION: TableDefinition<&str, &[u8]> = TableDefinition::new("replication");
+const REPLICATION_APPLIED_KEY: &str = "applied";
+/// The version of [`RegistryImage`]; an image of another version is refused, not guessed at.
+const IMAGE_FORMAT: u32 = 1;
 
 /// The file name of the registry inside the work dir.
 pub const REGISTRY_FILE: &str = "registry.redb";
@@ -149,7 +157,13 @@ impl Recovered {
 }
 
 /// One actor turn's changes: upserts (`Some`) and deletions (`None`), applied atomically.
-#[derive(Debug, Default)]
+///
+/// Serializable because with replication a batch is one Raft log entry's payload
+/// (`super::replication`): the leader's turn ships it, every master applies it. The encoding
+/// (JSON, like the records) is the log's, not the registry's: the registry still stores each
+/// record on its own.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RegistryBatch {
     pub frameworks: Vec<(String, Option<FrameworkEntry>)>,
     pub agents: Vec<(String, Option<AgentEntry>)>,
@@ -217,6 +231,16 @@ impl Registry {
         };
         // Create every table, so reads of a new registry find them.
         registry.commit(RegistryBatch::default())?;
+        let write = registry
+            .db
+            .begin_write()
+            .map_err(|e| registry.error("cannot begin a write", e))?;
+        write
+            .open_table(REPLICATION)
+            .map_err(|e| registry.error("cannot open table replication", e))?;
+        write
+            .commit()
+            .map_err(|e| registry.error("cannot commit", e))?;
         Ok(registry)
     }
 
@@ -317,6 +341,219 @@ impl Registry {
 
     /// Applies one batch in one durable transaction: when this returns `Ok`, it is on disk.
     pub fn commit(&self, batch: RegistryBatch) -> Result<(), RegistryError> {
+        let write = self.begin_durable_write()?;
+        self.write_batch(&write, &batch)?;
+        self.finish(write)
+    }
+
+    /// Applies replicated batches and records `applied` (replication's last applied log id and
+    /// membership) in ONE durable transaction: either all of it is on disk or none of it.
+    pub fn commit_replicated(
+        &self,
+        batches: &[RegistryBatch],
+        applied: &[u8],
+    ) -> Result<(), RegistryError> {
+        let write = self.begin_durable_write()?;
+        for batch in batches {
+            self.write_batch(&write, batch)?;
+        }
+        self.write_applied(&write, applied)?;
+        self.finish(write)
+    }
+
+    /// Replication's last applied state as [`Registry::commit_replicated`] or
+    /// [`Registry::replace`] recorded it (`None`: nothing was ever replicated here).
+    pub fn replication_applied(&self) -> Result<Option<Vec<u8>>, RegistryError> {
+        let read = self
+            .db
+            .begin_read()
+            .map_err(|e| self.error("cannot read", e))?;
+        self.read_applied(&read)
+    }
+
+    /// The registry's full contents as one image (replication's snapshot data), with the
+    /// replication state it reflects, both read in one transaction so they agree.
+    pub fn export(&self) -> Result<(Vec<u8>, Option<Vec<u8>>), RegistryError> {
+        let read = self
+            .db
+            .begin_read()
+            .map_err(|e| self.error("cannot read", e))?;
+        let mut image = RegistryImage {
+            format: IMAGE_FORMAT,
+            ..Default::default()
+        };
+        self.export_records(&read, FRAMEWORKS, "frameworks", &mut image.frameworks)?;
+        self.export_records(&read, AGENTS, "agents", &mut image.agents)?;
+        self.export_records(&read, JOBS, "jobs", &mut image.jobs)?;
+        self.export_records(&read, JOBS_META, "jobs_meta", &mut image.jobs_meta)?;
+        let table = read
+            .open_table(TASKS)
+            .map_err(|e| self.error("cannot open table tasks", e))?;
+        for row in table.iter().map_err(|e| self.error("reading tasks", e))? {
+            let (key, value) = row.map_err(|e| self.error("reading tasks", e))?;
+            let (fw, task) = key.value();
+            let record = std::str::from_utf8(value.value())
+                .map_err(|e| self.error("bad task record", format!("{fw}/{task}: {e}")))?;
+            image
+                .tasks
+                .push((fw.to_string(), task.to_string(), record.to_string()));
+        }
+        let table = read
+            .open_table(REMOVED)
+            .map_err(|e| self.error("cannot open table removed_frameworks", e))?;
+        for row in table
+            .iter()
+            .map_err(|e| self.error("reading removed_frameworks", e))?
+        {
+            let (key, _) = row.map_err(|e| self.error("reading removed_frameworks", e))?;
+            image.removed_frameworks.push(key.value().to_string());
+        }
+        let table = read
+            .open_table(META)
+            .map_err(|e| self.error("cannot open table meta", e))?;
+        for row in table.iter().map_err(|e| self.error("reading meta", e))? {
+            let (key, value) = row.map_err(|e| self.error("reading meta", e))?;
+            image.meta.push((key.value().to_string(), value.value()));
+        }
+        let bytes = serde_json::to_vec(&image).map_err(|e| self.error("encoding an image", e))?;
+        Ok((bytes, self.read_applied(&read)?))
+    }
+
+    /// Replaces the registry's full contents with an image from [`Registry::export`] (a
+    /// replication snapshot) and records `applied`, in one durable transaction. A bad image is
+    /// an error and changes nothing.
+    pub fn replace(&self, image: &[u8], applied: &[u8]) -> Result<(), RegistryError> {
+        // The format first: an image of another version is named as such, not as whatever
+        // field it happens to lack.
+        #[derive(Deserialize)]
+        struct Header {
+            format: u32,
+        }
+        let header: Header =
+            serde_json::from_slice(image).map_err(|e| self.error("bad registry image", e))?;
+        if header.format != IMAGE_FORMAT {
+            return Err(self.error(
+                "bad registry image",
+                format!(
+                    "format {} (this master reads format {IMAGE_FORMAT})",
+                    header.format
+                ),
+            ));
+        }
+        let image: RegistryImage =
+            serde_json::from_slice(image).map_err(|e| self.error("bad registry image", e))?;
+        let write = self.begin_durable_write()?;
+        for definition in [FRAMEWORKS, AGENTS, JOBS, JOBS_META] {
+            write.delete_table(definition).map_err(|e| {
+                self.error(
+                    "cannot clear a table",
+                    format!("{}: {e}", definition.name()),
+                )
+            })?;
+        }
+        write
+            .delete_table(TASKS)
+            .map_err(|e| self.error("cannot clear a table", format!("tasks: {e}")))?;
+        write
+            .delete_table(REMOVED)
+            .map_err(|e| self.error("cannot clear a table", format!("removed_frameworks: {e}")))?;
+        write
+            .delete_table(META)
+            .map_err(|e| self.error("cannot clear a table", format!("meta: {e}")))?;
+        {
+            for (definition, rows) in [
+                (FRAMEWORKS, &image.frameworks),
+                (AGENTS, &image.agents),
+                (JOBS, &image.jobs),
+                (JOBS_META, &image.jobs_meta),
+            ] {
+                let mut table = write
+                    .open_table(definition)
+                    .map_err(|e| self.error("cannot open a table", e))?;
+                for (key, record) in rows {
+                    table
+                        .insert(key.as_str(), record.as_bytes())
+                        .map_err(|e| self.error("writing an image", e))?;
+                }
+            }
+            let mut table = write
+                .open_table(TASKS)
+                .map_err(|e| self.error("cannot open table tasks", e))?;
+            for (fw, task, record) in &image.tasks {
+                table
+                    .insert((fw.as_str(), task.as_str()), record.as_bytes())
+                    .map_err(|e| self.error("writing an image", e))?;
+            }
+            let mut table = write
+                .open_table(REMOVED)
+                .map_err(|e| self.error("cannot open table removed_frameworks", e))?;
+            for id in &image.removed_frameworks {
+                table
+                    .insert(id.as_str(), ())
+                    .map_err(|e| self.error("writing an image", e))?;
+            }
+            let mut table = write
+                .open_table(META)
+                .map_err(|e| self.error("cannot open table meta", e))?;
+            for (key, value) in &image.meta {
+                table
+                    .insert(key.as_str(), *value)
+                    .map_err(|e| self.error("writing an image", e))?;
+            }
+        }
+        self.write_applied(&write, applied)?;
+        self.finish(write)
+    }
+
+    fn export_records(
+        &self,
+        read: &redb::ReadTransaction,
+        definition: TableDefinition<&str, &[u8]>,
+        what: &'static str,
+        out: &mut Vec<(String, String)>,
+    ) -> Result<(), RegistryError> {
+        let table = read
+            .open_table(definition)
+            .map_err(|e| self.error("cannot open a table", format!("{what}: {e}")))?;
+        for row in table
+            .iter()
+            .map_err(|e| self.error("reading a table", format!("{what}: {e}")))?
+        {
+            let (key, value) =
+                row.map_err(|e| self.error("reading a table", format!("{what}: {e}")))?;
+            // Records are JSON, so UTF-8: anything else is a corrupt record, named.
+            let record = std::str::from_utf8(value.value())
+                .map_err(|e| self.error("bad record", format!("{what} {}: {e}", key.value())))?;
+            out.push((key.value().to_string(), record.to_string()));
+        }
+        Ok(())
+    }
+
+    fn read_applied(&self, read: &redb::ReadTransaction) -> Result<Option<Vec<u8>>, RegistryError> {
+        let table = read
+            .open_table(REPLICATION)
+            .map_err(|e| self.error("cannot open table replication", e))?;
+        Ok(table
+            .get(REPLICATION_APPLIED_KEY)
+            .map_err(|e| self.error("reading replication", e))?
+            .map(|v| v.value().to_vec()))
+    }
+
+    fn write_applied(
+        &self,
+        write: &redb::WriteTransaction,
+        applied: &[u8],
+    ) -> Result<(), RegistryError> {
+        let mut table = write
+            .open_table(REPLICATION)
+            .map_err(|e| self.error("cannot open table replication", e))?;
+        table
+            .insert(REPLICATION_APPLIED_KEY, applied)
+            .map_err(|e| self.error("writing replication", e))?;
+        Ok(())
+    }
+
+    fn begin_durable_write(&self) -> Result<redb::WriteTransaction, RegistryError> {
         let mut write = self
             .db
             .begin_write()
@@ -324,6 +561,23 @@ impl Registry {
         write
             .set_durability(Durability::Immediate)
             .map_err(|e| self.error("cannot set durability", e))?;
+        Ok(write)
+    }
+
+    fn finish(&self, write: redb::WriteTransaction) -> Result<(), RegistryError> {
+        #[cfg(test)]
+        if self.fail_commits.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(self.error("cannot commit", "failure injected by a test"));
+        }
+        write.commit().map_err(|e| self.error("cannot commit", e))
+    }
+
+    /// Writes one batch's records inside `write` (not committed here).
+    fn write_batch(
+        &self,
+        write: &redb::WriteTransaction,
+        batch: &RegistryBatch,
+    ) -> Result<(), RegistryError> {
         {
             let mut table = write
                 .open_table(FRAMEWORKS)
@@ -414,12 +668,24 @@ impl Registry {
                     .map_err(|e| self.error("writing jobs_meta", e))?;
             }
         }
-        #[cfg(test)]
-        if self.fail_commits.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(self.error("cannot commit", "failure injected by a test"));
-        }
-        write.commit().map_err(|e| self.error("cannot commit", e))
+        Ok(())
     }
+}
+
+/// A registry's full contents, table by table, as [`Registry::export`] writes it and
+/// [`Registry::replace`] reads it. Records stay their stored JSON text, byte for byte, so an
+/// image neither drops fields this master does not know nor re-encodes anything.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct RegistryImage {
+    format: u32,
+    frameworks: Vec<(String, String)>,
+    agents: Vec<(String, String)>,
+    /// (framework id, task id, record).
+    tasks: Vec<(String, String, String)>,
+    removed_frameworks: Vec<String>,
+    meta: Vec<(String, u64)>,
+    jobs: Vec<(String, String)>,
+    jobs_meta: Vec<(String, String)>,
 }
 
 #[cfg(test)]
@@ -595,6 +861,98 @@ mod tests {
         assert!(
             error.contains("bad job record") && error.contains("web"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn an_exported_image_replaces_another_registry_whole() {
+        let source_dir = tempfile::tempdir().unwrap();
+        let source = Registry::open(source_dir.path()).unwrap();
+        source
+            .commit_replicated(
+                &[RegistryBatch {
+                    frameworks: vec![("f1".into(), Some(framework("f1")))],
+                    tasks: vec![(("f1".into(), "t1".into()), Some(task("f1", "t1", 1)))],
+                    removed_frameworks: vec!["f0".into()],
+                    id_epoch: Some(42),
+                    jobs: vec![("web".into(), Some(serde_json::json!({"spec": {}})))],
+                    jobs_meta: Some(JobsMeta {
+                        framework_id: Some("j".into()),
+                        generation: 2,
+                        partitions: [("gpu".to_string(), "jg".to_string())].into(),
+                    }),
+                    ..Default::default()
+                }],
+                b"applied-1",
+            )
+            .unwrap();
+        let (image, applied) = source.export().unwrap();
+        assert_eq!(applied.as_deref(), Some(b"applied-1".as_slice()));
+
+        let target_dir = tempfile::tempdir().unwrap();
+        let target = Registry::open(target_dir.path()).unwrap();
+        assert_eq!(target.replication_applied().unwrap(), None);
+        target
+            .commit(RegistryBatch {
+                frameworks: vec![("stale".into(), Some(framework("stale")))],
+                tasks: vec![(("stale".into(), "t".into()), Some(task("stale", "t", 1)))],
+                ..Default::default()
+            })
+            .unwrap();
+        target.replace(&image, b"applied-2").unwrap();
+        let (a, b) = (source.load().unwrap(), target.load().unwrap());
+        assert_eq!(b.frameworks, a.frameworks);
+        assert_eq!(b.tasks, a.tasks);
+        assert_eq!(b.removed_frameworks, vec!["f0".to_string()]);
+        assert_eq!(b.id_epoch, 42);
+        assert_eq!(b.jobs, a.jobs);
+        assert_eq!(b.jobs_meta, a.jobs_meta);
+        assert_eq!(
+            target.replication_applied().unwrap().as_deref(),
+            Some(b"applied-2".as_slice())
+        );
+    }
+
+    #[test]
+    fn a_bad_image_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::open(dir.path()).unwrap();
+        registry
+            .commit(RegistryBatch {
+                frameworks: vec![("f1".into(), Some(framework("f1")))],
+                ..Default::default()
+            })
+            .unwrap();
+        let error = registry
+            .replace(b"{not json", b"x")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("bad registry image"), "{error}");
+        let error = registry
+            .replace(br#"{"format": 99}"#, b"x")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("format 99"), "{error}");
+        assert_eq!(registry.load().unwrap().frameworks, vec![framework("f1")]);
+        assert_eq!(registry.replication_applied().unwrap(), None);
+    }
+
+    #[test]
+    fn a_batch_round_trips_through_its_log_encoding() {
+        let batch = RegistryBatch {
+            frameworks: vec![("f1".into(), Some(framework("f1"))), ("f2".into(), None)],
+            tasks: vec![(("f1".into(), "t1".into()), Some(task("f1", "t1", 2)))],
+            jobs: vec![(
+                "web".into(),
+                Some(serde_json::json!({"spec": {"count": 1}})),
+            )],
+            id_epoch: Some(7),
+            ..Default::default()
+        };
+        let bytes = serde_json::to_vec(&batch).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<RegistryBatch>(&bytes).unwrap(),
+            batch
         );
     }
 

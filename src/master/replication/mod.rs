@@ -1,0 +1,106 @@
+//! Replication of the master's registry across masters with Raft (docs/architecture.md,
+//! "Replication (in progress)").
+//!
+//! Why: a single master's registry dies with its disk. With three masters on Raft, any
+//! minority may fail: an actor turn's [`RegistryBatch`] becomes one Raft log entry, and its
+//! messages leave only once a quorum holds the entry and the local registry applied it, which
+//! is what the single master's group commit promises today, made to survive a lost machine.
+//!
+//! The master will depend on the [`Replicator`] trait only, so another consensus backend could
+//! follow; [`raft::RaftReplicator`] is the one built on `openraft` 0.9. The pieces:
+//! - [`log_store`]: the Raft log, vote, committed id and purge point in `<work-dir>/raft.redb`;
+//! - [`state_machine`]: applies committed entries to the existing `registry.redb` and builds or
+//!   installs snapshots (the registry's full contents).
+//!
+//! Not wired into the master actor, the network or the CLI yet.
+
+// Until the master actor uses it (a later step), only the tests do.
+#![cfg_attr(not(test), allow(dead_code))]
+// openraft's storage traits fix the error type (`StorageError`, over 200 bytes); the helpers
+// here return it as is rather than boxing and unboxing it at every trait method.
+#![allow(clippy::result_large_err)]
+
+pub(crate) mod log_store;
+#[cfg(test)]
+mod network;
+pub(crate) mod raft;
+pub(crate) mod state_machine;
+#[cfg(test)]
+mod tests;
+
+use std::io::Cursor;
+
+use super::registry::RegistryBatch;
+
+/// A master's id in the replication group.
+pub(crate) type NodeId = u64;
+/// A master's protocol address (`host:port`), how its peers reach it.
+pub(crate) type NodeAddr = String;
+
+openraft::declare_raft_types!(
+    /// The type configuration of the master's Raft group: an entry's payload is one actor
+    /// turn's registry batch; applying it answers nothing (the leader already knows the turn's
+    /// outcome), so the response is `()`.
+    pub(crate) TypeConfig:
+        D = RegistryBatch,
+        R = (),
+        NodeId = NodeId,
+        Node = NodeAddr,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// Which part a master plays in the group right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    /// Not a voter, or shut down.
+    Other,
+}
+
+/// A snapshot of a replicator's view of the group, for status pages and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ReplicationStatus {
+    pub role: Role,
+    /// The leader this master knows of, if any.
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    /// The index of the last entry applied to this master's registry. Everything applied is
+    /// committed; openraft 0.9 does not publish the commit index itself, so this is the
+    /// nearest honest number (it trails the commit index by the entries still being applied).
+    pub applied_index: Option<u64>,
+}
+
+/// Why a batch was not replicated.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplicationError {
+    /// This master is not the leader: the batch was not written; the caller should step down
+    /// and point its peers at the leader, if one is known.
+    #[error("not the leader (leader: {leader:?} at {address:?})")]
+    NotLeader {
+        leader: Option<NodeId>,
+        address: Option<NodeAddr>,
+    },
+    /// The replicator stopped (shut down, or its storage failed): nothing more can be written.
+    #[error("replication stopped: {0}")]
+    Stopped(String),
+    /// Anything else the backend reports.
+    #[error("replication failed: {0}")]
+    Other(String),
+}
+
+/// The master's view of replication: the only interface the actor will use.
+#[async_trait::async_trait]
+pub(crate) trait Replicator: Send + Sync {
+    /// Replicates one actor turn's batch. Returns `Ok` only once a quorum of masters holds the
+    /// batch in its log and this master applied it to its registry: the turn's messages may go.
+    /// The value is the batch's position in the replicated log (increasing with each batch), so
+    /// a caller can tell when another master has applied it too.
+    async fn replicate(&self, batch: RegistryBatch) -> Result<u64, ReplicationError>;
+
+    /// The current role, leader, term and applied index.
+    fn status(&self) -> ReplicationStatus;
+}
