@@ -154,6 +154,7 @@ impl MasterLink {
 
     async fn kill(&mut self, task_id: &str, reason: &str) {
         self.send(Message::KillTask(KillTask {
+            leader_term: 0,
             task_id: task_id.into(),
             framework_id: "fw".into(),
             reason: reason.into(),

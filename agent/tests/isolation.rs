@@ -194,6 +194,7 @@ impl Agent {
 
 fn kill(state: &mut AgentState, id: &str) {
     state.kill_task(KillTask {
+        leader_term: 0,
         task_id: id.into(),
         framework_id: "fw".into(),
         reason: String::new(),

@@ -97,6 +97,8 @@ impl Message {
             Message::ReadFile(_) => "ReadFile",
             Message::FileData(_) => "FileData",
             Message::UsageReport(_) => "UsageReport",
+            Message::RaftRequest(_) => "RaftRequest",
+            Message::RaftResponse(_) => "RaftResponse",
         }
     }
 }
@@ -108,6 +110,7 @@ impl Error {
             code: code as i32,
             message: message.into(),
             supported_versions: Vec::new(),
+            leader: String::new(),
         }
     }
 }

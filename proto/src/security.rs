@@ -21,6 +21,8 @@ pub const CHALLENGE_BYTES: usize = 32;
 pub enum AuthRole {
     Agent,
     Framework,
+    /// Another master of the same replication group (docs/architecture.md).
+    Master,
 }
 
 impl AuthRole {
@@ -29,6 +31,7 @@ impl AuthRole {
         match self {
             AuthRole::Agent => "agent",
             AuthRole::Framework => "framework",
+            AuthRole::Master => "master",
         }
     }
 
@@ -37,6 +40,7 @@ impl AuthRole {
         match name {
             "agent" => Some(AuthRole::Agent),
             "framework" => Some(AuthRole::Framework),
+            "master" => Some(AuthRole::Master),
             _ => None,
         }
     }

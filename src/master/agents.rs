@@ -193,6 +193,7 @@ impl MasterState {
                 self.send(
                     conn,
                     Message::KillTask(KillTask {
+                        leader_term: self.leader_term,
                         task_id: status.task_id.clone(),
                         framework_id: status.framework_id.clone(),
                         reason: "unknown_task".into(),

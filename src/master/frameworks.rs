@@ -242,6 +242,7 @@ impl MasterState {
                 self.send(
                     conn,
                     Message::KillTask(KillTask {
+                        leader_term: self.leader_term,
                         task_id: task_id.to_string(),
                         framework_id: framework_id.to_string(),
                         reason: "killed_by_framework".into(),
@@ -344,6 +345,7 @@ impl MasterState {
                 self.send(
                     conn,
                     Message::KillTask(KillTask {
+                        leader_term: self.leader_term,
                         task_id: task_key.1.to_string(),
                         framework_id: framework_id.to_string(),
                         reason: reason.to_string(),

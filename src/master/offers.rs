@@ -306,6 +306,7 @@ impl MasterState {
                 self.send(
                     conn,
                     Message::KillTask(KillTask {
+                        leader_term: self.leader_term,
                         task_id: victim.1.to_string(),
                         framework_id: victim.0.to_string(),
                         reason: PREEMPTED.into(),
@@ -573,7 +574,13 @@ impl MasterState {
             launch.push(info);
         }
         if !launch.is_empty() {
-            self.send(agent_conn, Message::RunTasks(RunTasks { tasks: launch }));
+            self.send(
+                agent_conn,
+                Message::RunTasks(RunTasks {
+                    tasks: launch,
+                    leader_term: self.leader_term,
+                }),
+            );
         }
         self.request_allocation(now);
     }

@@ -273,6 +273,9 @@ pub(crate) struct ConnRecord {
 
 pub struct MasterState {
     pub(crate) config: Arc<Config>,
+    /// The Raft term this master leads in (0 without replication): stamped on every RunTasks
+    /// and KillTask so agents can refuse a deposed leader's commands.
+    pub(crate) leader_term: u64,
     pub(crate) ids: IdMint,
     /// The placement core's books: cluster, DRF, quota ledger, devices, launched shapes and
     /// the key maps (see [`super::allocator`]).
@@ -339,6 +342,7 @@ impl MasterState {
     /// A state started at `now` (the caller's clock: the actor passes `Instant::now()`).
     pub fn new(config: Arc<Config>, metrics: Arc<Metrics>, now: Instant) -> Self {
         MasterState {
+            leader_term: 0,
             alloc: Allocator::new(&config),
             config,
             ids: IdMint::new(),

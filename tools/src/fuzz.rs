@@ -455,6 +455,7 @@ impl FrameFuzzer {
                 code: self.wild_enum(),
                 message: self.wild_string(&[]),
                 supported_versions: vec![self.wild_u32()],
+                leader: self.wild_string(&[]),
             }),
             10 => self.opening(FuzzRole::Agent),
             11 => Message::AgentRegistered(AgentRegistered {
@@ -469,11 +470,13 @@ impl FrameFuzzer {
             }),
             13 => Message::RunTasks(RunTasks {
                 tasks: self.some_tasks(3, Self::task_info),
+                leader_term: self.wild_u64(),
             }),
             14 => Message::KillTask(KillTask {
                 task_id: self.wild_string(&known.tasks),
                 framework_id: self.wild_string(&known.frameworks),
                 reason: self.wild_string(&[]),
+                leader_term: self.wild_u64(),
             }),
             15 => Message::StatusUpdate(StatusUpdate {
                 status: self.chance(95).then(|| self.task_status()),

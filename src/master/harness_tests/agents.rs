@@ -206,6 +206,7 @@ fn reregistering_with_an_unknown_task_kills_it() {
         vec![
             registered("a1"),
             Out::Msg(Message::KillTask(KillTask {
+                leader_term: 0,
                 task_id: "ghost".into(),
                 framework_id: "nobody".into(),
                 reason: "unknown_task".into(),

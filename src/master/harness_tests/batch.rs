@@ -258,7 +258,10 @@ fn accepting_a_batch_offer_with_its_suggested_tasks_launches_them() {
         .collect();
     assert_eq!(
         h.messages(agent),
-        vec![Message::RunTasks(RunTasks { tasks: launched })]
+        vec![Message::RunTasks(RunTasks {
+            tasks: launched,
+            leader_term: 0,
+        })]
     );
     assert_eq!(h.expect_updates(&fw).len(), 2);
     assert_eq!(h.snapshot().used, "cpus:2;mem:256");

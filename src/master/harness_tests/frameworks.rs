@@ -145,6 +145,7 @@ fn failover_timeout_expiry_kills_the_tasks_and_removes_the_framework() {
     assert_eq!(
         h.messages(agent),
         vec![Message::KillTask(KillTask {
+            leader_term: 0,
             task_id: "t1".into(),
             framework_id: fw.id.clone(),
             reason: "framework_failover_timeout".into(),
@@ -205,6 +206,7 @@ fn teardown_kills_the_tasks_rescinds_the_offers_and_removes_the_framework() {
     assert_eq!(
         h.messages(agent),
         vec![Message::KillTask(KillTask {
+            leader_term: 0,
             task_id: "t1".into(),
             framework_id: fw.id.clone(),
             reason: "framework_teardown".into(),

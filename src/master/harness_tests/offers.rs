@@ -101,6 +101,7 @@ fn accept_sends_the_task_to_the_agent_and_staging_to_the_framework() {
     assert_eq!(
         h.messages(agent),
         vec![Message::RunTasks(RunTasks {
+            leader_term: 0,
             tasks: vec![TaskInfo {
                 framework_id: fw.id.clone(),
                 agent_id: "a1".into(),

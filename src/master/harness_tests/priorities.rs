@@ -77,6 +77,7 @@ fn a_higher_priority_demand_that_fits_nowhere_preempts_a_lower_priority_task() {
     assert_eq!(
         h.messages(agent),
         vec![Message::KillTask(KillTask {
+            leader_term: 0,
             task_id: "t1".into(),
             framework_id: bob.id.clone(),
             reason: "preempted".into(),
@@ -140,6 +141,7 @@ fn only_strictly_lower_priority_tasks_are_victims() {
     assert_eq!(
         h.messages(agent),
         vec![Message::KillTask(KillTask {
+            leader_term: 0,
             task_id: "b-task".into(),
             framework_id: bob.id.clone(),
             reason: "preempted".into(),
@@ -237,6 +239,7 @@ fn a_whole_gpu_demand_preempts_the_slices_that_free_a_device() {
     assert_eq!(
         h.messages(agent),
         vec![Message::KillTask(KillTask {
+            leader_term: 0,
             task_id: "s2".into(),
             framework_id: bob.id.clone(),
             reason: "preempted".into(),

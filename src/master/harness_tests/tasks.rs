@@ -294,6 +294,7 @@ fn kill_sends_kill_task_to_the_agent_and_the_killed_status_back() {
     assert_eq!(
         h.messages(agent),
         vec![Message::KillTask(KillTask {
+            leader_term: 0,
             task_id: "t1".into(),
             framework_id: fw.id.clone(),
             reason: "killed_by_framework".into(),
@@ -470,6 +471,7 @@ fn a_task_adopted_after_agent_loss_belongs_to_its_framework_again() {
     assert_eq!(
         h.sent(new),
         vec![Out::Msg(Message::KillTask(KillTask {
+            leader_term: 0,
             task_id: "t1".into(),
             framework_id: fw.id.clone(),
             reason: "framework_teardown".into(),

@@ -219,6 +219,11 @@ async fn refuse_plaintext(mut stream: TcpStream) {
 /// Messages a peer in `role` may send after its first message.
 fn allowed(role: Role, message: &Message) -> bool {
     match role {
+        // Masters exchange Raft RPCs only (not through the actor; docs/architecture.md).
+        Role::Master => matches!(
+            message,
+            Message::RaftRequest(_) | Message::Ping(_) | Message::Pong(_) | Message::Error(_)
+        ),
         Role::Agent => matches!(
             message,
             Message::AgentHeartbeat(_)
@@ -744,6 +749,7 @@ where
                         match role {
                             Role::Agent => "an agent",
                             Role::Framework => "a framework",
+                            Role::Master => "a master",
                         }
                     )
                 };
