@@ -149,7 +149,11 @@ impl MasterLink {
     }
 
     async fn run(&mut self, tasks: Vec<TaskInfo>) {
-        self.send(Message::RunTasks(RunTasks { tasks })).await;
+        self.send(Message::RunTasks(RunTasks {
+            tasks,
+            leader_term: 0,
+        }))
+        .await;
     }
 
     async fn kill(&mut self, task_id: &str, reason: &str) {

@@ -26,7 +26,7 @@ impl MasterState {
     /// The attached registry, if any (tests read it back).
     #[cfg(test)]
     pub(crate) fn registry(&self) -> Option<&Registry> {
-        self.durable.as_ref().map(|d| &d.registry)
+        self.durable.as_ref().map(|d| &*d.registry)
     }
 }
 
@@ -102,24 +102,71 @@ impl MasterState {
         let Some(mut durable) = self.durable.take() else {
             return Ok(());
         };
-        let result = self.commit_changes(&mut durable);
-        // The jobs framework hears whether its records are on disk (docs/jobs.md).
+        let batch = self.turn_batch(&mut durable);
+        let result = match batch {
+            Some(batch) => {
+                let started = std::time::Instant::now();
+                let records = batch.len();
+                let result = durable.registry.commit(batch);
+                tracing::trace!(
+                    records,
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "registry commit"
+                );
+                result
+            }
+            None => Ok(()),
+        };
         let answer = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        self.finish_turn(&mut durable, answer);
+        self.durable = Some(durable);
+        result
+    }
+
+    /// [`Self::commit_turn`] in a replicated group: the turn's batch is one entry of the
+    /// replicated log, and its messages leave once a quorum of masters holds it and this
+    /// master's registry applied it (docs/architecture.md, "Replication").
+    pub(crate) async fn commit_turn_replicated(
+        &mut self,
+        replicator: &dyn super::replication::Replicator,
+    ) -> Result<(), super::replication::ReplicationError> {
+        let Some(mut durable) = self.durable.take() else {
+            return Ok(());
+        };
+        let result = match self.turn_batch(&mut durable) {
+            Some(batch) => {
+                let started = std::time::Instant::now();
+                let result = replicator.replicate(batch).await.map(|_| ());
+                self.metrics
+                    .replication_commit_took(started.elapsed().as_secs_f64());
+                result
+            }
+            None => Ok(()),
+        };
+        let answer = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        self.finish_turn(&mut durable, answer);
+        self.durable = Some(durable);
+        result
+    }
+
+    /// Answers the jobs framework's writes with `answer` and, when the turn is recorded, sends
+    /// its messages (an unrecorded turn's messages are dropped: nothing may act on them).
+    fn finish_turn(&mut self, durable: &mut Durable, answer: Result<(), String>) {
+        // The jobs framework hears whether its records are on disk (docs/jobs.md).
         for reply in durable.job_replies.drain(..) {
             let _ = reply.send(answer.clone());
         }
-        if result.is_ok() {
+        if answer.is_ok() {
             for (conn, outbound) in durable.outbox.drain(..) {
                 self.deliver(conn, outbound);
             }
         } else {
             durable.outbox.clear();
         }
-        self.durable = Some(durable);
-        result
     }
 
-    fn commit_changes(&mut self, durable: &mut Durable) -> Result<(), RegistryError> {
+    /// What this turn changed, as one registry batch; `None` when nothing did.
+    fn turn_batch(&mut self, durable: &mut Durable) -> Option<RegistryBatch> {
         let mut batch = RegistryBatch {
             id_epoch: durable.id_epoch.take(),
             removed_frameworks: std::mem::take(&mut durable.removed),
@@ -148,25 +195,20 @@ impl MasterState {
                 .tasks
                 .push(((key.0.to_string(), key.1.to_string()), entry));
         }
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let started = std::time::Instant::now();
-        let records = batch.len();
-        durable.registry.commit(batch)?;
-        tracing::trace!(
-            records,
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "registry commit"
-        );
-        Ok(())
+        (!batch.is_empty()).then_some(batch)
     }
 
     /// Attaches a registry and rebuilds the state from what it holds: frameworks (disconnected,
     /// their failover timeout counting from now), agents (waiting to re-register within
     /// `agent_reregister_timeout`), tasks and quota usage. Terminal updates a framework never
     /// acknowledged are queued for it again. Call before any connection is accepted.
-    pub(crate) fn recover(&mut self, registry: Registry, recovered: Recovered, now: Instant) {
+    pub(crate) fn recover(
+        &mut self,
+        registry: impl Into<Arc<Registry>>,
+        recovered: Recovered,
+        now: Instant,
+    ) {
+        let registry = registry.into();
         let epoch = unix_secs().max(recovered.id_epoch + 1);
         self.ids = IdMint::with_epoch(epoch);
         let mut durable = Durable::new(registry);

@@ -63,6 +63,7 @@
 mod agents;
 mod allocator;
 mod batch;
+pub(crate) mod cluster;
 mod durability;
 mod events;
 mod files;

@@ -229,7 +229,8 @@ impl TaskRecord {
 /// The durable registry (`--work-dir`) and what the current actor turn changed in it. Held by
 /// the state; `super::durability` fills and commits it.
 pub(crate) struct Durable {
-    pub registry: Registry,
+    /// Shared with the replication state machine in cluster mode (one open database).
+    pub registry: Arc<Registry>,
     pub frameworks: HashSet<String>,
     pub agents: HashSet<String>,
     pub tasks: HashSet<TaskKey>,
@@ -246,7 +247,7 @@ pub(crate) struct Durable {
 }
 
 impl Durable {
-    pub fn new(registry: Registry) -> Self {
+    pub fn new(registry: Arc<Registry>) -> Self {
         Durable {
             registry,
             frameworks: HashSet::new(),
@@ -271,8 +272,23 @@ pub(crate) struct ConnRecord {
     pub peer: Option<Peer>,
 }
 
+/// Why [`MasterState::serve`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RunEnd {
+    /// Asked to stop, or every event sender is gone.
+    Stopped,
+    /// A turn could not be recorded.
+    Failed,
+    /// The replication group has another leader.
+    NotLeader,
+}
+
 pub struct MasterState {
     pub(crate) config: Arc<Config>,
+    /// This master's group, shown in `/state` (cluster mode).
+    pub(crate) cluster: Option<super::ops::model::ClusterView>,
+    /// Records each turn in the replication group (cluster mode); `None`: the registry alone.
+    pub(crate) replicator: Option<Arc<dyn super::replication::Replicator>>,
     /// The Raft term this master leads in (0 without replication): stamped on every RunTasks
     /// and KillTask so agents can refuse a deposed leader's commands.
     pub(crate) leader_term: u64,
@@ -342,6 +358,8 @@ impl MasterState {
     /// A state started at `now` (the caller's clock: the actor passes `Instant::now()`).
     pub fn new(config: Arc<Config>, metrics: Arc<Metrics>, now: Instant) -> Self {
         MasterState {
+            replicator: None,
+            cluster: None,
             leader_term: 0,
             alloc: Allocator::new(&config),
             config,
@@ -377,16 +395,28 @@ impl MasterState {
         mut events: mpsc::Receiver<Event>,
         mut shutdown: watch::Receiver<bool>,
     ) {
+        self.serve(&mut events, &mut shutdown).await;
+    }
+
+    /// The actor loop: handles events, timers and allocation runs until `stop` turns true, the
+    /// event channel closes, or a turn cannot be recorded (then nothing more may be decided).
+    /// With a replicator each turn is recorded by the replication group; a master that turns
+    /// out not to lead any more stops ([`RunEnd::NotLeader`]).
+    pub(crate) async fn serve(
+        &mut self,
+        events: &mut mpsc::Receiver<Event>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> RunEnd {
         let tick_every = self.tick_interval();
         let mut ticker = tokio::time::interval(tick_every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A tick far later than due means the master itself stalled (docs/reliability.md).
         let mut ticks = super::liveness::PauseDetector::new(tick_every);
-        loop {
+        let end = loop {
             let due = self.allocation_due;
             tokio::select! {
                 event = events.recv() => {
-                    let Some(event) = event else { break };
+                    let Some(event) = event else { break RunEnd::Stopped };
                     self.handle(event, Instant::now());
                     // Handle what is already queued before timers: bursts stay cheap.
                     while let Ok(event) = events.try_recv() {
@@ -400,15 +430,40 @@ impl MasterState {
                     self.allocate(Instant::now());
                     self.metrics.allocation_took(started.elapsed().as_secs_f64());
                 }
-                _ = shutdown.changed() => break,
+                _ = stop.wait_for(|stop| *stop) => break RunEnd::Stopped,
             }
-            // Group commit: the turn's registry changes go to disk, then its messages out.
-            if let Err(e) = self.commit_turn() {
-                tracing::error!("{e}; the master stops rather than act on unrecorded decisions");
-                break;
+            // Group commit: the turn's registry changes go to disk (with replication: to a
+            // quorum of masters), then its messages out.
+            match self.replicator.clone() {
+                None => {
+                    if let Err(e) = self.commit_turn() {
+                        tracing::error!(
+                            "{e}; the master stops rather than act on unrecorded decisions"
+                        );
+                        break RunEnd::Failed;
+                    }
+                }
+                Some(replicator) => match tokio::select! {
+                    committed = self.commit_turn_replicated(&*replicator) => committed,
+                    // Deposed while waiting for a quorum: the turn's messages never leave.
+                    _ = stop.wait_for(|stop| *stop) => break RunEnd::Stopped,
+                } {
+                    Ok(()) => {}
+                    Err(super::replication::ReplicationError::NotLeader { leader, .. }) => {
+                        tracing::warn!(?leader, "no longer the leader: this master steps down");
+                        break RunEnd::NotLeader;
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            "{e}; the master stops rather than act on unrecorded decisions"
+                        );
+                        break RunEnd::Failed;
+                    }
+                },
             }
-        }
-        tracing::info!("master actor stopped");
+        };
+        tracing::info!(?end, "master actor stopped");
+        end
     }
 
     pub(crate) fn tick_interval(&self) -> Duration {
@@ -529,7 +584,7 @@ impl MasterState {
     }
 
     /// Sends now, or, with a registry, after this turn's changes are committed.
-    fn send_outbound(&mut self, conn: ConnId, outbound: Outbound) {
+    pub(crate) fn send_outbound(&mut self, conn: ConnId, outbound: Outbound) {
         if let Some(durable) = &mut self.durable {
             durable.outbox.push((conn, outbound));
         } else {

@@ -127,6 +127,12 @@ pub struct Metrics {
     errors_sent: Counter,
     auth_failures: Family<Label, Counter>,
     tls_handshake_failures: Family<Label, Counter>,
+    /// Replication (cluster mode; docs/architecture.md, "Replication").
+    replication_commit_seconds: Histogram,
+    raft_term: Gauge,
+    raft_applied_index: Gauge,
+    raft_is_leader: Gauge,
+    raft_leader_changes: Counter,
     /// Dimensions with a `resources` series, so one that disappears is set to 0.
     dimensions: Mutex<BTreeSet<String>>,
 }
@@ -169,6 +175,12 @@ impl Metrics {
             errors_sent: Counter::default(),
             auth_failures: Family::default(),
             tls_handshake_failures: Family::default(),
+            // 10 µs … ~5 s.
+            replication_commit_seconds: Histogram::new(exponential_buckets(1e-5, 4.0, 10)),
+            raft_term: Gauge::default(),
+            raft_applied_index: Gauge::default(),
+            raft_is_leader: Gauge::default(),
+            raft_leader_changes: Counter::default(),
             dimensions: Mutex::new(BTreeSet::new()),
         };
         let r = &mut registry;
@@ -217,6 +229,32 @@ impl Metrics {
             "preemptions",
             "Tasks killed to make room for a higher-priority demand (docs/priorities.md)",
             m.preemptions.clone(),
+        );
+        r.register_with_unit(
+            "replication_commit_duration",
+            "Wall time of one actor turn's replicated commit (quorum and local apply; cluster mode)",
+            Unit::Seconds,
+            m.replication_commit_seconds.clone(),
+        );
+        r.register(
+            "raft_term",
+            "The Raft term this master is in (cluster mode)",
+            m.raft_term.clone(),
+        );
+        r.register(
+            "raft_applied_index",
+            "The last replicated log index applied to this master's registry (cluster mode)",
+            m.raft_applied_index.clone(),
+        );
+        r.register(
+            "raft_is_leader",
+            "1 while this master leads its group, else 0 (cluster mode)",
+            m.raft_is_leader.clone(),
+        );
+        r.register(
+            "raft_leader_changes",
+            "Times this master saw the group's leader change (cluster mode)",
+            m.raft_leader_changes.clone(),
         );
         r.register("agents", "Known agents by state", m.agents.clone());
         r.register(
@@ -368,6 +406,21 @@ impl Metrics {
         self.tls_handshake_failures
             .get_or_create(&[("reason", reason)])
             .inc();
+    }
+
+    pub(crate) fn replication_commit_took(&self, seconds: f64) {
+        self.replication_commit_seconds.observe(seconds);
+    }
+
+    /// This master's view of its replication group.
+    pub(crate) fn raft_status(&self, term: u64, applied: u64, leader: bool) {
+        self.raft_term.set(term as i64);
+        self.raft_applied_index.set(applied as i64);
+        self.raft_is_leader.set(i64::from(leader));
+    }
+
+    pub(crate) fn raft_leader_changed(&self) {
+        self.raft_leader_changes.inc();
     }
 
     pub(crate) fn allocation_took(&self, seconds: f64) {

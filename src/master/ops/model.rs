@@ -37,6 +37,21 @@ pub struct Snapshot {
     /// In outstanding offers.
     pub offered: String,
     pub free: String,
+    /// This master's replication group, in cluster mode (docs/operations.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterView>,
+}
+
+/// `/state`'s `cluster`: which master this is, its role, the leader it knows and the term.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterView {
+    pub id: u64,
+    /// `leader`, `follower`, `candidate` (or `other`: not a voter, shutting down).
+    pub role: String,
+    pub leader: Option<u64>,
+    pub term: u64,
+    /// Every master of the group: id -> protocol address.
+    pub peers: std::collections::BTreeMap<u64, String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -188,6 +188,7 @@ impl MasterState {
             used: usage.used.to_string(),
             offered: usage.offered.to_string(),
             free: self.alloc.cluster().free().to_string(),
+            cluster: self.cluster.clone(),
         }
     }
 }

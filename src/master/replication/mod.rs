@@ -22,11 +22,11 @@
 
 pub(crate) mod log_store;
 #[cfg(test)]
-mod network;
+pub(crate) mod network;
 pub(crate) mod raft;
 pub(crate) mod state_machine;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::io::Cursor;
 

@@ -18,22 +18,22 @@ use super::{NodeAddr, NodeId, TypeConfig};
 
 /// The nodes reachable right now, by id.
 #[derive(Clone, Default)]
-pub(super) struct Router {
+pub(crate) struct Router {
     nodes: Arc<Mutex<HashMap<NodeId, Raft<TypeConfig>>>>,
 }
 
 impl Router {
-    pub(super) fn add(&self, id: NodeId, raft: Raft<TypeConfig>) {
+    pub(crate) fn add(&self, id: NodeId, raft: Raft<TypeConfig>) {
         self.nodes.lock().unwrap().insert(id, raft);
     }
 
     /// Takes the node off the network: RPCs to it fail from now on.
-    pub(super) fn remove(&self, id: NodeId) {
+    pub(crate) fn remove(&self, id: NodeId) {
         self.nodes.lock().unwrap().remove(&id);
     }
 
     /// The network as node `me` uses it.
-    pub(super) fn for_node(&self, me: NodeId) -> NodeNetwork {
+    pub(crate) fn for_node(&self, me: NodeId) -> NodeNetwork {
         NodeNetwork {
             router: self.clone(),
             me,
@@ -61,7 +61,7 @@ impl Router {
 }
 
 /// One node's view of the network: its links start from it.
-pub(super) struct NodeNetwork {
+pub(crate) struct NodeNetwork {
     router: Router,
     me: NodeId,
 }
@@ -79,7 +79,7 @@ impl RaftNetworkFactory<TypeConfig> for NodeNetwork {
 }
 
 /// One node's connection to one target.
-pub(super) struct Link {
+pub(crate) struct Link {
     router: Router,
     from: NodeId,
     target: NodeId,

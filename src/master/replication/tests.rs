@@ -149,7 +149,7 @@ fn a_damaged_replication_record_in_the_registry_is_an_error() {
 }
 
 /// How long a test waits for an event before it fails.
-const PATIENCE: Duration = Duration::from_secs(20);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Elections are slow enough that a busy CI machine stalling a thread for a few hundred
 /// milliseconds does not depose a healthy leader mid-test.
@@ -163,10 +163,10 @@ fn test_config() -> Config {
     }
 }
 
-struct Node {
-    replicator: RaftReplicator,
-    registry: Arc<Registry>,
-    _dir: TempDir,
+pub(crate) struct Node {
+    pub replicator: RaftReplicator,
+    pub registry: Arc<Registry>,
+    pub _dir: TempDir,
 }
 
 /// Waits until `node` sees a leader other than `not`, and returns it.
@@ -195,7 +195,7 @@ async fn applied(node: &Node, index: u64) {
 }
 
 /// Starts three masters on `router` and makes them one group.
-async fn start_cluster(router: &Router) -> BTreeMap<NodeId, Node> {
+pub(crate) async fn start_cluster(router: &Router) -> BTreeMap<NodeId, Node> {
     let mut nodes: BTreeMap<NodeId, Node> = BTreeMap::new();
     for id in 1..=3 {
         let dir = tempfile::tempdir().unwrap();
@@ -227,7 +227,7 @@ async fn start_cluster(router: &Router) -> BTreeMap<NodeId, Node> {
 }
 
 /// Waits until a leader (other than `not`) is elected and knows it leads; returns its id.
-async fn elected_leader(nodes: &BTreeMap<NodeId, Node>, not: Option<NodeId>) -> NodeId {
+pub(crate) async fn elected_leader(nodes: &BTreeMap<NodeId, Node>, not: Option<NodeId>) -> NodeId {
     let witness = nodes.values().next().unwrap();
     let leader = leader_seen_by(witness, not).await;
     nodes[&leader]

@@ -1,0 +1,374 @@
+//! A master in a replicated group (`cluster:` in its config): leads, or points at the leader.
+//!
+//! Why a supervisor around the actor: only the leader may decide (offer, launch, kill), and a
+//! new leader must start from what the group committed, exactly as a restarted single master
+//! starts from its registry. So the actor's state exists only while this master leads: on
+//! becoming leader the supervisor waits until its registry holds everything committed
+//! (`ensure_linearizable`), rebuilds a [`MasterState`] from it ([`MasterState::recover`]) and
+//! serves; on losing the lead it closes every connection with `NOT_LEADER` and drops that
+//! state. Meanwhile a follower answers each agent or framework that registers with
+//! `NOT_LEADER` and the leader's address, and serves `/state` (empty, with its `cluster` view)
+//! and `/health` from an empty state.
+
+// Until `Master::start` runs a group from the `cluster:` config (with the TCP transport
+// between masters), only the tests call this.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ringmaster_proto::{ErrorCode, Message};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::events::{Event, Outbound};
+use super::ops::metrics::Metrics;
+use super::ops::model::ClusterView;
+use super::registry::Registry;
+use super::replication::raft::RaftReplicator;
+use super::replication::{NodeId, Replicator, Role};
+use super::state::{MasterState, RunEnd};
+use crate::config::Config;
+
+/// This master's place in its group.
+#[derive(Clone)]
+pub(crate) struct ClusterNode {
+    pub id: NodeId,
+    /// Every master, this one included: id -> protocol address.
+    pub peers: BTreeMap<NodeId, String>,
+    pub replicator: RaftReplicator,
+}
+
+impl ClusterNode {
+    /// The `cluster` view of `/state` now.
+    pub(crate) fn view(&self) -> ClusterView {
+        let status = self.replicator.status();
+        ClusterView {
+            id: self.id,
+            role: match status.role {
+                Role::Leader => "leader",
+                Role::Follower => "follower",
+                Role::Candidate => "candidate",
+                Role::Other => "other",
+            }
+            .to_string(),
+            leader: status.leader,
+            term: status.term,
+            peers: self.peers.clone(),
+        }
+    }
+
+    /// The leader's protocol address, when one is known and it is not this master.
+    fn leader_address(&self) -> Option<&str> {
+        let leader = self.replicator.status().leader?;
+        (leader != self.id)
+            .then(|| self.peers.get(&leader).map(String::as_str))
+            .flatten()
+    }
+
+    /// Whether this master leads now, and in which term.
+    fn leads(&self) -> Option<u64> {
+        let status = self.replicator.status();
+        (status.role == Role::Leader && status.leader == Some(self.id)).then_some(status.term)
+    }
+}
+
+/// Runs the master of a group until `shutdown`: follows, leads when elected, follows again
+/// when deposed.
+pub(crate) async fn supervise(
+    node: ClusterNode,
+    registry: Arc<Registry>,
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    mut events: mpsc::Receiver<Event>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut raft_metrics = node.replicator.raft().metrics();
+    let mut last_leader = None;
+    loop {
+        // Follow until this master leads.
+        let mut follower = MasterState::new(config.clone(), metrics.clone(), Instant::now());
+        let term = loop {
+            publish(&node, &metrics, &mut last_leader);
+            if let Some(term) = node.leads() {
+                break term;
+            }
+            tokio::select! {
+                event = events.recv() => {
+                    let Some(event) = event else { return };
+                    follower.cluster = Some(node.view());
+                    refuse_or_answer(&mut follower, &node, event);
+                }
+                changed = raft_metrics.changed() => {
+                    if changed.is_err() {
+                        tracing::error!("the replication group stopped; the master stops");
+                        return;
+                    }
+                }
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+        };
+        drop(follower);
+        // Lead: first make sure this registry holds everything the group committed.
+        if let Err(e) = node.replicator.raft().ensure_linearizable().await {
+            tracing::warn!(error = %e, "elected, but could not confirm the lead; following again");
+            continue;
+        }
+        let recovered = match registry.load() {
+            Ok(recovered) => recovered,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the registry to lead; the master stops");
+                return;
+            }
+        };
+        tracing::info!(id = node.id, term, "this master leads its group");
+        let now = Instant::now();
+        let mut state = MasterState::new(config.clone(), metrics.clone(), now);
+        state.recover(registry.clone(), recovered, now);
+        state.leader_term = term;
+        state.replicator = Some(Arc::new(node.replicator.clone()));
+        state.cluster = Some(node.view());
+        // Stop serving when the lead is lost or the master shuts down.
+        let (stop_tx, mut stop) = watch::channel(false);
+        let watcher = {
+            let node = node.clone();
+            let mut raft_metrics = node.replicator.raft().metrics();
+            let mut shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                loop {
+                    if node.leads() != Some(term) {
+                        break;
+                    }
+                    tokio::select! {
+                        changed = raft_metrics.changed() => if changed.is_err() { break },
+                        _ = shutdown.wait_for(|stop| *stop) => break,
+                    }
+                }
+                let _ = stop_tx.send(true);
+            })
+        };
+        let end = state.serve(&mut events, &mut stop).await;
+        watcher.abort();
+        if *shutdown.borrow() || end == RunEnd::Failed {
+            return;
+        }
+        tracing::warn!(
+            id = node.id,
+            term,
+            ?end,
+            "this master no longer leads; following"
+        );
+        let leader = node.leader_address().unwrap_or_default().to_string();
+        for conn in state.conns.keys().copied().collect::<Vec<_>>() {
+            let mut error = ringmaster_proto::Error::new(
+                ErrorCode::NotLeader,
+                "this master no longer leads its group",
+            );
+            error.leader = leader.clone();
+            state.send_outbound(conn, Outbound::Close(error));
+        }
+    }
+}
+
+/// A follower's answer to one event: agents and frameworks that register are sent to the
+/// leader; state, health and metrics come from the (empty) follower state; writes are refused.
+fn refuse_or_answer(follower: &mut MasterState, node: &ClusterNode, event: Event) {
+    match event {
+        Event::Opened {
+            outbound, first, ..
+        } => {
+            let leader = node.leader_address().unwrap_or_default().to_string();
+            let what = match first {
+                Message::RegisterAgent(_) => "agents register with",
+                _ => "frameworks subscribe to",
+            };
+            let mut error = ringmaster_proto::Error::new(
+                ErrorCode::NotLeader,
+                if leader.is_empty() {
+                    format!("this master does not lead its group and no leader is known yet; {what} the leader")
+                } else {
+                    format!("this master does not lead its group; {what} the leader at {leader}")
+                },
+            );
+            error.leader = leader;
+            let _ = outbound.send(Outbound::Close(error));
+        }
+        Event::Inbound { .. } | Event::Closed { .. } => {}
+        Event::SaveJobs { reply, .. } => {
+            let _ = reply.send(Err("this master does not lead its group".into()));
+        }
+        other => follower.handle(other, Instant::now()),
+    }
+}
+
+/// Copies the group's view into the metrics; counts a change of leader.
+fn publish(node: &ClusterNode, metrics: &Metrics, last_leader: &mut Option<NodeId>) {
+    let status = node.replicator.status();
+    metrics.raft_status(
+        status.term,
+        status.applied_index.unwrap_or(0),
+        status.role == Role::Leader,
+    );
+    if status.leader.is_some() && status.leader != *last_leader {
+        if last_leader.is_some() {
+            metrics.raft_leader_changed();
+        }
+        *last_leader = status.leader;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ringmaster_proto::{Message, Subscribe};
+
+    use super::*;
+    use crate::master::replication::network::Router;
+    use crate::master::replication::tests::{elected_leader, start_cluster, PATIENCE};
+    use crate::master::server::limits::{outbound_queue, OutboundReceiver};
+
+    struct Master {
+        events: mpsc::Sender<Event>,
+        shutdown: watch::Sender<bool>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn peers() -> BTreeMap<NodeId, String> {
+        (1..=3)
+            .map(|id| (id, format!("127.0.0.1:{}", 5050 + id)))
+            .collect()
+    }
+
+    /// Subscribes a framework (`id` empty: a new one) through `master`; returns what came back.
+    async fn subscribe(master: &Master, conn: u64, id: &str) -> Outbound {
+        let (outbound, mut rx): (_, OutboundReceiver) = outbound_queue(64, 1 << 20);
+        let first = Message::Subscribe(Subscribe {
+            framework_id: id.into(),
+            name: "f".into(),
+            user: "u".into(),
+            failover_timeout_secs: 600.0,
+            ..Default::default()
+        });
+        master
+            .events
+            .send(Event::Opened {
+                conn,
+                peer: ([127, 0, 0, 1], 40_000).into(),
+                outbound,
+                first,
+                principal: None,
+            })
+            .await
+            .unwrap();
+        tokio::time::timeout(PATIENCE, rx.recv())
+            .await
+            .expect("an answer in time")
+            .expect("an answer")
+    }
+
+    fn subscribed(out: Outbound) -> String {
+        match out {
+            Outbound::Send(Message::Subscribed(s)) => s.framework_id,
+            other => panic!("expected Subscribed, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn followers_point_at_the_leader_and_a_new_leader_recovers_what_was_committed() {
+        let router = Router::default();
+        let mut nodes = start_cluster(&router).await;
+        let config = Arc::new(Config::default());
+        let mut masters: BTreeMap<NodeId, Master> = BTreeMap::new();
+        for (id, node) in &nodes {
+            let (events, events_rx) = mpsc::channel(64);
+            let (shutdown, shutdown_rx) = watch::channel(false);
+            let cluster = ClusterNode {
+                id: *id,
+                peers: peers(),
+                replicator: node.replicator.clone(),
+            };
+            let task = tokio::spawn(supervise(
+                cluster,
+                node.registry.clone(),
+                config.clone(),
+                Arc::new(Metrics::new()),
+                events_rx,
+                shutdown_rx,
+            ));
+            masters.insert(
+                *id,
+                Master {
+                    events,
+                    shutdown,
+                    task,
+                },
+            );
+        }
+        let leader = elected_leader(&nodes, None).await;
+
+        // A follower sends a framework to the leader's address.
+        let follower = *masters.keys().find(|id| **id != leader).unwrap();
+        nodes[&follower]
+            .replicator
+            .raft()
+            .wait(Some(PATIENCE))
+            .metrics(
+                |m| m.current_leader == Some(leader),
+                "the follower knows the leader",
+            )
+            .await
+            .unwrap();
+        match subscribe(&masters[&follower], 1, "").await {
+            Outbound::Close(e) => {
+                assert_eq!(e.code(), ErrorCode::NotLeader);
+                assert_eq!(e.leader, peers()[&leader], "{e:?}");
+            }
+            other => panic!("a follower answered {other:?}"),
+        }
+
+        // The leader subscribes it; the framework is in every master's registry once
+        // committed (the Subscribed left only after the quorum).
+        let id = subscribed(subscribe(&masters[&leader], 2, "").await);
+        let index = nodes[&leader].replicator.status().applied_index.unwrap();
+        for node in nodes.values() {
+            node.replicator
+                .raft()
+                .wait(Some(PATIENCE))
+                .applied_index_at_least(Some(index), "the subscription is applied")
+                .await
+                .unwrap();
+            let frameworks = node.registry.load().unwrap().frameworks;
+            assert!(frameworks.iter().any(|f| f.id == id), "{frameworks:?}");
+        }
+
+        // The leader dies; the new leader knows the framework, which fails over to it.
+        router.remove(leader);
+        let dead = masters.remove(&leader).unwrap();
+        let _ = dead.shutdown.send(true);
+        dead.task.await.unwrap();
+        let dead_node = nodes.remove(&leader).unwrap();
+        dead_node.replicator.raft().shutdown().await.unwrap();
+        let new_leader = elected_leader(&nodes, Some(leader)).await;
+        let again = loop {
+            // Until the new leader's supervisor has taken the lead, it answers NOT_LEADER.
+            match subscribe(&masters[&new_leader], 3, &id).await {
+                Outbound::Close(e) if e.code() == ErrorCode::NotLeader => {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                other => break subscribed(other),
+            }
+        };
+        assert_eq!(again, id, "the framework kept its id across the new leader");
+        for master in masters.values() {
+            let _ = master.shutdown.send(true);
+        }
+        for (_, master) in masters {
+            master.task.await.unwrap();
+        }
+        for node in nodes.values() {
+            node.replicator.raft().shutdown().await.unwrap();
+        }
+    }
+}
