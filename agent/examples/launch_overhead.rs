@@ -75,7 +75,10 @@ async fn one_run(mode: IsolationMode, tasks: usize) -> Result<(f64, f64), String
         })
         .collect();
     let started = Instant::now();
-    state.run_tasks(RunTasks { tasks: batch });
+    state.run_tasks(RunTasks {
+        tasks: batch,
+        leader_term: 0,
+    });
     let launched = started.elapsed();
     let mut finished = 0;
     for _ in 0..tasks {

@@ -161,7 +161,10 @@ async fn run(
     info: TaskInfo,
 ) -> String {
     let id = info.task_id.clone();
-    let out = state.run_tasks(RunTasks { tasks: vec![info] });
+    let out = state.run_tasks(RunTasks {
+        tasks: vec![info],
+        leader_term: 0,
+    });
     let started: Vec<TaskStatus> = out
         .iter()
         .filter_map(|m| match m {

@@ -54,7 +54,10 @@ fn statuses(out: &[Message]) -> Vec<TaskStatus> {
 }
 
 fn run_one(state: &mut AgentState, info: TaskInfo) -> TaskStatus {
-    let out = state.run_tasks(RunTasks { tasks: vec![info] });
+    let out = state.run_tasks(RunTasks {
+        tasks: vec![info],
+        leader_term: 0,
+    });
     let mut s = statuses(&out);
     assert_eq!(s.len(), 1, "{out:?}");
     s.remove(0)

@@ -74,7 +74,10 @@ async fn a_failing_check_reports_unhealthy_kills_the_task_and_fails_it() {
         }),
         ..Default::default()
     };
-    let out = state.run_tasks(RunTasks { tasks: vec![info] });
+    let out = state.run_tasks(RunTasks {
+        tasks: vec![info],
+        leader_term: 0,
+    });
     let s = &statuses(&out)[0];
     assert_eq!(s.state(), TaskState::TaskRunning, "{s:?}");
     assert_eq!(s.health(), TaskHealth::Unknown);
@@ -129,7 +132,10 @@ async fn an_empty_health_command_is_refused_at_launch() {
         health: Some(HealthCheck::default()),
         ..Default::default()
     };
-    let out = state.run_tasks(RunTasks { tasks: vec![info] });
+    let out = state.run_tasks(RunTasks {
+        tasks: vec![info],
+        leader_term: 0,
+    });
     let s = &statuses(&out)[0];
     assert_eq!(s.state(), TaskState::TaskFailed);
     assert_eq!(s.reason, reason::LAUNCH_FAILED);
@@ -153,7 +159,10 @@ async fn failing_checks_of_a_task_that_ended_on_its_own_do_not_change_how_it_end
         }),
         ..Default::default()
     };
-    state.run_tasks(RunTasks { tasks: vec![info] });
+    state.run_tasks(RunTasks {
+        tasks: vec![info],
+        leader_term: 0,
+    });
     // The process is gone, its exit not handled yet: a check's failure arrives first.
     let (key, outcome) = timeout(WAIT, exits.recv()).await.unwrap().unwrap();
     let unhealthy = ringmaster_agent::health::HealthEvent::Unhealthy {

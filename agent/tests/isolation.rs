@@ -93,7 +93,10 @@ fn statuses(out: &[Message]) -> Vec<TaskStatus> {
 }
 
 fn start(state: &mut AgentState, info: TaskInfo) {
-    let out = state.run_tasks(RunTasks { tasks: vec![info] });
+    let out = state.run_tasks(RunTasks {
+        tasks: vec![info],
+        leader_term: 0,
+    });
     let s = statuses(&out);
     assert_eq!(s.len(), 1, "{out:?}");
     assert_eq!(s[0].state, TaskState::TaskRunning as i32, "{:?}", s[0]);

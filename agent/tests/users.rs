@@ -53,7 +53,10 @@ fn task(id: &str, command: &str, user: &str) -> TaskInfo {
 }
 
 fn run_one(state: &mut AgentState, info: TaskInfo) -> TaskStatus {
-    let out = state.run_tasks(RunTasks { tasks: vec![info] });
+    let out = state.run_tasks(RunTasks {
+        tasks: vec![info],
+        leader_term: 0,
+    });
     let mut statuses: Vec<TaskStatus> = out
         .iter()
         .filter_map(|m| match m {
