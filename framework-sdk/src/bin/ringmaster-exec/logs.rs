@@ -166,4 +166,50 @@ mod tests {
             vec!["http://a:1", "http://b:2"]
         );
     }
+
+    /// A one-request HTTP server on an ephemeral port answering `status` with `body`.
+    fn fake_http(status: &str, body: &str) -> (String, std::thread::JoinHandle<String>) {
+        use std::io::{BufRead as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let answer = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let handle = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut request_line = String::new();
+            reader.read_line(&mut request_line).unwrap();
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 2 {
+                line.clear();
+            }
+            (&stream).write_all(answer.as_bytes()).unwrap();
+            request_line
+        });
+        (addr, handle)
+    }
+
+    #[test]
+    fn output_is_read_from_the_leader_a_follower_names() {
+        let closed = {
+            let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            gone.local_addr().unwrap().to_string()
+        };
+        let (leader, leader_got) =
+            fake_http("200 OK", r#"{"data": "hi\n", "next_offset": 3, "size": 3}"#);
+        let (follower, follower_got) = fake_http(
+            "503 Service Unavailable",
+            &format!(r#"{{"error": "not the leader", "leader": "{leader}"}}"#),
+        );
+        let reader = LogsReader::new(&format!("{closed},{follower}"));
+        assert_eq!(reader.stdout("fw", "t-0").unwrap(), "hi\n");
+        assert!(follower_got.join().unwrap().starts_with("GET /files/read?"));
+        assert!(leader_got
+            .join()
+            .unwrap()
+            .contains("framework_id=fw&task_id=t-0"));
+    }
 }
