@@ -6,7 +6,8 @@
 //! runs the offer cycle over the wire, deciding with `ringmaster_core::placement`; [`local`]
 //! runs a master and agents in one process; [`dry_run`] runs the core's allocation over a
 //! scenario file for `ringmaster place` (with [`dry_run_batch`] for a scenario's `batch:`
-//! section); [`status`] renders the master's `/state` for `ringmaster status`; [`sim`] replays
+//! section); [`status`] renders the master's `/state` for `ringmaster status` ([`leader_http`]:
+//! the HTTP clients find the leader among several masters); [`sim`] replays
 //! real traces through the same core for `ringmaster sim`; [`security`] reads the TLS and
 //! authentication settings, and [`certs`] writes development certificates for `ringmaster certs`.
 //!
@@ -18,6 +19,7 @@ pub mod config;
 pub mod dry_run;
 pub mod dry_run_batch;
 pub mod jobs;
+pub mod leader_http;
 pub mod local;
 pub mod master;
 pub mod security;

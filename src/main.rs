@@ -230,7 +230,8 @@ fn init_logging(default: &str) {
 #[derive(Debug, Args)]
 struct MasterAddr {
     /// The master's address: its protocol port (`--listen`), which serves HTTP too, or its
-    /// `--http` port.
+    /// `--http` port. With replicated masters, all of them: `a:5050,b:5050,c:5050` (asked in
+    /// turn; a follower's 503 names the leader, which is asked next).
     #[arg(
         long = "master",
         value_name = "ADDR",

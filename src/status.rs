@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use ringmaster_proto::masters::Asked;
 use ringmaster_proto::resources::Resources;
 
 use crate::master::{AgentView, Snapshot};
@@ -50,32 +51,54 @@ pub fn state_url(master: &str) -> Result<String, String> {
     Ok(format!("{base}/state"))
 }
 
-/// Fetches and decodes the master's `/state`.
+/// Fetches and decodes the master's `/state`. `master` may list several masters
+/// (`a:5050,b:5050`): they are asked in turn and the leader is followed ([`crate::leader_http`]).
 pub fn fetch(master: &str) -> Result<Snapshot, String> {
-    let url = state_url(master)?;
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(HTTP_TIMEOUT))
+        .http_status_as_error(false)
         .build()
         .into();
-    let unreachable = |e: &dyn std::fmt::Display| {
-        format!(
-            "cannot reach the master at {url}: {e}\n(is a master running at {master}? `ringmaster \
-             serve` serves HTTP on its --listen port and on --http (by default that port + 1), \
-             unless --http none; pass --master HOST:PORT or set RINGMASTER_MASTER)"
+    crate::leader_http::with_leader(master, |address| {
+        let url = match state_url(address) {
+            Ok(url) => url,
+            Err(e) => return Asked::Answer(Err(e)),
+        };
+        let unreachable = |e: &dyn std::fmt::Display| {
+            format!(
+                "cannot reach the master at {url}: {e}\n(is a master running at {address}? \
+                 `ringmaster serve` serves HTTP on its --listen port and on --http (by default \
+                 that port + 1), unless --http none; pass --master HOST:PORT[,HOST:PORT...] or \
+                 set RINGMASTER_MASTER)"
+            )
+        };
+        let mut response = match agent.get(&url).call() {
+            Ok(response) => response,
+            Err(e) => return Asked::Unreachable(unreachable(&e)),
+        };
+        let status = response.status().as_u16();
+        let body = match response
+            .body_mut()
+            .with_config()
+            .limit(256 * 1024 * 1024)
+            .read_to_string()
+        {
+            Ok(body) => body,
+            Err(e) => return Asked::Unreachable(unreachable(&e)),
+        };
+        if let Some((leader, message)) = crate::leader_http::not_leader(status, &body) {
+            return Asked::NotLeader { leader, message };
+        }
+        if !(200..300).contains(&status) {
+            return Asked::Answer(Err(format!("the master at {url} answered HTTP {status}")));
+        }
+        Asked::Answer(
+            serde_json::from_str(&body).map_err(|e| {
+                format!("the answer of {url} is not a ringmaster /state document: {e}")
+            }),
         )
-    };
-    let mut response = agent.get(&url).call().map_err(|e| match e {
-        ureq::Error::StatusCode(code) => format!("the master at {url} answered HTTP {code}"),
-        other => unreachable(&other),
-    })?;
-    let body = response
-        .body_mut()
-        .with_config()
-        .limit(256 * 1024 * 1024)
-        .read_to_string()
-        .map_err(|e| unreachable(&e))?;
-    serde_json::from_str(&body)
-        .map_err(|e| format!("the answer of {url} is not a ringmaster /state document: {e}"))
+    })
+    .and_then(|answer| answer)
 }
 
 /// The JSON `--json` prints for a view: the whole state or the view's part of it.

@@ -45,8 +45,9 @@ pub struct AgentArgs {
     /// `FILE:LINE: KEY: MESSAGE`. See docs/operations.md.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address of the master, `HOST:PORT` (or `RINGMASTER_MASTER`, or `master:` in the
-    /// config file). Required.
+    /// Address of the master, `HOST:PORT`, or of every master of a replicated cluster,
+    /// `a:5050,b:5050,c:5050` (or `RINGMASTER_MASTER`, or `master:` in the config file): the
+    /// agent registers with whichever leads, following `NOT_LEADER`. Required.
     #[arg(long, value_name = "ADDR", env = "RINGMASTER_MASTER")]
     pub master: Option<String>,
     /// Agent id to register with. Default: the id saved in `<work-dir>/agent_id` by an earlier
@@ -139,7 +140,8 @@ pub struct AgentArgs {
 /// The validated configuration of one agent.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// Master address, `HOST:PORT`.
+    /// The masters, `HOST:PORT[,HOST:PORT...]` (one, or every master of a replicated cluster;
+    /// see [`ringmaster_proto::masters`]). [`AgentConfig::from_args`] normalizes the list.
     pub master: String,
     /// Id to register with (`None`: the saved id, else master-assigned).
     pub id: Option<String>,
@@ -177,7 +179,9 @@ impl AgentConfig {
                 "the master's address is required: --master HOST:PORT, RINGMASTER_MASTER or                  `master:` in the --config file"
             );
         };
-        check_master_address(&master).map_err(|m| anyhow::anyhow!("--master `{master}`: {m}"))?;
+        let master = ringmaster_proto::masters::parse_master_list(&master)
+            .map_err(|m| anyhow::anyhow!("--master `{master}`: {m}"))?
+            .join(",");
         if let Some(id) = &args.id {
             check_agent_id(id).with_context(|| format!("--id `{id}`"))?;
         }
@@ -510,19 +514,9 @@ pub(crate) fn parse_duration(text: &str) -> anyhow::Result<Duration> {
         .context("too long")
 }
 
+/// A master list, `HOST:PORT[,HOST:PORT...]` ([`ringmaster_proto::masters::parse_master_list`]).
 pub(crate) fn check_master_address(master: &str) -> Result<(), String> {
-    let Some((host, port)) = master.rsplit_once(':') else {
-        return Err("expected HOST:PORT".into());
-    };
-    if host.is_empty() {
-        return Err("the host is empty (expected HOST:PORT)".into());
-    }
-    if port.parse::<u16>().is_err() {
-        return Err(format!(
-            "`{port}` is not a port number (expected HOST:PORT)"
-        ));
-    }
-    Ok(())
+    ringmaster_proto::masters::parse_master_list(master).map(|_| ())
 }
 
 /// Agent ids travel in file names and update ids, so they stay plain.
@@ -939,6 +933,17 @@ mod tests {
             .unwrap_err()
         );
         assert!(err.contains("`99999` is not a port number"), "{err}");
+        let err = format!(
+            "{:#}",
+            AgentConfig::from_args(
+                AgentArgs::try_parse_from(["x", "--master", "a:1,b,c:1"]).unwrap()
+            )
+            .unwrap_err()
+        );
+        assert!(
+            err.contains("--master `a:1,b,c:1`: entry `b`: expected HOST:PORT"),
+            "{err}"
+        );
         let err = error_of(&["--id", "../etc"]);
         assert!(err.contains("--id `../etc`"), "{err}");
         let err = format!(
@@ -954,8 +959,31 @@ mod tests {
         std::env::set_var("RINGMASTER_MASTER", "from-env:5050");
         let from_env = AgentArgs::try_parse_from(["x"]).map(|a| a.master);
         let flag_wins = AgentArgs::try_parse_from(["x", "--master", "flag:1"]).map(|a| a.master);
+        std::env::set_var("RINGMASTER_MASTER", "e1:5050, e2:5050");
+        let list_from_env = AgentArgs::try_parse_from(["x"]).map(|a| a.master);
         std::env::remove_var("RINGMASTER_MASTER");
         assert_eq!(from_env.unwrap().as_deref(), Some("from-env:5050"));
         assert_eq!(flag_wins.unwrap().as_deref(), Some("flag:1"));
+        assert_eq!(list_from_env.unwrap().as_deref(), Some("e1:5050, e2:5050"));
+    }
+
+    #[test]
+    fn a_list_of_masters_is_accepted_and_normalized() {
+        let config = AgentConfig::from_args(
+            AgentArgs::try_parse_from([
+                "x",
+                "--master",
+                "a:5050, b:5050,c:5050",
+                "--resources",
+                "cpus:1;mem:64;disk:0",
+                "--hostname",
+                "h",
+                "--work-dir",
+                "/tmp/w",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config.master, "a:5050,b:5050,c:5050");
     }
 }

@@ -1,7 +1,7 @@
 //! The agent's config file (`--config FILE`): YAML whose keys are the flags in snake_case.
 //!
 //! ```yaml
-//! master: master.example.com:5050
+//! master: master.example.com:5050   # or a list: [m1:5050, m2:5050, m3:5050]
 //! resources: cpus:16;mem:65536;gpus:4x81920@H100
 //! attributes: { partition: gpu, rack: r1 }
 //! isolation: cgroups
@@ -123,7 +123,15 @@ fn read_key(key: &str, value: &Value, base: &Path, args: &mut AgentArgs) -> Resu
     let quoted = |text: &str, m: String| format!("`{text}`: {m}");
     match key {
         "master" => {
-            let v = string(value)?;
+            // One address, `a:1,b:1`, or a YAML list of addresses.
+            let v = match value {
+                Value::Sequence(items) => items
+                    .iter()
+                    .map(string)
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(","),
+                other => string(other)?,
+            };
             check_master_address(&v).map_err(|m| quoted(&v, m))?;
             args.master = Some(v);
         }
@@ -494,6 +502,35 @@ mps_start: true
         ] {
             assert_eq!(error(text), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn master_may_be_a_list_of_masters() {
+        let one = parsed("master: m:5050\n").unwrap();
+        assert_eq!(one.master.as_deref(), Some("m:5050"));
+        let commas = parsed("master: a:5050, b:5050,c:5050\n").unwrap();
+        assert_eq!(commas.master.as_deref(), Some("a:5050, b:5050,c:5050"));
+        let yaml_list = parsed("master: [a:5050, b:5050]\n").unwrap();
+        assert_eq!(yaml_list.master.as_deref(), Some("a:5050,b:5050"));
+        let block = parsed("master:\n  - a:5050\n  - b:5050\n  - c:5050\n").unwrap();
+        assert_eq!(block.master.as_deref(), Some("a:5050,b:5050,c:5050"));
+        let merged = crate::AgentConfig::from_args(AgentArgs {
+            resources: Some("cpus:1;mem:64;disk:0".into()),
+            work_dir: Some(PathBuf::from("/tmp/w")),
+            hostname: Some("h".into()),
+            ..commas
+        })
+        .unwrap();
+        assert_eq!(merged.master, "a:5050,b:5050,c:5050");
+        let err = error("master: [a:5050, nope]\n");
+        assert!(
+            err.starts_with(
+                "agent.yaml:1: master: `a:5050,nope`: entry `nope`: expected HOST:PORT"
+            ),
+            "{err}"
+        );
+        let err = error("master: [a:5050, [b]]\n");
+        assert!(err.contains("expected text, found a list"), "{err}");
     }
 
     #[test]

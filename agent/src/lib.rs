@@ -6,7 +6,9 @@
 //!
 //! # Agent-side protocol (version 1)
 //!
-//! 1. **Connect and handshake.** TCP to `--master`; send `Hello{protocol_version: 1, client:
+//! 1. **Connect and handshake.** TCP to `--master` (with a list `a,b,c`, to the first that
+//!    answers; `Error{NOT_LEADER}` sends the agent to the `leader` it names, else to the next
+//!    master, see docs/protocol.md); send `Hello{protocol_version: 1, client:
 //!    "ringmaster-agent <version>"}`; expect `HelloAck`. An `Error` with `VERSION_MISMATCH` ends
 //!    the agent with an error (no retry). Any other answer, a timeout (10 s) or a closed
 //!    connection is retried with backoff.
@@ -58,7 +60,12 @@
 //!    ([`usage`]: the task cgroup's counters, else `/proc` summed over the process group) and
 //!    one `UsageReport` with an entry per RUNNING task is sent.
 //! 6. **Disconnects.** Tasks keep running; exits are recorded. Reconnect after 100 ms, doubling
-//!    up to `reconnect_max_backoff` (5 s), reset after a successful registration.
+//!    up to `reconnect_max_backoff` (5 s), reset after a successful registration. With several
+//!    masters, a failed attempt goes on to the next at once; the backoff is waited after a
+//!    full pass over the list without success.
+//! 9. **Fencing.** The newest nonzero `leader_term` of a `RunTasks`/`KillTask` is kept (also in
+//!    `<work_dir>/leader_term`); a `RunTasks` from an older term launches nothing (its new
+//!    tasks → `LOST` `stale_leader`), a `KillTask` from one is ignored. Term 0 always passes.
 //! 7. **Shutdown.** Every task is killed (reason `agent_shutdown`); once their groups are gone
 //!    (bounded by grace + 2 s) the pending updates and a heartbeat are sent best-effort.
 //! 8. **Restart.** Each task has a task file in its sandbox ([`task_files`]). An agent started
@@ -97,6 +104,8 @@ pub use isolation::{IsolationConfig, IsolationMode};
 
 /// The file in the work dir that keeps the agent id between runs.
 pub const AGENT_ID_FILE: &str = "agent_id";
+/// The file in the work dir that keeps the newest leader term seen (fencing, docs/protocol.md).
+pub const LEADER_TERM_FILE: &str = "leader_term";
 
 /// Runs one agent with the default isolation (`auto`) until `shutdown` completes; see
 /// [`run_with_isolation`].
@@ -112,6 +121,8 @@ pub async fn run_with_isolation(
     isolation: IsolationConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    ringmaster_proto::masters::parse_master_list(&config.master)
+        .map_err(|e| anyhow::anyhow!("--master `{}`: {e}", config.master))?;
     std::fs::create_dir_all(&config.work_dir)
         .with_context(|| format!("cannot create work dir {}", config.work_dir.display()))?;
     let isolation = isolation::Isolation::setup(&isolation, &config.work_dir)?;

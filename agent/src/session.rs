@@ -3,12 +3,19 @@
 //! Tasks keep running while the master is unreachable; their exits are recorded and their
 //! updates wait in the status queue until the next registration. Only a protocol version
 //! mismatch ends the loop with an error, because retrying cannot fix it.
+//!
+//! With several masters (`--master a,b,c`) a failed attempt moves on to the next one at once,
+//! and `Error{NOT_LEADER}` (during the handshake or later) straight to the leader it names
+//! ([`MasterRotation`]); the backoff is waited only after a full pass without success, and
+//! after a lost registered connection. The agent's state is kept across the switch exactly as
+//! across a reconnect.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _};
+use ringmaster_proto::masters::MasterRotation;
 use ringmaster_proto::security::AuthRole;
 use ringmaster_proto::transport::BoxedStream;
 use ringmaster_proto::{
@@ -38,6 +45,9 @@ enum Ended {
     Shutdown(Option<MasterConnection>),
     /// Worth another try after the backoff.
     Retry(anyhow::Error),
+    /// The master is not the leader (`Error{NOT_LEADER}`); `leader` is the one it names
+    /// (empty when it knows none).
+    NotLeader { leader: String, message: String },
     /// Trying again cannot help.
     Fatal(anyhow::Error),
 }
@@ -50,6 +60,8 @@ pub async fn run_sessions<F: Future<Output = ()>>(
 ) -> anyhow::Result<()> {
     let mut backoff = INITIAL_BACKOFF;
     let mut attempt: u64 = 0;
+    let mut masters = MasterRotation::parse(&state.config().master)
+        .map_err(|e| anyhow!("--master `{}`: {e}", state.config().master))?;
     // Health changes of tasks with a health check (crate::health); a closed channel when
     // taken before, which disables the select arms below.
     let mut health = state
@@ -57,9 +69,11 @@ pub async fn run_sessions<F: Future<Output = ()>>(
         .unwrap_or_else(|| tokio::sync::mpsc::unbounded_channel().1);
     loop {
         attempt += 1;
+        let master = masters.current().to_string();
+        let mut registered = false;
         let ended = tokio::select! {
             _ = shutdown.as_mut() => Ended::Shutdown(None),
-            r = establish(&state) => match r {
+            r = establish(&state, &master) => match r {
                 Ok((conn, assigned_id, heartbeat)) => {
                     let previous = state.agent_id().to_string();
                     if !previous.is_empty() && previous != assigned_id {
@@ -68,12 +82,14 @@ pub async fn run_sessions<F: Future<Output = ()>>(
                     }
                     state.set_agent_id(assigned_id.clone());
                     save_agent_id(&state);
-                    tracing::info!(agent_id = %assigned_id, master = %state.config().master,
+                    tracing::info!(agent_id = %assigned_id, master = %master,
                         heartbeat_ms = heartbeat.as_millis() as u64,
                         running = state.running_processes(), unacknowledged = state.unacknowledged(),
                         "registered with the master");
                     backoff = INITIAL_BACKOFF;
                     attempt = 0;
+                    masters.succeeded();
+                    registered = true;
                     serve(conn, &mut state, &mut exits, &mut health, heartbeat, &mut shutdown).await
                 }
                 Err(ended) => ended,
@@ -87,10 +103,37 @@ pub async fn run_sessions<F: Future<Output = ()>>(
                 let _ = drain_exits(&mut state, &mut exits).await;
                 return Err(error);
             }
+            Ended::Retry(error) if registered => {
+                // The registered connection was lost: the same master first, after the backoff.
+                state.connection_lost();
+                tracing::warn!(retry_in_ms = backoff.as_millis() as u64, master = %master,
+                    "connection to the master lost: {error:#}");
+            }
             Ended::Retry(error) => {
                 state.connection_lost();
+                let pass_over = masters.failed();
+                if !pass_over {
+                    tracing::warn!(attempt, master = %master, next = %masters.current(),
+                        "master unreachable: {error:#}; trying the next one");
+                    continue;
+                }
                 tracing::warn!(attempt, retry_in_ms = backoff.as_millis() as u64,
-                    master = %state.config().master, "master unreachable: {error:#}");
+                    master = %master, "master unreachable: {error:#}");
+            }
+            Ended::NotLeader { leader, message } => {
+                state.connection_lost();
+                let pass_over = masters.not_leader(&leader);
+                tracing::info!(master = %master, leader = %leader, next = %masters.current(),
+                    "the master is not the leader: {message}");
+                if !pass_over {
+                    continue;
+                }
+                tracing::warn!(
+                    attempt,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "no master of {} is the leader yet",
+                    masters.list().join(",")
+                );
             }
         }
         // Wait out the backoff while still recording task exits.
@@ -110,14 +153,16 @@ pub async fn run_sessions<F: Future<Output = ()>>(
             }
         }
         backoff = (backoff * 2).min(state.config().reconnect_max_backoff.max(INITIAL_BACKOFF));
-        tracing::debug!(master = %state.config().master, "reconnecting to the master");
+        tracing::debug!(master = %masters.current(), "reconnecting to the master");
     }
 }
 
 /// Connects, says Hello and registers. Returns the connection, the agent id and the heartbeat
 /// interval the master chose.
-async fn establish(state: &AgentState) -> Result<(MasterConnection, String, Duration), Ended> {
-    let master = &state.config().master;
+async fn establish(
+    state: &AgentState,
+    master: &str,
+) -> Result<(MasterConnection, String, Duration), Ended> {
     let security = &state.config().security;
     let stream = security
         .connect(master, HANDSHAKE_TIMEOUT)
@@ -205,6 +250,11 @@ fn unexpected(message: Message, expected: &str) -> Ended {
                 error.message
             ))
         }
+        // A follower: the session goes on to the leader it names (or the next master).
+        Message::Error(error) if error.code == ErrorCode::NotLeader as i32 => Ended::NotLeader {
+            leader: error.leader,
+            message: error.message,
+        },
         // Credentials and permissions do not change by retrying.
         Message::Error(error)
             if matches!(
@@ -272,6 +322,10 @@ async fn serve<F: Future<Output = ()>>(
                 Ok(Some(Message::ReadFile(request))) => {
                     read_file(state, request, &files_tx);
                     Vec::new()
+                }
+                Ok(Some(Message::Error(error))) if error.code == ErrorCode::NotLeader as i32 => {
+                    // Deposed while serving us: the master closes the connection.
+                    return Ended::NotLeader { leader: error.leader, message: error.message };
                 }
                 Ok(Some(message)) => handle_master_message(state, message),
                 Ok(None) => return Ended::Retry(anyhow!("the master closed the connection")),

@@ -53,6 +53,9 @@ pub mod reason {
     /// The task's health check failed `failures` times in a row ([`crate::health`]): it was
     /// reported unhealthy and killed; the message is "health check failed N times: …".
     pub const HEALTH_CHECK_FAILED: &str = "health_check_failed";
+    /// `RunTasks` from a deposed leader: its `leader_term` is older than the newest term the
+    /// agent has seen (docs/protocol.md, "Leaders and terms"). The task was not launched.
+    pub const STALE_LEADER: &str = "stale_leader";
 }
 
 /// The longest kill grace a task may ask for (`TaskInfo.kill_grace_ms`); more counts as this.
@@ -126,6 +129,9 @@ pub struct AgentState {
     isolation: Isolation,
     health_tx: mpsc::UnboundedSender<(TaskKey, HealthEvent)>,
     health_rx: Option<HealthReceiver>,
+    /// The newest `leader_term` received in a `RunTasks` or `KillTask` (0: none yet), kept in
+    /// `<work_dir>/leader_term` so it outlives a restart.
+    leader_term: u64,
 }
 
 impl AgentState {
@@ -144,7 +150,9 @@ impl AgentState {
     ) -> (Self, ExitReceiver) {
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let (health_tx, health_rx) = mpsc::unbounded_channel();
+        let leader_term = load_leader_term(&config.work_dir);
         let state = AgentState {
+            leader_term,
             config,
             agent_id,
             tasks: BTreeMap::new(),
@@ -376,9 +384,52 @@ impl AgentState {
         self.updates.mark_unsent();
     }
 
-    /// Launches each task (or reports why not), then one heartbeat.
+    /// The newest leader term seen (0: none, or only masters without replication).
+    pub fn leader_term(&self) -> u64 {
+        self.leader_term
+    }
+
+    /// Fencing: false for a nonzero `term` older than the newest seen (a deposed leader's
+    /// request); a newer term is remembered, in memory and in the work dir. Term 0 (a master
+    /// without replication) is always accepted and changes nothing.
+    fn accept_term(&mut self, term: u64) -> bool {
+        if term == 0 || term == self.leader_term {
+            return true;
+        }
+        if term < self.leader_term {
+            return false;
+        }
+        tracing::info!(
+            term,
+            previous = self.leader_term,
+            "a newer leader term; older ones are refused from now on"
+        );
+        self.leader_term = term;
+        if let Err(e) = save_leader_term(&self.config.work_dir, term) {
+            tracing::warn!(work_dir = %self.config.work_dir.display(),
+                "cannot save the leader term: {e}");
+        }
+        true
+    }
+
+    /// Launches each task (or reports why not), then one heartbeat. A batch from a deposed
+    /// leader (`leader_term` older than the newest seen) launches nothing: its new tasks are
+    /// answered `LOST` `stale_leader`, known ones with their current status.
     pub fn run_tasks(&mut self, run: RunTasks) -> Vec<Message> {
         let mut out = Vec::new();
+        if !self.accept_term(run.leader_term) {
+            tracing::warn!(
+                term = run.leader_term,
+                newest = self.leader_term,
+                tasks = run.tasks.len(),
+                "RunTasks from a deposed leader refused"
+            );
+            for info in run.tasks {
+                self.refuse_stale(info, run.leader_term, &mut out);
+            }
+            out.push(self.heartbeat());
+            return out;
+        }
         for info in run.tasks {
             self.run_task(info, &mut out);
         }
@@ -646,9 +697,43 @@ impl AgentState {
         }
     }
 
-    /// Starts killing a task's process group; KILLED is reported when the group is gone.
+    /// A task of a stale `RunTasks`: not launched and not recorded (the current leader may
+    /// still launch it), reported `LOST` `stale_leader`; a task already known keeps running
+    /// and its status is sent again.
+    fn refuse_stale(&mut self, info: TaskInfo, term: u64, out: &mut Vec<Message>) {
+        let key = TaskKey {
+            framework_id: info.framework_id.clone(),
+            task_id: info.task_id.clone(),
+        };
+        if self.tasks.contains_key(&key) {
+            self.resend_status(&key, out);
+            return;
+        }
+        let status = TaskStatus {
+            task_id: info.task_id,
+            framework_id: info.framework_id,
+            agent_id: self.agent_id.clone(),
+            state: TaskState::TaskLost as i32,
+            reason: reason::STALE_LEADER.to_string(),
+            message: format!(
+                "not launched: sent by a deposed leader (term {term}; the agent has seen term {})",
+                self.leader_term
+            ),
+            ..Default::default()
+        };
+        self.issue(status, out);
+    }
+
+    /// Starts killing a task's process group; KILLED is reported when the group is gone. A
+    /// kill from a deposed leader (`leader_term` older than the newest seen) is ignored.
     pub fn kill_task(&mut self, kill: KillTask) -> Vec<Message> {
         let mut out = Vec::new();
+        if !self.accept_term(kill.leader_term) {
+            tracing::warn!(task = %kill.task_id, framework = %kill.framework_id,
+                term = kill.leader_term, newest = self.leader_term,
+                "KillTask from a deposed leader ignored");
+            return out;
+        }
         let reason = if kill.reason.is_empty() {
             reason::KILLED.to_string()
         } else {
@@ -1076,6 +1161,36 @@ impl AgentState {
     }
 }
 
+/// The leader term saved in `work_dir` by an earlier run; 0 when there is none or it is
+/// unreadable (then the next term received is taken as the newest).
+pub fn load_leader_term(work_dir: &std::path::Path) -> u64 {
+    let path = work_dir.join(crate::LEADER_TERM_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().unwrap_or_else(|_| {
+            tracing::warn!(path = %path.display(), "ignoring an unreadable leader term");
+            0
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "cannot read the leader term: {e}");
+            0
+        }
+    }
+}
+
+/// Writes the term to `<work_dir>/leader_term` atomically: a temporary file, synced, then
+/// renamed over the old one, so a crash leaves the old term or the new one, never half.
+pub fn save_leader_term(work_dir: &std::path::Path, term: u64) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let path = work_dir.join(crate::LEADER_TERM_FILE);
+    let temp = work_dir.join(format!("{}.tmp", crate::LEADER_TERM_FILE));
+    let mut file = std::fs::File::create(&temp)?;
+    file.write_all(format!("{term}\n").as_bytes())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&temp, &path)
+}
+
 /// "exited with status 1", "killed by SIGKILL (9)": how a process ended, for messages.
 fn describe(outcome: &ExitOutcome) -> String {
     match outcome {
@@ -1211,5 +1326,163 @@ mod tests {
             Vec::new(),
         );
         assert_eq!(env, pairs(&[("A", "1"), ("CUDA_VISIBLE_DEVICES", "0")]));
+    }
+
+    mod fencing {
+        use super::super::*;
+
+        fn config(work_dir: &std::path::Path) -> AgentConfig {
+            AgentConfig {
+                master: "127.0.0.1:1".into(),
+                id: None,
+                hostname: "fence-host".into(),
+                resources: Resources::parse("cpus:1;mem:64").unwrap(),
+                devices: Vec::new(),
+                device_selection: Default::default(),
+                attributes: Vec::new(),
+                work_dir: work_dir.to_path_buf(),
+                kill_grace: Duration::from_millis(500),
+                reconnect_max_backoff: Duration::from_millis(200),
+                security: Default::default(),
+                task_user: users::default_task_user(),
+                allow_root_tasks: false,
+                gpu_sharing: Default::default(),
+                usage_interval: crate::usage::DEFAULT_USAGE_INTERVAL,
+            }
+        }
+
+        fn state(work_dir: &std::path::Path) -> AgentState {
+            AgentState::new(config(work_dir), "a1".into()).0
+        }
+
+        /// A task too big for the agent: a RunTasks that passes the fence answers it FAILED
+        /// `insufficient_resources` without starting a process.
+        fn too_big(id: &str) -> TaskInfo {
+            TaskInfo {
+                task_id: id.into(),
+                name: id.into(),
+                command: "true".into(),
+                framework_id: "fw".into(),
+                resources: Some(Resources::parse("cpus:64").unwrap().to_wire()),
+                ..Default::default()
+            }
+        }
+
+        fn run(state: &mut AgentState, term: u64, ids: &[&str]) -> Vec<TaskStatus> {
+            let tasks = ids.iter().map(|id| too_big(id)).collect();
+            statuses(&state.run_tasks(RunTasks {
+                tasks,
+                leader_term: term,
+            }))
+        }
+
+        fn kill(state: &mut AgentState, term: u64, id: &str) -> Vec<TaskStatus> {
+            statuses(&state.kill_task(KillTask {
+                task_id: id.into(),
+                framework_id: "fw".into(),
+                reason: String::new(),
+                leader_term: term,
+            }))
+        }
+
+        fn statuses(out: &[Message]) -> Vec<TaskStatus> {
+            out.iter()
+                .filter_map(|m| match m {
+                    Message::StatusUpdate(u) => u.status.clone(),
+                    _ => None,
+                })
+                .collect()
+        }
+
+        fn saved(work_dir: &std::path::Path) -> Option<String> {
+            std::fs::read_to_string(work_dir.join(crate::LEADER_TERM_FILE)).ok()
+        }
+
+        #[test]
+        fn an_older_term_is_refused_and_the_newest_is_saved() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut state = state(dir.path());
+            assert_eq!(state.leader_term(), 0);
+            let out = run(&mut state, 5, &["t1"]);
+            assert_eq!(out.len(), 1);
+            assert_eq!(out[0].reason, reason::INSUFFICIENT_RESOURCES);
+            assert_eq!(state.leader_term(), 5);
+            assert_eq!(saved(dir.path()).as_deref(), Some("5\n"));
+
+            let out = run(&mut state, 4, &["t2", "t3"]);
+            assert_eq!(out.len(), 2);
+            for status in &out {
+                assert_eq!(status.state, TaskState::TaskLost as i32);
+                assert_eq!(status.reason, reason::STALE_LEADER);
+                assert!(status.message.contains("term 4"), "{}", status.message);
+                assert_eq!(status.agent_id, "a1");
+                assert!(!status.update_id.is_empty(), "a reliable update");
+            }
+            assert_eq!(state.leader_term(), 5, "an old term does not lower it");
+            // Not recorded: the current leader may still launch the task.
+            let out = run(&mut state, 6, &["t2"]);
+            assert_eq!(out[0].reason, reason::INSUFFICIENT_RESOURCES);
+            assert_eq!(state.leader_term(), 6);
+            assert_eq!(saved(dir.path()).as_deref(), Some("6\n"));
+            assert!(!dir.path().join("leader_term.tmp").exists());
+        }
+
+        #[test]
+        fn term_zero_is_always_accepted() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut state = state(dir.path());
+            assert_eq!(
+                run(&mut state, 0, &["t1"])[0].reason,
+                reason::INSUFFICIENT_RESOURCES
+            );
+            assert_eq!(saved(dir.path()), None, "term 0 is not saved");
+            run(&mut state, 3, &["t2"]);
+            assert_eq!(
+                run(&mut state, 0, &["t3"])[0].reason,
+                reason::INSUFFICIENT_RESOURCES
+            );
+            assert_eq!(kill(&mut state, 0, "nope")[0].reason, reason::UNKNOWN_TASK);
+            assert_eq!(state.leader_term(), 3);
+        }
+
+        #[test]
+        fn a_stale_kill_is_ignored() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut state = state(dir.path());
+            assert_eq!(kill(&mut state, 7, "nope")[0].reason, reason::UNKNOWN_TASK);
+            assert_eq!(state.leader_term(), 7, "a KillTask's term counts too");
+            assert!(
+                kill(&mut state, 6, "nope").is_empty(),
+                "no answer to a stale kill"
+            );
+            assert!(state
+                .kill_task(KillTask {
+                    task_id: "nope".into(),
+                    framework_id: "fw".into(),
+                    reason: String::new(),
+                    leader_term: 2,
+                })
+                .is_empty());
+            // The task a stale RunTasks names, once known, keeps its state.
+            run(&mut state, 7, &["known"]);
+            let again = run(&mut state, 1, &["known"]);
+            assert_eq!(again.len(), 1);
+            assert_eq!(again[0].reason, reason::INSUFFICIENT_RESOURCES);
+            assert_eq!(again[0].state, TaskState::TaskFailed as i32);
+        }
+
+        #[test]
+        fn the_term_survives_a_restart() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut first = state(dir.path());
+            run(&mut first, 9, &["t1"]);
+            drop(first);
+            let mut second = state(dir.path());
+            assert_eq!(second.leader_term(), 9);
+            assert_eq!(run(&mut second, 8, &["t2"])[0].reason, reason::STALE_LEADER);
+            // An unreadable file counts as no term.
+            std::fs::write(dir.path().join(crate::LEADER_TERM_FILE), "garbage").unwrap();
+            assert_eq!(load_leader_term(dir.path()), 0);
+        }
     }
 }

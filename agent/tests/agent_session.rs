@@ -645,3 +645,94 @@ async fn garbage_from_the_master_does_not_take_the_agent_down() {
     );
     agent.stop().await.unwrap();
 }
+
+fn not_leader(leader: &str) -> Message {
+    let mut error = Error::new(ErrorCode::NotLeader, "this master is a follower");
+    error.leader = leader.to_string();
+    Message::Error(error)
+}
+
+#[tokio::test]
+async fn not_leader_sends_the_agent_to_the_named_leader_with_its_tasks() {
+    let follower = FakeMaster::start().await;
+    let leader = FakeMaster::start().await;
+    let next_leader = FakeMaster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Only the follower is configured: the leaders it names are followed all the same.
+    let agent = RunningAgent::start(config(&follower.addr, dir.path(), "cpus:4;mem:1024"));
+    let mut conn = follower.accept_connection().await;
+    assert!(matches!(
+        timeout(WAIT, conn.recv()).await.unwrap().unwrap(),
+        Some(Message::Hello(_))
+    ));
+    conn.send(not_leader(&leader.addr)).await.unwrap();
+    drop(conn);
+
+    let (mut link, register) = leader.accept("agent-l", 60_000).await;
+    assert_eq!(register.agent_id, "");
+    link.send(Message::RunTasks(RunTasks {
+        tasks: vec![task("svc", "sleep 100", "cpus:1;mem:64")],
+        leader_term: 3,
+    }))
+    .await;
+    let running = link.next_update_acked().await;
+    assert_eq!(state(&running), TaskState::TaskRunning);
+    link.sync().await;
+
+    // Deposed while serving: NOT_LEADER names the new leader; the agent re-registers there
+    // with the same id and its running task.
+    link.send(not_leader(&next_leader.addr)).await;
+    let (mut link, register) = next_leader.accept("agent-l", 60_000).await;
+    assert_eq!(register.agent_id, "agent-l");
+    assert_eq!(register.tasks.len(), 1);
+    assert_eq!(register.tasks[0].task_id, "svc");
+    assert_eq!(state(&register.tasks[0]), TaskState::TaskRunning);
+
+    // Fencing: a RunTasks from the older term launches nothing; the newer term is kept.
+    link.send(Message::RunTasks(RunTasks {
+        tasks: vec![task("stale", "sleep 100", "cpus:1;mem:64")],
+        leader_term: 2,
+    }))
+    .await;
+    let lost = link.next_update_acked().await;
+    assert_eq!(lost.task_id, "stale");
+    assert_eq!(state(&lost), TaskState::TaskLost);
+    assert_eq!(lost.reason, "stale_leader");
+    assert!(
+        !sandbox(dir.path(), "stale").exists(),
+        "nothing was launched"
+    );
+    let saved = std::fs::read_to_string(dir.path().join(ringmaster_agent::LEADER_TERM_FILE));
+    assert_eq!(saved.unwrap(), "3\n");
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_refused_connection_and_an_unknown_leader_move_to_the_next_master() {
+    let closed = {
+        let gone = FakeMaster::start().await;
+        gone.addr.clone()
+    };
+    let follower = FakeMaster::start().await;
+    let master = FakeMaster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let list = format!("{closed},{},{}", follower.addr, master.addr);
+    let agent = RunningAgent::start(config(&list, dir.path(), "cpus:1"));
+    // The first master refuses the connection: the follower is next, and knows no leader.
+    let mut conn = follower.accept_connection().await;
+    assert!(matches!(
+        timeout(WAIT, conn.recv()).await.unwrap().unwrap(),
+        Some(Message::Hello(_))
+    ));
+    conn.send(not_leader("")).await.unwrap();
+    drop(conn);
+    // So the third master of the list is tried, and it leads.
+    let (mut link, register) = master.accept("a-next", 60_000).await;
+    assert_eq!(register.agent_id, "");
+    link.run(vec![task("ok", "true", "cpus:1")]).await;
+    assert_eq!(
+        state(&link.next_update_acked().await),
+        TaskState::TaskRunning
+    );
+    agent.stop().await.unwrap();
+}

@@ -12,7 +12,9 @@ use crate::SdkError;
 /// Everything [`crate::run`] needs to subscribe a framework.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FrameworkConfig {
-    /// The master's address, `host:port`.
+    /// The master's address, `host:port`, or every master of a replicated cluster as a
+    /// comma-separated list, `a:5050,b:5050,c:5050`: the SDK subscribes with whichever leads,
+    /// following `NOT_LEADER` (docs/protocol.md).
     pub master: String,
     /// Human-readable framework name, shown in the master's state.
     pub name: String,
@@ -67,6 +69,8 @@ impl FrameworkConfig {
                 "master address is empty (expected host:port)".into(),
             ));
         }
+        ringmaster_proto::masters::parse_master_list(&self.master)
+            .map_err(|e| SdkError::InvalidConfig(format!("master `{}`: {e}", self.master)))?;
         if self.name.trim().is_empty() {
             return Err(SdkError::InvalidConfig("framework name is empty".into()));
         }
@@ -109,6 +113,23 @@ mod tests {
         assert_eq!(config.weight, 1.0);
         assert_eq!(config.reconnect_max_backoff, Duration::from_secs(5));
         assert!(!config.user.is_empty());
+    }
+
+    #[test]
+    fn master_may_be_a_list() {
+        let config = FrameworkConfig::new("a:5050, b:5050,c:5050", "fw");
+        assert!(config.validate().is_ok());
+        for (bad, word) in [
+            ("a:5050,b", "entry `b`: expected HOST:PORT"),
+            ("a:5050,,b:1", "empty entry"),
+            ("localhost", "master `localhost`: expected HOST:PORT"),
+        ] {
+            let err = FrameworkConfig::new(bad, "fw")
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(word), "{err} should mention {word}");
+        }
     }
 
     #[test]

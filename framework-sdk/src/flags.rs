@@ -1,5 +1,14 @@
 //! Command-line flags shared by framework-side clients (`ringmaster-exec`, the load generator).
 
+/// A clap value parser for `--master`: one `HOST:PORT` or a comma-separated list of them
+/// (every master of a replicated cluster, `a:5050,b:5050,c:5050`); the value is kept as given
+/// ([`crate::FrameworkConfig::master`] takes the list as text). Clap names the flag in its
+/// error: `invalid value 'a:1,b' for '--master <MASTER>': entry `b`: expected HOST:PORT`.
+pub fn master_list(value: &str) -> Result<String, String> {
+    ringmaster_proto::masters::parse_master_list(value)?;
+    Ok(value.to_string())
+}
+
 /// The flags every framework-side command-line client shares for TLS and authentication.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SecurityFlags {
@@ -30,5 +39,18 @@ impl SecurityFlags {
             self.principal.as_deref(),
             self.secret_file.as_deref(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn master_flags_take_lists() {
+        assert_eq!(super::master_list("a:1,b:2").unwrap(), "a:1,b:2");
+        assert_eq!(super::master_list("m:5050").unwrap(), "m:5050");
+        assert_eq!(
+            super::master_list("a:1,b").unwrap_err(),
+            "entry `b`: expected HOST:PORT"
+        );
     }
 }

@@ -71,7 +71,7 @@ pub use ringmaster_proto::{
 pub use config::{FrameworkConfig, DEFAULT_FAILOVER_TIMEOUT, DEFAULT_RECONNECT_MAX_BACKOFF};
 pub use driver::Driver;
 pub use error::{DriverStopped, SdkError};
-pub use flags::SecurityFlags;
+pub use flags::{master_list, SecurityFlags};
 pub use scheduler::Scheduler;
 pub use session::{run, LAUNCH_DROPPED};
 

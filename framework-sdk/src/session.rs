@@ -6,12 +6,20 @@
 //! serves: master messages become callbacks, driver commands become messages, in order. A lost
 //! connection calls `disconnected` and starts the next attempt after an exponential backoff.
 //! Only what retrying cannot fix (version mismatch, a refused subscription, a stop) ends the loop.
+//!
+//! With several masters (`FrameworkConfig.master` = `a:5050,b:5050,c:5050`) a failed attempt
+//! moves on to the next master at once, and `Error{NOT_LEADER}` (answering the handshake or
+//! closing a subscribed connection) straight to the leader it names ([`MasterRotation`]); the
+//! backoff is waited after a full pass over the list without success and after a lost
+//! subscribed connection. The framework id, the demand and everything queued are kept across
+//! the switch exactly as across a reconnect.
 
 use ringmaster_proto::convert::ResourcesWire;
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ringmaster_proto::masters::MasterRotation;
 use ringmaster_proto::security::AuthRole;
 use ringmaster_proto::transport::BoxedStream;
 use ringmaster_proto::{
@@ -71,6 +79,8 @@ enum Ended {
     Stopped,
     /// The connection is gone; reconnect.
     Lost(String),
+    /// The master was deposed (`Error{NOT_LEADER}`); go to `leader` (empty: unknown).
+    NotLeader { leader: String, reason: String },
 }
 
 /// Why one connection attempt failed.
@@ -79,6 +89,8 @@ enum AttemptError {
     Transient(String),
     /// Retrying cannot help.
     Fatal(SdkError),
+    /// The master is not the leader; `leader` is the one it names (empty: unknown).
+    NotLeader { leader: String, reason: String },
 }
 
 type MasterConnection = Connection<BoxedStream>;
@@ -105,18 +117,33 @@ impl Session {
         let mut backoff = Backoff::new(self.config.reconnect_max_backoff);
         let mut unreachable_since = Instant::now();
         let mut failed_attempts = 0u32;
+        let mut masters = MasterRotation::parse(&self.config.master).map_err(|e| {
+            SdkError::InvalidConfig(format!("master `{}`: {e}", self.config.master))
+        })?;
         loop {
-            let reason = match self.attempt().await {
+            let master = masters.current().to_string();
+            // Whether the backoff is waited before the next attempt.
+            let mut wait = true;
+            let reason = match self.attempt(&master).await {
                 Ok((connection, subscribed)) => {
                     backoff.reset();
                     failed_attempts = 0;
+                    masters.succeeded();
                     match self.serve(connection, subscribed, scheduler).await? {
                         Ended::Stopped => return Ok(()),
                         Ended::Lost(reason) => {
-                            warn!(master = %self.config.master, %reason, "lost the connection to the master; reconnecting");
+                            warn!(%master, %reason, "lost the connection to the master; reconnecting");
                             self.offers.clear();
                             scheduler.disconnected(&self.driver).await;
                             unreachable_since = Instant::now();
+                            reason
+                        }
+                        Ended::NotLeader { leader, reason } => {
+                            warn!(%master, %leader, %reason, "the master is no longer the leader; reconnecting");
+                            self.offers.clear();
+                            scheduler.disconnected(&self.driver).await;
+                            unreachable_since = Instant::now();
+                            wait = masters.not_leader(&leader);
                             reason
                         }
                     }
@@ -124,11 +151,19 @@ impl Session {
                 Err(AttemptError::Fatal(error)) => return Err(error),
                 Err(AttemptError::Transient(reason)) => {
                     failed_attempts += 1;
+                    wait = masters.failed();
                     if failed_attempts == 1 {
-                        warn!(master = %self.config.master, %reason, "could not subscribe; retrying with backoff");
+                        warn!(%master, %reason, "could not subscribe; retrying with backoff");
                     } else {
-                        info!(master = %self.config.master, %reason, failed_attempts, "could not subscribe; will retry");
+                        info!(%master, %reason, failed_attempts, "could not subscribe; will retry");
                     }
+                    reason
+                }
+                Err(AttemptError::NotLeader { leader, reason }) => {
+                    failed_attempts += 1;
+                    wait = masters.not_leader(&leader);
+                    info!(%master, %leader, next = %masters.current(), %reason,
+                        "the master is not the leader");
                     reason
                 }
             };
@@ -141,6 +176,11 @@ impl Session {
                         ),
                     });
                 }
+            }
+            if !wait {
+                // On to the next master (or the named leader) at once; the backoff is for a
+                // full pass without success.
+                continue;
             }
             let delay = backoff.next_delay();
             if self.wait_offline(delay, scheduler).await {
@@ -207,8 +247,10 @@ impl Session {
     }
 
     /// Connects, shakes hands and subscribes.
-    async fn attempt(&mut self) -> Result<(MasterConnection, Subscribed), AttemptError> {
-        let master = &self.config.master;
+    async fn attempt(
+        &mut self,
+        master: &str,
+    ) -> Result<(MasterConnection, Subscribed), AttemptError> {
         let security = &self.config.security;
         let stream = security
             .connect(master, CONNECT_TIMEOUT)
@@ -530,6 +572,12 @@ impl Session {
                         return Err(SdkError::VersionMismatch(error.message));
                     }
                     ErrorCode::FrameworkConflict => return Err(SdkError::Refused(error.message)),
+                    ErrorCode::NotLeader => {
+                        return Ok(Some(Ended::NotLeader {
+                            leader: error.leader,
+                            reason: format!("NOT_LEADER: {}", error.message),
+                        }));
+                    }
                     ErrorCode::BadFrame
                     | ErrorCode::UnknownMessage
                     | ErrorCode::NotRegistered
@@ -590,6 +638,11 @@ fn refusal(error: &ProtoError, during: &str) -> AttemptError {
             "this SDK speaks version {PROTOCOL_VERSION}, the master speaks {:?}: {}",
             error.supported_versions, error.message
         ))),
+        // A follower: on to the leader it names, or the next master. Not a refusal.
+        ErrorCode::NotLeader => AttemptError::NotLeader {
+            leader: error.leader.clone(),
+            reason: format!("NOT_LEADER in answer to {during}: {}", error.message),
+        },
         ErrorCode::FrameworkConflict
         | ErrorCode::InvalidRequest
         | ErrorCode::AuthenticationRequired

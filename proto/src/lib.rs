@@ -5,7 +5,8 @@
 //! owns the messages (generated from `proto/ringmaster.proto`), the framing
 //! ([`Connection`]) and the version handshake, so no other crate touches bytes on the wire.
 //! [`transport`] carries the frames over plain TCP or TLS, [`security`] is the HMAC challenge,
-//! [`yaml`] places configuration errors at `FILE:LINE: KEY`,
+//! [`yaml`] places configuration errors at `FILE:LINE: KEY`, [`masters`] parses lists of masters
+//! and picks the next one to try (following `NOT_LEADER`),
 //! and [`convert`] turns the core's `Resources` and device types into their wire form and back.
 //!
 //! Wire only: the resource and device *model* is `ringmaster-core`'s, re-exported here as
@@ -13,6 +14,7 @@
 
 mod connection;
 pub mod convert;
+pub mod masters;
 pub mod security;
 pub mod transport;
 pub mod yaml;

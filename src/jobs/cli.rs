@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use ringmaster_proto::masters::Asked;
+
 use super::spec::{parse_job_spec, JobKind, JobSpec};
 
 /// How long one request may take.
@@ -39,37 +41,48 @@ pub(crate) fn agent() -> ureq::Agent {
 }
 
 /// Sends a request and returns the body of a 2xx answer; anything else is an error that
-/// carries the master's own explanation.
+/// carries the master's own explanation. With several masters (`a:5050,b:5050`) they are
+/// asked in turn and the leader is followed ([`crate::leader_http`]).
 fn call(master: &str, method: &str, path: &str, body: Option<String>) -> Result<String, CliError> {
-    let url = format!("{}{path}", base(master));
     let agent = agent();
-    let result = match (method, body) {
-        ("GET", _) => agent.get(&url).call(),
-        (_, Some(body)) => agent
-            .post(&url)
-            .header("content-type", "application/json")
-            .send(body),
-        (_, None) => agent.post(&url).send_empty(),
-    };
-    let mut response = result.map_err(|e| {
-        failure(format!(
-            "cannot reach the master at {url}: {e}\n(--master or RINGMASTER_MASTER: the \
-             master's --listen address, which serves HTTP unless it runs with --http none)"
-        ))
-    })?;
-    let status = response.status();
-    let text = response
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| failure(format!("reading the answer of {url}: {e}")))?;
-    if status.is_success() {
-        Ok(text)
-    } else {
-        Err(failure(format!(
-            "the master refused ({status}): {}",
-            text.trim_end()
-        )))
-    }
+    let answer = crate::leader_http::with_leader(master, |address| {
+        let url = format!("{}{path}", base(address));
+        let result = match (method, &body) {
+            ("GET", _) => agent.get(&url).call(),
+            (_, Some(body)) => agent
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(body.as_str()),
+            (_, None) => agent.post(&url).send_empty(),
+        };
+        let mut response = match result {
+            Ok(response) => response,
+            Err(e) => {
+                return Asked::Unreachable(format!(
+                    "cannot reach the master at {url}: {e}\n(--master or RINGMASTER_MASTER: \
+                     the master's --listen address, or a list of them, which serve HTTP unless \
+                     run with --http none)"
+                ))
+            }
+        };
+        let status = response.status();
+        let text = match response.body_mut().read_to_string() {
+            Ok(text) => text,
+            Err(e) => return Asked::Unreachable(format!("reading the answer of {url}: {e}")),
+        };
+        if let Some((leader, message)) = crate::leader_http::not_leader(status.as_u16(), &text) {
+            return Asked::NotLeader { leader, message };
+        }
+        Asked::Answer(if status.is_success() {
+            Ok(text)
+        } else {
+            Err(failure(format!(
+                "the master refused ({status}): {}",
+                text.trim_end()
+            )))
+        })
+    });
+    answer.map_err(failure).and_then(|answer| answer)
 }
 
 /// Reads and checks a spec file (exit code 2 for what is wrong with it).
@@ -305,6 +318,70 @@ pub fn scale(master: &str, name: &str, count: u32) -> Result<(), CliError> {
 mod tests {
     use super::*;
     use crate::jobs::engine::{Engine, InstanceState, Job};
+
+    /// A one-request HTTP server on an ephemeral port: answers `status` with `body`, and
+    /// hands back the request line it got.
+    fn fake_http(status: &str, body: &str) -> (String, std::thread::JoinHandle<String>) {
+        use std::io::{BufRead as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let answer = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let handle = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut request_line = String::new();
+            reader.read_line(&mut request_line).unwrap();
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 2 {
+                line.clear();
+            }
+            (&stream).write_all(answer.as_bytes()).unwrap();
+            request_line.trim_end().to_string()
+        });
+        (addr, handle)
+    }
+
+    #[test]
+    fn requests_skip_unreachable_masters_and_follow_the_leader() {
+        let closed = {
+            let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            gone.local_addr().unwrap().to_string()
+        };
+        let (leader, leader_got) = fake_http("200 OK", r#"{"jobs": []}"#);
+        let (follower, follower_got) = fake_http(
+            "503 Service Unavailable",
+            &format!(r#"{{"error": "not the leader", "leader": "{leader}"}}"#),
+        );
+        // The leader is not even in the list: the follower names it.
+        let body = call(&format!("{closed},{follower}"), "GET", "/jobs", None)
+            .map_err(|e| e.message)
+            .unwrap();
+        assert_eq!(body, r#"{"jobs": []}"#);
+        assert_eq!(follower_got.join().unwrap(), "GET /jobs HTTP/1.1");
+        assert_eq!(leader_got.join().unwrap(), "GET /jobs HTTP/1.1");
+    }
+
+    #[test]
+    fn an_ordinary_refusal_is_final_and_bad_lists_name_the_flag() {
+        let (first, first_got) = fake_http(
+            "503 Service Unavailable",
+            r#"{"error": "no jobs framework"}"#,
+        );
+        let err = call(&format!("{first},127.0.0.1:1"), "GET", "/jobs", None)
+            .err()
+            .unwrap();
+        assert!(err.message.contains("no jobs framework"), "{}", err.message);
+        first_got.join().unwrap();
+        let err = call("a:1,b", "GET", "/jobs", None).err().unwrap();
+        assert_eq!(
+            err.message,
+            "--master `a:1,b`: entry `b`: expected HOST:PORT"
+        );
+    }
 
     #[test]
     fn the_cli_reads_what_the_api_writes() {

@@ -7,6 +7,8 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use ringmaster_proto::masters::Asked;
+
 use super::cli::{agent, base, failure, CliError};
 
 /// How often `--follow` asks for more.
@@ -61,6 +63,8 @@ fn next(window: &Window, follow: bool) -> Next {
     }
 }
 
+/// One window of the instance's output. With several masters (`a:5050,b:5050`) they are
+/// asked in turn and the leader is followed ([`crate::leader_http`]).
 fn fetch(
     master: &str,
     name: &str,
@@ -68,38 +72,61 @@ fn fetch(
     file: &str,
     offset: u64,
 ) -> Result<Window, Failed> {
+    crate::leader_http::with_leader(master, |address| {
+        fetch_from(address, name, instance, file, offset)
+    })
+    .map_err(Failed::Unreachable)
+    .and_then(|answer| answer)
+}
+
+fn fetch_from(
+    master: &str,
+    name: &str,
+    instance: u32,
+    file: &str,
+    offset: u64,
+) -> Asked<Result<Window, Failed>> {
     let url = format!(
         "{}/jobs/{name}/logs?instance={instance}&file={file}&offset={offset}",
         base(master)
     );
-    let mut response = agent().get(&url).call().map_err(|e| {
-        Failed::Unreachable(format!(
-            "cannot reach the master at {url}: {e}\n(--master or RINGMASTER_MASTER: the \
-             master's --listen address, which serves HTTP unless it runs with --http none)"
-        ))
-    })?;
+    let mut response = match agent().get(&url).call() {
+        Ok(response) => response,
+        Err(e) => {
+            return Asked::Unreachable(format!(
+                "cannot reach the master at {url}: {e}\n(--master or RINGMASTER_MASTER: the \
+                 master's --listen address, or a list of them, which serve HTTP unless run \
+                 with --http none)"
+            ))
+        }
+    };
     let status = response.status().as_u16();
-    let text = response
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| Failed::Unreachable(format!("reading the answer of {url}: {e}")))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|_| Failed::Status(status, text.trim_end().to_string()))?;
+    let text = match response.body_mut().read_to_string() {
+        Ok(text) => text,
+        Err(e) => return Asked::Unreachable(format!("reading the answer of {url}: {e}")),
+    };
+    if let Some((leader, message)) = crate::leader_http::not_leader(status, &text) {
+        return Asked::NotLeader { leader, message };
+    }
+    let value: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(value) => value,
+        Err(_) => return Asked::Answer(Err(Failed::Status(status, text.trim_end().to_string()))),
+    };
     if !(200..300).contains(&status) {
         let message = value["error"]
             .as_str()
             .unwrap_or(text.trim_end())
             .to_string();
-        return Err(Failed::Status(status, message));
+        return Asked::Answer(Err(Failed::Status(status, message)));
     }
     let field = |key: &str| value[key].as_u64().unwrap_or(0);
-    Ok(Window {
+    Asked::Answer(Ok(Window {
         data: value["data"].as_str().unwrap_or("").to_string(),
         next_offset: field("next_offset"),
         size: field("size"),
         task_state: value["task_state"].as_str().unwrap_or("").to_string(),
         task_id: value["task_id"].as_str().unwrap_or("").to_string(),
-    })
+    }))
 }
 
 /// `job logs`: see the module docs.

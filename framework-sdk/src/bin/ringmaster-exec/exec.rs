@@ -54,8 +54,9 @@ use ringmaster_proto::resources::{check_known_names, STANDARD_NAMES};
                   130 after SIGINT, 143 after SIGTERM."
 )]
 pub struct ExecArgs {
-    /// The master's address, host:port (or `RINGMASTER_MASTER`).
-    #[arg(long, env = "RINGMASTER_MASTER")]
+    /// The master's address, host:port, or every master of a replicated cluster,
+    /// `a:5050,b:5050,c:5050` (or `RINGMASTER_MASTER`): the leader is found and followed.
+    #[arg(long, env = "RINGMASTER_MASTER", value_parser = ringmaster_sdk::master_list)]
     pub master: String,
     /// Framework name; tasks are named NAME-0, NAME-1, ...
     #[arg(long)]
