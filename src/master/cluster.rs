@@ -58,8 +58,13 @@ impl ClusterNode {
         }
     }
 
+    /// Whether this master leads now (its API answers; a follower's sends clients on).
+    pub(crate) fn serves(&self) -> bool {
+        self.leads().is_some()
+    }
+
     /// The leader's protocol address, when one is known and it is not this master.
-    fn leader_address(&self) -> Option<&str> {
+    pub(crate) fn leader_address(&self) -> Option<&str> {
         let leader = self.replicator.status().leader?;
         (leader != self.id)
             .then(|| self.peers.get(&leader).map(String::as_str))

@@ -255,6 +255,7 @@ impl Master {
                 events_tx.clone(),
                 metrics.clone(),
                 jobs.clone(),
+                None,
                 shutdown_rx.clone(),
             ))
         });

@@ -40,6 +40,9 @@ pub(super) struct HttpState {
     pub(super) events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
     pub(super) jobs: Arc<OnceLock<JobsHandle>>,
+    /// This master's replication group, in cluster mode: a follower sends API clients to the
+    /// leader.
+    cluster: Option<crate::master::cluster::ClusterNode>,
 }
 
 /// The HTTP server's connections: its own port's, and those the protocol port handed over
@@ -81,8 +84,15 @@ pub(crate) async fn serve(
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
     jobs: Arc<OnceLock<JobsHandle>>,
+    cluster: Option<crate::master::cluster::ClusterNode>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let shared = HttpState {
+        events,
+        metrics,
+        jobs,
+        cluster,
+    };
     let app = Router::new()
         .route("/", get(dashboard))
         .route("/state", get(state))
@@ -96,11 +106,11 @@ pub(crate) async fn serve(
         .route("/jobs/{name}/logs", get(super::logs::job_logs))
         .route("/files/read", get(super::logs::files_read))
         .fallback(not_found)
-        .with_state(HttpState {
-            events,
-            metrics,
-            jobs,
-        });
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            leader_only,
+        ))
+        .with_state(shared);
     let listener = HttpListener {
         own: listener,
         handed,
@@ -140,6 +150,29 @@ async fn ask<T>(
         Ok(Ok(value)) => Ok(value),
         Ok(Err(why)) => Err(unavailable(why)),
         Err(_) => Err(unavailable("the master did not answer within 5 s")),
+    }
+}
+
+/// In a replication group only the leader answers the API (`/state`, `/jobs…`,
+/// `/files/read`): a follower answers `503` with `{"error": …, "leader": "host:port"}` (empty
+/// when it knows no leader), which the CLIs follow (docs/protocol.md, "Leaders and terms").
+/// The dashboard page, `/health` and `/metrics` are every master's own.
+async fn leader_only(
+    State(http): State<HttpState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let own = matches!(request.uri().path(), "/" | "/health" | "/metrics");
+    match &http.cluster {
+        Some(node) if !own && !node.serves() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "error": format!("master {} does not lead its group", node.id),
+                "leader": node.leader_address().unwrap_or_default(),
+            })),
+        )
+            .into_response(),
+        _ => next.run(request).await,
     }
 }
 
