@@ -18,6 +18,7 @@
 //!     rack1:  { secret_file: secrets/rack1, roles: [agent] }
 //!     spark:  { secret_file: secrets/spark, roles: [framework], users: [alice, bob] }
 //!     ops:    { secret: "inline only for tests", roles: [agent, framework], users: ["*"] }
+//!     peers:  { secret_file: secrets/masters, roles: [master] }  # replication (cluster:)
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -206,7 +207,7 @@ pub fn apply_auth(
             let parsed = AuthRole::parse(role).ok_or_else(|| {
                 source.error(
                     &path(&["principals", name, "roles"]),
-                    format!("unknown role {role:?}: roles are agent and framework"),
+                    format!("unknown role {role:?}: roles are agent, framework and master"),
                 )
             })?;
             roles.insert(parsed);
@@ -214,7 +215,7 @@ pub fn apply_auth(
         if roles.is_empty() {
             return Err(source.error(
                 &path(&["principals", name, "roles"]),
-                "no roles: list agent, framework or both",
+                "no roles: list agent, framework, master or several",
             ));
         }
         let users = match &p.users {
@@ -296,6 +297,18 @@ auth:
         assert!(spark.allows_user("alice") && !spark.allows_user("bob"));
         assert!(auth.principals["ops"].allows_user("anyone"));
         assert!(!format!("{auth:?}").contains("fw-secret"));
+    }
+
+    #[test]
+    fn a_master_principal_authenticates_peers() {
+        let text = "auth:\n  principals:\n    peers: { secret: m, roles: [master] }\n";
+        let (_, auth) = load(text, "cluster.yaml").unwrap();
+        let peers = &auth.principals["peers"];
+        assert!(peers.allows_role(AuthRole::Master));
+        assert!(!peers.allows_role(AuthRole::Agent));
+        let challenge = [3u8; 32];
+        let mac = auth_mac(b"m", &challenge, "peers", "master");
+        assert!(peers.verify(&challenge, "peers", AuthRole::Master, &mac));
     }
 
     #[test]
