@@ -266,7 +266,9 @@ async fn a_snapshot_larger_than_a_frame_arrives_in_smaller_chunks() {
         .unwrap();
     let snapshot = raft.get_snapshot().await.unwrap().expect("a snapshot");
     // As one chunk, its data alone (JSON) would not fit a frame.
-    let size = serde_json::to_vec(snapshot.snapshot.get_ref()).unwrap().len();
+    let size = serde_json::to_vec(snapshot.snapshot.get_ref())
+        .unwrap()
+        .len();
     assert!(
         size > 2 * max_frame,
         "the snapshot ({size} bytes as JSON) should not fit one frame"

@@ -19,6 +19,11 @@
 //! required, proven) who it is cannot make the master buffer a `master.max_frame_bytes`
 //! (4 MiB) frame. The role message itself may be full-size (an agent re-registering with many
 //! tasks); see `handshake`.
+//!
+//! In cluster mode ([`ConnectionTask::with_raft`]) a connection whose first message is a
+//! `RaftRequest` belongs to another master of the replication group (authenticated as role
+//! `master` where `auth.required`): `serve_raft` answers its RPCs from the Raft node and the
+//! actor never hears of it. Without cluster mode such a connection gets `UNEXPECTED_MESSAGE`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -309,16 +314,18 @@ impl ConnectionTask {
             return;
         };
         let role = role_of(&opened).expect("handshake returns a role message");
-        if let (Message::RaftRequest(first), Some(raft)) = (&opened, &raft) {
-            // Another master: its RPCs go to the Raft node, not to the actor.
-            connection.set_max_frame(max_frame);
-            let first = first.clone();
-            Box::pin(serve_raft(
-                connection, raft, first, &metrics, peer, shutdown,
-            ))
-            .await;
-            return;
-        }
+        let opened = match (opened, &raft) {
+            (Message::RaftRequest(first), Some(raft)) => {
+                // Another master: its RPCs go to the Raft node, not to the actor.
+                connection.set_max_frame(max_frame);
+                Box::pin(serve_raft(
+                    connection, raft, first, &metrics, peer, shutdown,
+                ))
+                .await;
+                return;
+            }
+            (opened, _) => opened,
+        };
         // Registered: full-size frames from now on (the handshake raised the limit before
         // the role message already; this only makes it plain).
         connection.set_max_frame(max_frame);
