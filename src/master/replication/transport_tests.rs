@@ -544,3 +544,53 @@ async fn malformed_responses_and_silent_peers_are_errors_not_panics() {
         "{error:?}"
     );
 }
+
+#[tokio::test]
+async fn log_entries_too_large_for_a_frame_are_sent_in_fewer_per_request() {
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+    let max_frame = 64 * 1024;
+    let mut network = TcpNetwork::new(1, ClientSecurity::default(), max_frame);
+    // Nobody listens: the size check comes before connecting.
+    let mut client = network.new_client(2, &"127.0.0.1:1".to_string()).await;
+    let entry = |index, blob: usize| {
+        let mut batch = batch_adding("big");
+        batch.jobs = vec![(
+            "web".into(),
+            Some(serde_json::json!({ "blob": "x".repeat(blob) })),
+        )];
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(batch),
+        }
+    };
+    let request = |entries| openraft::raft::AppendEntriesRequest {
+        vote: Vote::new_committed(1, 1),
+        prev_log_id: None,
+        leader_commit: None,
+        entries,
+    };
+    let option = || openraft::network::RPCOption::new(Duration::from_millis(500));
+    let four = (1..=4).map(|i| entry(i, 40 * 1024)).collect();
+    match client.append_entries(request(four), option()).await {
+        Err(openraft::error::RPCError::PayloadTooLarge(too_large)) => {
+            assert_eq!(too_large.entries_hint(), 2)
+        }
+        other => panic!("expected PayloadTooLarge, got {other:?}"),
+    }
+    let two = (1..=2).map(|i| entry(i, 40 * 1024)).collect();
+    let error = client.append_entries(request(two), option()).await;
+    assert!(
+        matches!(error, Err(openraft::error::RPCError::PayloadTooLarge(_))),
+        "{error:?}"
+    );
+    // One entry larger than a frame cannot be split: an error naming the limit.
+    let one = vec![entry(1, 100 * 1024)];
+    let error = client
+        .append_entries(request(one), option())
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("master.max_frame_bytes"),
+        "{error}"
+    );
+}
