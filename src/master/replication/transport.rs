@@ -46,8 +46,11 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::log_store::LogStore;
 use super::raft::RaftReplicator;
-use super::{NodeAddr, NodeId, TypeConfig};
+use super::state_machine::StateMachine;
+use super::{NodeAddr, NodeId, ReplicationError, TypeConfig};
+use crate::config::ClusterConfig;
 
 /// How long connecting to a peer (TCP, TLS, `Hello`, `Authenticate`) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -72,6 +75,8 @@ struct Shared {
     max_frame_bytes: usize,
     /// One connection per peer, by id; replaced when the peer's address changes.
     peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
+    /// Tests cut a master off: every RPC fails as unreachable while set.
+    offline: Arc<AtomicBool>,
 }
 
 impl TcpNetwork {
@@ -88,8 +93,15 @@ impl TcpNetwork {
                 security,
                 max_frame_bytes,
                 peers: Mutex::new(HashMap::new()),
+                offline: Arc::new(AtomicBool::new(false)),
             }),
         }
+    }
+
+    /// Cuts this master's RPCs off (`true`) or restores them, as a partition would.
+    #[cfg(test)]
+    pub(crate) fn set_offline(&self, offline: bool) {
+        self.shared.offline.store(offline, Ordering::Relaxed);
     }
 
     fn peer(&self, target: NodeId, addr: &NodeAddr) -> Arc<Peer> {
@@ -105,6 +117,7 @@ impl TcpNetwork {
                     max_frame_bytes: self.shared.max_frame_bytes,
                     next_id: AtomicU64::new(1),
                     link: tokio::sync::Mutex::new(Link::Idle),
+                    offline: self.shared.offline.clone(),
                 });
                 peers.insert(target, peer.clone());
                 peer
@@ -137,6 +150,7 @@ struct Peer {
     max_frame_bytes: usize,
     next_id: AtomicU64,
     link: tokio::sync::Mutex<Link>,
+    offline: Arc<AtomicBool>,
 }
 
 enum Link {
@@ -255,6 +269,9 @@ impl Peer {
         Req: Serialize,
         Resp: DeserializeOwned,
     {
+        if self.offline.load(Ordering::Relaxed) {
+            return Err(CallError::Unreachable("cut off (test)".into()));
+        }
         let payload = serde_json::to_vec(request)
             .map_err(|e| CallError::Unreachable(format!("cannot encode the request: {e}")))?;
         let work = async {
@@ -576,6 +593,36 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             .await
             .map_err(|e| e.into_rpc(peer, RPCTypes::Vote))
     }
+}
+
+/// Starts this master's Raft node (`cluster.id`) over its storage, reaching its peers through
+/// `network`, and forms the group: a pristine node proposes `cluster.peers` as the membership
+/// (every master doing so with the same peers is safe, openraft says; a node that already has
+/// a log or a vote keeps the membership it has, so editing `peers` later changes nothing).
+/// Returns the replicator (for the actor) and the handler to pass to
+/// `server::Listener::with_raft`. `raft_config` is usually
+/// `cluster.raft_config(config.master.max_frame_bytes)`.
+pub(crate) async fn start_cluster_node(
+    cluster: &ClusterConfig,
+    raft_config: openraft::Config,
+    network: TcpNetwork,
+    log_store: LogStore,
+    state_machine: StateMachine,
+) -> Result<(RaftReplicator, Arc<RaftHandler>), ReplicationError> {
+    let replicator =
+        RaftReplicator::start(cluster.id, raft_config, network, log_store, state_machine).await?;
+    match replicator.raft().initialize(cluster.peers.clone()).await {
+        Ok(()) => {}
+        Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+        Err(RaftError::APIError(other)) => {
+            return Err(ReplicationError::Other(format!(
+                "cannot form the group: {other}"
+            )))
+        }
+        Err(RaftError::Fatal(fatal)) => return Err(ReplicationError::Stopped(fatal.to_string())),
+    }
+    let handler = RaftHandler::new(&replicator);
+    Ok((replicator, handler))
 }
 
 /// Serves peers' Raft RPCs on this master's Raft node. Build one from the master's

@@ -21,9 +21,9 @@ use super::raft::RaftReplicator;
 use super::tests::{
     applied, batch_adding, elected_leader, framework_ids, open_storage, test_config, Node, PATIENCE,
 };
-use super::transport::{RaftHandler, TcpNetwork};
+use super::transport::{start_cluster_node, RaftHandler, TcpNetwork};
 use super::{NodeId, Replicator};
-use crate::config::Config;
+use crate::config::{ClusterConfig, Config};
 use crate::master::events::Event;
 use crate::master::metrics::Metrics;
 use crate::master::server::Listener;
@@ -121,6 +121,7 @@ impl Served {
 
 struct Cluster {
     nodes: BTreeMap<NodeId, Node>,
+    networks: BTreeMap<NodeId, TcpNetwork>,
     served: BTreeMap<NodeId, Served>,
     _tls_dir: tempfile::TempDir,
 }
@@ -144,16 +145,26 @@ async fn start_cluster(max_frame_bytes: usize, raft: openraft::Config) -> Cluste
         .iter()
         .map(|(id, s)| (*id, s.local_addr().unwrap().to_string()))
         .collect();
-    let (mut nodes, mut served) = (BTreeMap::new(), BTreeMap::new());
+    let cluster = ClusterConfig {
+        id: 0,
+        peers: members,
+        election_timeout: Duration::from_secs(1),
+    };
+    let (mut nodes, mut served, mut networks) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for (id, socket) in sockets {
         let dir = tempfile::tempdir().unwrap();
         let (log, sm) = open_storage(dir.path());
         let registry = sm.registry().clone();
         let network = TcpNetwork::new(id, security.clone(), max_frame_bytes);
-        let replicator = RaftReplicator::start(id, raft.clone(), network, log, sm)
+        networks.insert(id, network.clone());
+        // Every master forms the group with the same peers, as a real start does.
+        let this = ClusterConfig {
+            id,
+            ..cluster.clone()
+        };
+        let (replicator, handler) = start_cluster_node(&this, raft.clone(), network, log, sm)
             .await
             .unwrap();
-        let handler = RaftHandler::new(&replicator);
         let acceptor = Some(tls.acceptor.clone());
         served.insert(id, serve(socket, acceptor, config.clone(), Some(handler)));
         nodes.insert(
@@ -165,14 +176,9 @@ async fn start_cluster(max_frame_bytes: usize, raft: openraft::Config) -> Cluste
             },
         );
     }
-    nodes[&1]
-        .replicator
-        .raft()
-        .initialize(members)
-        .await
-        .unwrap();
     Cluster {
         nodes,
+        networks,
         served,
         _tls_dir: tls_dir,
     }
@@ -189,10 +195,37 @@ impl Cluster {
     }
 }
 
+/// Waits until a leader (other than `not`) is elected and every master follows it in its
+/// term: every master formed the group at once, so a late candidate may still be campaigning
+/// when the first leader is seen.
+async fn settled_leader(nodes: &BTreeMap<NodeId, Node>, not: Option<NodeId>) -> NodeId {
+    loop {
+        let leader = elected_leader(nodes, not).await;
+        let term = nodes[&leader].replicator.status().term;
+        let mut all = true;
+        for node in nodes.values() {
+            let seen = node
+                .replicator
+                .raft()
+                .wait(Some(PATIENCE))
+                .metrics(
+                    |m| m.current_term > term || m.current_leader == Some(leader),
+                    "the leader is followed",
+                )
+                .await
+                .expect("no leader followed in time");
+            all &= seen.current_term == term;
+        }
+        if all {
+            return leader;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_masters_over_tls_replicate_and_survive_the_leader() {
     let mut cluster = start_cluster(4 * 1024 * 1024, test_config()).await;
-    let leader = elected_leader(&cluster.nodes, None).await;
+    let leader = settled_leader(&cluster.nodes, None).await;
     let index = cluster.nodes[&leader]
         .replicator
         .replicate(batch_adding("f1"))
@@ -208,7 +241,7 @@ async fn three_masters_over_tls_replicate_and_survive_the_leader() {
     let dead = cluster.nodes.remove(&leader).unwrap();
     dead.replicator.raft().shutdown().await.unwrap();
     cluster.served.remove(&leader).unwrap().stop().await;
-    let new_leader = elected_leader(&cluster.nodes, Some(leader)).await;
+    let new_leader = settled_leader(&cluster.nodes, Some(leader)).await;
     assert_ne!(new_leader, leader);
     let index = cluster.nodes[&new_leader]
         .replicator
@@ -235,11 +268,13 @@ async fn a_snapshot_larger_than_a_frame_arrives_in_smaller_chunks() {
         ..test_config()
     };
     let mut cluster = start_cluster(max_frame, raft).await;
-    let leader = elected_leader(&cluster.nodes, None).await;
+    let leader = settled_leader(&cluster.nodes, None).await;
     let lagging = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
-    // Cut the follower off: its listener stops (its own node keeps running).
+    // Cut the follower off both ways: its listener stops and its own RPCs fail (its node
+    // keeps running).
     let address = cluster.served[&lagging].address.clone();
     cluster.served.remove(&lagging).unwrap().stop().await;
+    cluster.networks[&lagging].set_offline(true);
 
     let mut index = 0;
     for batch in 0..10 {
@@ -255,32 +290,41 @@ async fn a_snapshot_larger_than_a_frame_arrives_in_smaller_chunks() {
             .await
             .unwrap();
     }
-    let raft = cluster.nodes[&leader].replicator.raft();
-    raft.trigger().snapshot().await.unwrap();
-    raft.wait(Some(PATIENCE))
-        .metrics(
-            |m| m.snapshot.is_some_and(|s| s.index >= index),
-            "the leader built a snapshot",
-        )
-        .await
-        .unwrap();
-    let snapshot = raft.get_snapshot().await.unwrap().expect("a snapshot");
-    // As one chunk, its data alone (JSON) would not fit a frame.
-    let size = serde_json::to_vec(snapshot.snapshot.get_ref())
-        .unwrap()
-        .len();
-    assert!(
-        size > 2 * max_frame,
-        "the snapshot ({size} bytes as JSON) should not fit one frame"
-    );
-    raft.trigger().purge_log(index).await.unwrap();
-    raft.wait(Some(PATIENCE))
-        .metrics(
-            |m| m.purged.is_some_and(|p| p.index >= index),
-            "the leader purged its log",
-        )
-        .await
-        .unwrap();
+    // Both masters that have the entries snapshot and purge them: whichever leads when the
+    // follower is back (its campaigns while cut off may force an election) must send it the
+    // snapshot.
+    for (id, node) in &cluster.nodes {
+        if *id == lagging {
+            continue;
+        }
+        applied(node, index).await;
+        let raft = node.replicator.raft();
+        raft.trigger().snapshot().await.unwrap();
+        raft.wait(Some(PATIENCE))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= index),
+                "a snapshot is built",
+            )
+            .await
+            .unwrap();
+        let snapshot = raft.get_snapshot().await.unwrap().expect("a snapshot");
+        // As one chunk, its data alone (JSON) would not fit a frame.
+        let size = serde_json::to_vec(snapshot.snapshot.get_ref())
+            .unwrap()
+            .len();
+        assert!(
+            size > 2 * max_frame,
+            "the snapshot ({size} bytes as JSON) should not fit one frame"
+        );
+        raft.trigger().purge_log(index).await.unwrap();
+        raft.wait(Some(PATIENCE))
+            .metrics(
+                |m| m.purged.is_some_and(|p| p.index >= index),
+                "the log is purged",
+            )
+            .await
+            .unwrap();
+    }
 
     // The follower's listener comes back on its address.
     let socket = TcpListener::bind(address.as_str()).await.unwrap();
@@ -300,6 +344,7 @@ async fn a_snapshot_larger_than_a_frame_arrives_in_smaller_chunks() {
         ),
     );
 
+    cluster.networks[&lagging].set_offline(false);
     let follower = &cluster.nodes[&lagging];
     follower
         .replicator
