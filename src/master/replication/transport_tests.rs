@@ -568,6 +568,28 @@ async fn malformed_responses_and_silent_peers_are_errors_not_panics() {
     let error = client.vote(vote(), option()).await.unwrap_err();
     assert!(error.to_string().contains("not today"), "{error}");
 
+    // An openraft error from the peer's node: a remote error openraft can act on.
+    let stopped = fake_peer(|request| {
+        let error = openraft::error::RaftError::<NodeId>::Fatal(openraft::error::Fatal::Stopped);
+        Message::RaftResponse(ringmaster_proto::RaftResponse {
+            id: request.id,
+            payload: serde_json::to_vec(&error).unwrap(),
+            error: error.to_string(),
+        })
+    })
+    .await;
+    let mut client = network.new_client(6, &stopped).await;
+    match client.vote(vote(), option()).await {
+        Err(openraft::error::RPCError::RemoteError(remote)) => {
+            assert_eq!(remote.target, 6);
+            assert!(matches!(
+                remote.source,
+                openraft::error::RaftError::Fatal(openraft::error::Fatal::Stopped)
+            ));
+        }
+        other => panic!("expected a remote error, got {other:?}"),
+    }
+
     // No answer at all: a timeout.
     let silent = fake_peer(|_| Message::Pong(ringmaster_proto::Pong { nonce: 0 })).await;
     let mut client = network.new_client(4, &silent).await;
@@ -638,4 +660,49 @@ async fn log_entries_too_large_for_a_frame_are_sent_in_fewer_per_request() {
         error.to_string().contains("master.max_frame_bytes"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn a_snapshot_mismatch_travels_as_an_openraft_error_the_sender_can_act_on() {
+    use openraft::error::{InstallSnapshotError, RaftError};
+    use openraft::raft::InstallSnapshotRequest;
+    use openraft::{SnapshotMeta, StoredMembership};
+    let dir = tempfile::tempdir().unwrap();
+    let (log, sm) = open_storage(dir.path());
+    let network = TcpNetwork::new(1, ClientSecurity::default(), 1 << 20);
+    let replicator = RaftReplicator::start(1, test_config(), network, log, sm)
+        .await
+        .unwrap();
+    let handler = RaftHandler::new(&replicator);
+    // A chunk in the middle of a snapshot this node never saw the start of.
+    let chunk = InstallSnapshotRequest::<super::TypeConfig> {
+        vote: Vote::new_committed(1, 2),
+        meta: SnapshotMeta {
+            last_log_id: None,
+            last_membership: StoredMembership::default(),
+            snapshot_id: "s-1".into(),
+        },
+        offset: 100,
+        data: vec![1, 2, 3],
+        done: false,
+    };
+    let response = handler
+        .handle(RaftRequest {
+            id: 3,
+            rpc: RaftRpc::RaftInstallSnapshot as i32,
+            payload: serde_json::to_vec(&chunk).unwrap(),
+        })
+        .await;
+    assert_eq!(response.id, 3);
+    assert!(response.error.contains("mismatch"), "{response:?}");
+    let error: RaftError<NodeId, InstallSnapshotError> =
+        serde_json::from_slice(&response.payload).expect("the openraft error as JSON");
+    assert!(
+        matches!(
+            error,
+            RaftError::APIError(InstallSnapshotError::SnapshotMismatch(_))
+        ),
+        "{error:?}"
+    );
+    replicator.raft().shutdown().await.unwrap();
 }
