@@ -121,6 +121,21 @@ pub struct AuthConfig {
     pub principals: BTreeMap<String, PrincipalGrant>,
 }
 
+impl AuthConfig {
+    /// The credential a master presents to the other masters of its replication group
+    /// (`cluster:`): the first principal (by name) with role `master`, whose secret every
+    /// master of the group shares. `None`: no such principal (peers connect anonymously, which
+    /// only a group without `auth.required` accepts).
+    pub fn peer_credential(&self) -> Option<ringmaster_proto::security::Credential> {
+        self.principals
+            .iter()
+            .find(|(_, grant)| grant.allows_role(AuthRole::Master))
+            .and_then(|(name, grant)| {
+                ringmaster_proto::security::Credential::new(name.clone(), grant.secret.clone()).ok()
+            })
+    }
+}
+
 /// Resolves a path from the config file against the file's directory.
 fn resolve(config_file: &str, path: &str) -> PathBuf {
     let path = Path::new(path);
@@ -309,6 +324,19 @@ auth:
         let challenge = [3u8; 32];
         let mac = auth_mac(b"m", &challenge, "peers", "master");
         assert!(peers.verify(&challenge, "peers", AuthRole::Master, &mac));
+        let credential = auth.peer_credential().expect("a master principal");
+        assert_eq!(credential.principal(), "peers");
+        let ack = ringmaster_proto::HelloAck {
+            challenge: challenge.to_vec(),
+            ..Default::default()
+        };
+        let answer = credential.answer(&ack, AuthRole::Master);
+        assert!(peers.verify(&challenge, "peers", AuthRole::Master, &answer.mac));
+        let text = "auth:\n  principals:\n    rack: { secret: a, roles: [agent] }\n";
+        assert_eq!(
+            load(text, "cluster.yaml").unwrap().1.peer_credential(),
+            None
+        );
     }
 
     #[test]
