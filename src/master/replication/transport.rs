@@ -269,11 +269,24 @@ impl Peer {
         Req: Serialize,
         Resp: DeserializeOwned,
     {
+        let payload = serde_json::to_vec(request)
+            .map_err(|e| CallError::Unreachable(format!("cannot encode the request: {e}")))?;
+        self.call_encoded(rpc, payload, timeout).await
+    }
+
+    /// [`Peer::call`] with the request already encoded.
+    async fn call_encoded<Resp>(
+        &self,
+        rpc: RaftRpc,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Resp, CallError>
+    where
+        Resp: DeserializeOwned,
+    {
         if self.offline.load(Ordering::Relaxed) {
             return Err(CallError::Unreachable("cut off (test)".into()));
         }
-        let payload = serde_json::to_vec(request)
-            .map_err(|e| CallError::Unreachable(format!("cannot encode the request: {e}")))?;
         let work = async {
             let session = self.session().await.map_err(CallError::Unreachable)?;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -508,9 +521,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let peer = &self.peer;
         let entries = rpc.entries.len() as u64;
         // Sized before sending: the peer would close the connection on an oversized frame.
-        let size = serde_json::to_vec(&rpc)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX);
+        let payload = serde_json::to_vec(&rpc).map_err(|e| {
+            RPCError::Unreachable(Unreachable::new(&AnyError::error(format!(
+                "cannot encode the request: {e}"
+            ))))
+        })?;
+        let size = payload.len();
         if size > peer.payload_budget() {
             if entries > 1 {
                 // openraft retries at once with at most this many entries.
@@ -526,7 +542,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                 ),
             ))));
         }
-        peer.call(RaftRpc::RaftAppendEntries, &rpc, option.hard_ttl())
+        peer.call_encoded(RaftRpc::RaftAppendEntries, payload, option.hard_ttl())
             .await
             .map_err(|e| e.into_rpc(peer, RPCTypes::AppendEntries))
     }
