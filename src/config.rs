@@ -538,6 +538,7 @@ struct RawConfig {
     tls: Option<crate::security::RawTls>,
     auth: Option<crate::security::RawAuth>,
     devices: Option<RawDevices>,
+    cluster: Option<RawCluster>,
 }
 
 /// The `devices:` section: how the master picks a GPU task's devices on its agent.
@@ -697,6 +698,8 @@ pub struct Config {
     pub auth: crate::security::AuthConfig,
     /// How GPU tasks get their devices.
     pub devices: DevicesConfig,
+    /// The replication group this master belongs to; `None`: a single master.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// The `balance:` section as written (checked after parsing, with its lines).
@@ -837,6 +840,9 @@ impl Config {
                         source.error(&["devices".into(), "selection".into()], e.to_string())
                     })?;
         }
+        if let Some(c) = &raw.cluster {
+            config.cluster = Some(apply_cluster(&source, c)?);
+        }
         if let Some(m) = &raw.master {
             let out = &mut config.master;
             let durations: [(&str, &Option<String>, &mut Duration); 7] = [
@@ -934,6 +940,171 @@ impl Config {
         check_master_ranges(&source, &config.master)?;
         Ok(config)
     }
+}
+
+/// A replicated master's group (docs/operations.md, "Cluster"): which master this is and how
+/// to reach every master of the group, this one included.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// This master's id: one of `peers`.
+    pub id: u64,
+    /// Every master of the group by id (at least 1): its protocol address, `host:port`.
+    pub peers: std::collections::BTreeMap<u64, String>,
+    /// A follower that hears no leader this long (up to twice as long, at random) stands for
+    /// election; the leader's heartbeat is a fifth of it.
+    pub election_timeout: Duration,
+}
+
+/// The default `cluster.election_timeout`.
+pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `cluster.election_timeout` must lie in this range.
+pub const ELECTION_TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(150), Duration::from_secs(60));
+
+impl ClusterConfig {
+    /// openraft's settings for this group, with frames of at most `max_frame_bytes`
+    /// (`master.max_frame_bytes`):
+    /// - election timeout `election_timeout` to twice that (randomized), heartbeat a fifth of
+    ///   it (openraft also uses the heartbeat as the append-entries RPC timeout);
+    /// - snapshot chunks of an eighth of a frame (JSON writes a byte as up to 4 characters;
+    ///   the transport splits a chunk further if it still would not fit);
+    /// - a snapshot chunk may take the election timeout (at least 1 s) to install.
+    pub fn raft_config(&self, max_frame_bytes: usize) -> openraft::Config {
+        let election = (self.election_timeout.as_millis() as u64).max(1);
+        openraft::Config {
+            cluster_name: "ringmaster".into(),
+            election_timeout_min: election,
+            election_timeout_max: election * 2,
+            heartbeat_interval: (election / 5).max(1),
+            install_snapshot_timeout: election.max(1000),
+            snapshot_max_chunk_size: (max_frame_bytes as u64 / 8).max(1024),
+            ..Default::default()
+        }
+    }
+}
+
+/// The `cluster:` section as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    id: Option<serde_yaml::Value>,
+    peers: Option<serde_yaml::Mapping>,
+    election_timeout: Option<String>,
+}
+
+/// Checks `host:port`: a non-empty host (a name, an IPv4 address, or `[IPv6]`) and a port
+/// from 1 to 65535.
+fn check_host_port(address: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("`{address}` is not host:port ({why})"));
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return bad("no port");
+    };
+    if host.is_empty() {
+        return bad("no host");
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return bad("write an IPv6 address in brackets: [::1]:5050");
+    }
+    if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return bad("spaces in the host");
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => bad("the port must be from 1 to 65535"),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Reads a `cluster:` section: `id` one of `peers`, ids from 1, addresses `host:port`, the
+/// election timeout in its range.
+fn apply_cluster(source: &YamlSource, raw: &RawCluster) -> Result<ClusterConfig, ConfigError> {
+    let at = |keys: &[&str]| -> Vec<Seg> {
+        let mut p = vec![Seg::Key("cluster".into())];
+        p.extend(keys.iter().map(|k| Seg::Key(k.to_string())));
+        p
+    };
+    let id_of = |value: &serde_yaml::Value, path: &[Seg]| -> Result<u64, ConfigError> {
+        match whole_number(value) {
+            Ok(0) => Err(source.error(path, "master ids start at 1")),
+            Ok(n) => Ok(n),
+            Err(e) => Err(source.error(path, e)),
+        }
+    };
+    let Some(id) = &raw.id else {
+        return Err(source.error(&at(&[]), "no id: give this master's id (one of peers)"));
+    };
+    let id = id_of(id, &at(&["id"]))?;
+    let no_peers = "no peers: list every master of the group, this one included (id: host:port)";
+    let Some(raw_peers) = &raw.peers else {
+        return Err(source.error(&at(&[]), no_peers));
+    };
+    if raw_peers.is_empty() {
+        return Err(source.error(&at(&["peers"]), no_peers));
+    }
+    let mut peers = std::collections::BTreeMap::new();
+    for (key, value) in raw_peers {
+        let shown = match key {
+            serde_yaml::Value::String(s) => s.clone(),
+            serde_yaml::Value::Number(n) => n.to_string(),
+            other => describe(other),
+        };
+        let path = at(&["peers", &shown]);
+        let peer = id_of(key, &path)?;
+        let Some(address) = value.as_str() else {
+            return Err(source.error(
+                &path,
+                format!("expected an address host:port, found {}", describe(value)),
+            ));
+        };
+        check_host_port(address).map_err(|e| source.error(&path, e))?;
+        if let Some((other, _)) = peers.iter().find(|(_, a)| *a == address) {
+            return Err(source.error(
+                &path,
+                format!("`{address}` is master {other}'s address too"),
+            ));
+        }
+        peers.insert(peer, address.to_string());
+    }
+    if !peers.contains_key(&id) {
+        return Err(source.error(
+            &at(&["id"]),
+            format!(
+                "master {id} is not one of peers ({})",
+                peers
+                    .keys()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let mut election_timeout = DEFAULT_ELECTION_TIMEOUT;
+    if let Some(text) = &raw.election_timeout {
+        let path = at(&["election_timeout"]);
+        election_timeout = humantime::parse_duration(text).map_err(|e| {
+            source.error(
+                &path,
+                format!("`{text}` is not a duration like 1s or 500ms: {e}"),
+            )
+        })?;
+        let (least, most) = ELECTION_TIMEOUT_RANGE;
+        if election_timeout < least || election_timeout > most {
+            return Err(source.error(
+                &path,
+                format!(
+                    "{} is out of range: must be from {} to {}",
+                    show_duration(election_timeout),
+                    show_duration(least),
+                    show_duration(most)
+                ),
+            ));
+        }
+    }
+    Ok(ClusterConfig {
+        id,
+        peers,
+        election_timeout,
+    })
 }
 
 /// Refuses timers outside their sane range (a zero `agent_timeout` would lose every agent at
@@ -1465,6 +1636,131 @@ matching: { a: 0.7, d: -1 }
             .unwrap()
             .master;
         assert!(unlimited.max_agent_resources.is_empty());
+    }
+
+    #[test]
+    fn the_cluster_section_is_read_and_makes_a_raft_config() {
+        let text = "\
+cluster:
+  id: 2
+  peers:
+    1: 10.0.0.1:5050
+    2: 10.0.0.2:5050
+    3: \"[::1]:5050\"
+  election_timeout: 500ms
+";
+        let cluster = Config::from_yaml(text, "c.yaml").unwrap().cluster.unwrap();
+        assert_eq!(cluster.id, 2);
+        assert_eq!(cluster.peers.len(), 3);
+        assert_eq!(cluster.peers[&3], "[::1]:5050");
+        assert_eq!(cluster.election_timeout, Duration::from_millis(500));
+        let raft = cluster.raft_config(4 * 1024 * 1024);
+        assert_eq!(
+            (raft.election_timeout_min, raft.election_timeout_max),
+            (500, 1000)
+        );
+        assert_eq!(raft.heartbeat_interval, 100);
+        assert_eq!(raft.snapshot_max_chunk_size, 512 * 1024);
+        raft.validate().expect("a valid openraft config");
+        let plain = Config::from_yaml("cluster:\n  id: 1\n  peers: { 1: m1:5050 }\n", "c.yaml");
+        let plain = plain.unwrap().cluster.unwrap();
+        assert_eq!(plain.election_timeout, DEFAULT_ELECTION_TIMEOUT);
+        plain.raft_config(64 * 1024).validate().unwrap();
+        let least = Config::from_yaml(
+            "cluster:\n  id: 1\n  peers: { 1: m1:5050 }\n  election_timeout: 150ms\n",
+            "c.yaml",
+        );
+        least
+            .unwrap()
+            .cluster
+            .unwrap()
+            .raft_config(1 << 20)
+            .validate()
+            .unwrap();
+        assert_eq!(Config::from_yaml("", "c.yaml").unwrap().cluster, None);
+    }
+
+    #[test]
+    fn cluster_errors_name_file_line_and_key() {
+        let peers = "  peers:\n    1: a:5050\n    2: b:5050\n";
+        let cases = [
+            (
+                format!("cluster:\n  id: 4\n{peers}"),
+                "c.yaml:2: cluster.id: master 4 is not one of peers (1, 2)",
+            ),
+            (
+                format!("cluster:\n  id: 0\n{peers}"),
+                "c.yaml:2: cluster.id: master ids start at 1",
+            ),
+            (
+                format!("cluster:\n{peers}"),
+                "c.yaml:1: cluster: no id: give this master's id (one of peers)",
+            ),
+            (
+                "cluster:\n  id: 1\n  peers: {}\n".to_string(),
+                "c.yaml:3: cluster.peers: no peers: list every master of the group, this one included (id: host:port)",
+            ),
+            (
+                "cluster:\n  id: 1\n".to_string(),
+                "c.yaml:1: cluster: no peers",
+            ),
+            (
+                "cluster:\n  id: 1\n  peers:\n    1: a:5050\n    0: b:5050\n".to_string(),
+                "c.yaml:5: cluster.peers.0: master ids start at 1",
+            ),
+            (
+                "cluster:\n  id: 1\n  peers:\n    1: a:5050\n    x: b:5050\n".to_string(),
+                "c.yaml:5: cluster.peers.x: ",
+            ),
+            (
+                "cluster:\n  id: 1\n  peers:\n    1: a\n".to_string(),
+                "c.yaml:4: cluster.peers.1: `a` is not host:port (no port)",
+            ),
+            (
+                "cluster:\n  id: 1\n  peers:\n    1: a:0\n".to_string(),
+                "c.yaml:4: cluster.peers.1: `a:0` is not host:port (the port must be from 1 to 65535)",
+            ),
+            (
+                "cluster:\n  id: 1\n  peers:\n    1: ::1:5050\n".to_string(),
+                "c.yaml:4: cluster.peers.1: `::1:5050` is not host:port (write an IPv6 address in brackets: [::1]:5050)",
+            ),
+            (
+                "cluster:\n  id: 1\n  peers:\n    1: a:5050\n    2: a:5050\n".to_string(),
+                "c.yaml:5: cluster.peers.2: `a:5050` is master 1's address too",
+            ),
+            (
+                "cluster:\n  id: 1\n  peers:\n    1: [a, b]\n".to_string(),
+                "c.yaml:4: cluster.peers.1: expected an address host:port, found ",
+            ),
+            (
+                format!("cluster:\n  id: 1\n{peers}  election_timeout: 100ms\n"),
+                "c.yaml:6: cluster.election_timeout: 100ms is out of range: must be from 150ms to 1m",
+            ),
+            (
+                format!("cluster:\n  id: 1\n{peers}  election_timeout: 2min\n"),
+                "c.yaml:6: cluster.election_timeout: 2m is out of range: must be from 150ms to 1m",
+            ),
+            (
+                format!("cluster:\n  id: 1\n{peers}  election_timeout: soon\n"),
+                "c.yaml:6: cluster.election_timeout: `soon` is not a duration",
+            ),
+            (
+                format!("cluster:\n  id: 1\n{peers}  heartbeat: 1s\n"),
+                "c.yaml:",
+            ),
+        ];
+        for (text, prefix) in cases {
+            let err = Config::from_yaml(&text, "c.yaml").unwrap_err().to_string();
+            assert!(
+                err.starts_with(prefix),
+                "{err:?} should start with {prefix:?}"
+            );
+        }
+        let unknown = format!("cluster:\n  id: 1\n{peers}  heartbeat: 1s\n");
+        let err = Config::from_yaml(&unknown, "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `heartbeat`"), "{err}");
     }
 
     #[test]

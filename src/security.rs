@@ -18,6 +18,7 @@
 //!     rack1:  { secret_file: secrets/rack1, roles: [agent] }
 //!     spark:  { secret_file: secrets/spark, roles: [framework], users: [alice, bob] }
 //!     ops:    { secret: "inline only for tests", roles: [agent, framework], users: ["*"] }
+//!     peers:  { secret_file: secrets/masters, roles: [master] }  # replication (cluster:)
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -120,6 +121,21 @@ pub struct AuthConfig {
     pub principals: BTreeMap<String, PrincipalGrant>,
 }
 
+impl AuthConfig {
+    /// The credential a master presents to the other masters of its replication group
+    /// (`cluster:`): the first principal (by name) with role `master`, whose secret every
+    /// master of the group shares. `None`: no such principal (peers connect anonymously, which
+    /// only a group without `auth.required` accepts).
+    pub fn peer_credential(&self) -> Option<ringmaster_proto::security::Credential> {
+        self.principals
+            .iter()
+            .find(|(_, grant)| grant.allows_role(AuthRole::Master))
+            .and_then(|(name, grant)| {
+                ringmaster_proto::security::Credential::new(name.clone(), grant.secret.clone()).ok()
+            })
+    }
+}
+
 /// Resolves a path from the config file against the file's directory.
 fn resolve(config_file: &str, path: &str) -> PathBuf {
     let path = Path::new(path);
@@ -206,7 +222,7 @@ pub fn apply_auth(
             let parsed = AuthRole::parse(role).ok_or_else(|| {
                 source.error(
                     &path(&["principals", name, "roles"]),
-                    format!("unknown role {role:?}: roles are agent and framework"),
+                    format!("unknown role {role:?}: roles are agent, framework and master"),
                 )
             })?;
             roles.insert(parsed);
@@ -214,7 +230,7 @@ pub fn apply_auth(
         if roles.is_empty() {
             return Err(source.error(
                 &path(&["principals", name, "roles"]),
-                "no roles: list agent, framework or both",
+                "no roles: list agent, framework, master or several",
             ));
         }
         let users = match &p.users {
@@ -296,6 +312,31 @@ auth:
         assert!(spark.allows_user("alice") && !spark.allows_user("bob"));
         assert!(auth.principals["ops"].allows_user("anyone"));
         assert!(!format!("{auth:?}").contains("fw-secret"));
+    }
+
+    #[test]
+    fn a_master_principal_authenticates_peers() {
+        let text = "auth:\n  principals:\n    peers: { secret: m, roles: [master] }\n";
+        let (_, auth) = load(text, "cluster.yaml").unwrap();
+        let peers = &auth.principals["peers"];
+        assert!(peers.allows_role(AuthRole::Master));
+        assert!(!peers.allows_role(AuthRole::Agent));
+        let challenge = [3u8; 32];
+        let mac = auth_mac(b"m", &challenge, "peers", "master");
+        assert!(peers.verify(&challenge, "peers", AuthRole::Master, &mac));
+        let credential = auth.peer_credential().expect("a master principal");
+        assert_eq!(credential.principal(), "peers");
+        let ack = ringmaster_proto::HelloAck {
+            challenge: challenge.to_vec(),
+            ..Default::default()
+        };
+        let answer = credential.answer(&ack, AuthRole::Master);
+        assert!(peers.verify(&challenge, "peers", AuthRole::Master, &answer.mac));
+        let text = "auth:\n  principals:\n    rack: { secret: a, roles: [agent] }\n";
+        assert_eq!(
+            load(text, "cluster.yaml").unwrap().1.peer_credential(),
+            None
+        );
     }
 
     #[test]

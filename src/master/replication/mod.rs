@@ -12,7 +12,10 @@
 //! - [`state_machine`]: applies committed entries to the existing `registry.redb` and builds or
 //!   installs snapshots (the registry's full contents).
 //!
-//! Not wired into the master actor, the network or the CLI yet.
+//! - [`transport`]: the Raft network between masters (`RaftRequest`/`RaftResponse` frames on
+//!   the protocol port) and the handler serving peers' RPCs.
+//!
+//! Not wired into the master actor or the CLI yet.
 
 // Until the master actor uses it (a later step), only the tests do.
 #![cfg_attr(not(test), allow(dead_code))]
@@ -27,6 +30,9 @@ pub(crate) mod raft;
 pub(crate) mod state_machine;
 #[cfg(test)]
 pub(crate) mod tests;
+pub(crate) mod transport;
+#[cfg(test)]
+mod transport_tests;
 
 use std::io::Cursor;
 

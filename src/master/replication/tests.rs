@@ -19,7 +19,7 @@ use super::state_machine::StateMachine;
 use super::{NodeId, ReplicationError, Replicator, Role, TypeConfig};
 
 /// Opens the log store and the state machine of one master in `dir`.
-fn open_storage(dir: &std::path::Path) -> (LogStore, StateMachine) {
+pub(super) fn open_storage(dir: &std::path::Path) -> (LogStore, StateMachine) {
     let log = LogStore::open(dir).expect("open raft.redb");
     let registry = Arc::new(Registry::open(dir).expect("open registry.redb"));
     let sm = StateMachine::new(registry).expect("state machine");
@@ -42,7 +42,7 @@ fn openraft_storage_suite_passes() {
     Suite::test_all(FreshStorage).expect("openraft storage suite");
 }
 
-fn framework(id: &str) -> FrameworkEntry {
+pub(super) fn framework(id: &str) -> FrameworkEntry {
     FrameworkEntry {
         id: id.into(),
         name: "exec".into(),
@@ -54,7 +54,7 @@ fn framework(id: &str) -> FrameworkEntry {
     }
 }
 
-fn batch_adding(id: &str) -> RegistryBatch {
+pub(super) fn batch_adding(id: &str) -> RegistryBatch {
     RegistryBatch {
         frameworks: vec![(id.into(), Some(framework(id)))],
         jobs: vec![(
@@ -153,7 +153,7 @@ pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Elections are slow enough that a busy CI machine stalling a thread for a few hundred
 /// milliseconds does not depose a healthy leader mid-test.
-fn test_config() -> Config {
+pub(super) fn test_config() -> Config {
     Config {
         cluster_name: "ringmaster-test".into(),
         heartbeat_interval: 100,
@@ -185,7 +185,7 @@ async fn leader_seen_by(node: &Node, not: Option<NodeId>) -> NodeId {
 }
 
 /// Waits until `node` applied at least `index`.
-async fn applied(node: &Node, index: u64) {
+pub(super) async fn applied(node: &Node, index: u64) {
     node.replicator
         .raft()
         .wait(Some(PATIENCE))
@@ -240,7 +240,7 @@ pub(crate) async fn elected_leader(nodes: &BTreeMap<NodeId, Node>, not: Option<N
     leader
 }
 
-fn framework_ids(node: &Node) -> Vec<String> {
+pub(super) fn framework_ids(node: &Node) -> Vec<String> {
     let mut ids: Vec<String> = node
         .registry
         .load()

@@ -27,6 +27,7 @@ use super::task::ConnectionTask;
 use crate::config::Config;
 use crate::master::events::{ConnId, Event};
 use crate::master::metrics::Metrics;
+use crate::master::replication::transport::RaftHandler;
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
@@ -130,6 +131,8 @@ pub(crate) struct Listener {
     refusals: RefusalLog,
     tasks: TaskTracker,
     http: Option<super::task::HttpHandoff>,
+    /// This master's Raft node in cluster mode (see [`Listener::with_raft`]).
+    raft: Option<Arc<RaftHandler>>,
     /// Streams opened from inside the process (see [`super::super::Master::start_jobs`]).
     in_process: Option<mpsc::Receiver<BoxedStream>>,
 }
@@ -159,6 +162,7 @@ impl Listener {
             refusals: RefusalLog::new(REFUSAL_LOG_EVERY),
             tasks: TaskTracker::new(),
             http: None,
+            raft: None,
             in_process: None,
         }
     }
@@ -174,6 +178,18 @@ impl Listener {
     /// to `http` (the operator HTTP server).
     pub(crate) fn with_http(mut self, http: Option<super::task::HttpHandoff>) -> Self {
         self.http = http;
+        self
+    }
+
+    /// Cluster mode: serves other masters' Raft RPCs (`RaftRequest` as a connection's first
+    /// message after the handshake) with `raft`, directly, not through the actor. `None` (the
+    /// default) refuses them with `UNEXPECTED_MESSAGE`. The master wires it as
+    /// `Listener::new(..).with_raft(Some(RaftHandler::new(&replicator)))`, with `replicator`
+    /// started on a `replication::transport::TcpNetwork` (`config.cluster`).
+    // Only the tests call it until the master starts replication from `cluster:`.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn with_raft(mut self, raft: Option<Arc<RaftHandler>>) -> Self {
+        self.raft = raft;
         self
     }
 
@@ -241,6 +257,7 @@ impl Listener {
             self.metrics.clone(),
             self.shutdown.clone(),
         )
+        .with_raft(self.raft.clone())
     }
 
     /// A slot under the connection cap, or `None` (counted and logged) when the cap is reached.

@@ -19,6 +19,11 @@
 //! required, proven) who it is cannot make the master buffer a `master.max_frame_bytes`
 //! (4 MiB) frame. The role message itself may be full-size (an agent re-registering with many
 //! tasks); see `handshake`.
+//!
+//! In cluster mode ([`ConnectionTask::with_raft`]) a connection whose first message is a
+//! `RaftRequest` belongs to another master of the replication group (authenticated as role
+//! `master` where `auth.required`): `serve_raft` answers its RPCs from the Raft node and the
+//! actor never hears of it. Without cluster mode such a connection gets `UNEXPECTED_MESSAGE`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +43,7 @@ use super::limits::{outbound_queue, OutboundReceiver, TokenBucket};
 use crate::config::{Config, LimitsConfig};
 use crate::master::events::{ConnId, Event, Outbound};
 use crate::master::metrics::{Limit, Metrics, Rejection};
+use crate::master::replication::transport::RaftHandler;
 use crate::security::AuthConfig;
 
 /// How long a client has to send `Hello` and its first message.
@@ -54,6 +60,8 @@ fn role_of(message: &Message) -> Option<Role> {
     match message {
         Message::RegisterAgent(_) => Some(Role::Agent),
         Message::Subscribe(_) => Some(Role::Framework),
+        // Another master of the replication group; served without the actor (`serve_raft`).
+        Message::RaftRequest(_) => Some(Role::Master),
         _ => None,
     }
 }
@@ -65,6 +73,8 @@ pub(crate) type HttpHandoff = mpsc::Sender<(TcpStream, SocketAddr)>;
 
 pub(crate) struct ConnectionTask {
     http: Option<HttpHandoff>,
+    /// This master's Raft node, in cluster mode: peers' `RaftRequest`s are served here.
+    raft: Option<Arc<RaftHandler>>,
     conn: ConnId,
     peer: SocketAddr,
     events: mpsc::Sender<Event>,
@@ -84,6 +94,7 @@ impl ConnectionTask {
     ) -> Self {
         ConnectionTask {
             http: None,
+            raft: None,
             conn,
             peer,
             events,
@@ -100,6 +111,16 @@ impl ConnectionTask {
     /// then serves the operator HTTP surface too, as Mesos serves both on 5050).
     pub(crate) fn with_http(mut self, http: Option<HttpHandoff>) -> Self {
         self.http = http;
+        self
+    }
+
+    /// Serves other masters' Raft RPCs with `raft` (cluster mode; `None`, the default: a
+    /// `RaftRequest` is refused with `UNEXPECTED_MESSAGE`). A connection whose first message
+    /// after the handshake is a `RaftRequest`, from a peer authenticated as `master` (or from
+    /// anyone when `auth.required` is off), is then answered by `raft` directly, never through
+    /// the actor.
+    pub(crate) fn with_raft(mut self, raft: Option<Arc<RaftHandler>>) -> Self {
+        self.raft = raft;
         self
     }
 
@@ -272,6 +293,7 @@ impl ConnectionTask {
             metrics,
             shutdown,
             http: _,
+            raft,
         } = self;
         let stopping = shutdown.clone();
         let max_frame = config.master.max_frame_bytes;
@@ -282,6 +304,7 @@ impl ConnectionTask {
         let opening = Box::pin(open(
             &mut connection,
             &config.auth,
+            raft.is_some(),
             max_frame,
             &metrics,
             peer,
@@ -291,6 +314,18 @@ impl ConnectionTask {
             return;
         };
         let role = role_of(&opened).expect("handshake returns a role message");
+        let opened = match (opened, &raft) {
+            (Message::RaftRequest(first), Some(raft)) => {
+                // Another master: its RPCs go to the Raft node, not to the actor.
+                connection.set_max_frame(max_frame);
+                Box::pin(serve_raft(
+                    connection, raft, first, &metrics, peer, shutdown,
+                ))
+                .await;
+                return;
+            }
+            (opened, _) => opened,
+        };
         // Registered: full-size frames from now on (the handshake raised the limit before
         // the role message already; this only makes it plain).
         connection.set_max_frame(max_frame);
@@ -414,6 +449,7 @@ impl Forward<'_> {
 async fn open<S>(
     connection: &mut Connection<S>,
     auth: &AuthConfig,
+    cluster: bool,
     max_frame: usize,
     metrics: &Metrics,
     peer: SocketAddr,
@@ -422,7 +458,7 @@ async fn open<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let handshake = handshake(connection, auth, max_frame, metrics, peer);
+    let handshake = handshake(connection, auth, cluster, max_frame, metrics, peer);
     let handshake = tokio::select! {
         done = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => done,
         _ = super::stopping(&mut stopping) => return None,
@@ -445,6 +481,89 @@ where
     )
     .await;
     None
+}
+
+/// Raft requests of one peer being answered at once; more wait unread.
+const RAFT_IN_FLIGHT: usize = 16;
+
+/// Answers a peer master's Raft RPCs until it leaves, breaks the protocol, or this master
+/// stops. Requests are answered concurrently (a vote is not held up by a snapshot chunk);
+/// responses carry their request's id.
+async fn serve_raft(
+    connection: Connection<BoxedStream>,
+    raft: &RaftHandler,
+    first: ringmaster_proto::RaftRequest,
+    metrics: &Metrics,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use futures::stream::{FuturesUnordered, StreamExt as _};
+    let (mut reader, mut writer) = connection.split();
+    let (replies, mut outgoing) = mpsc::channel::<Message>(RAFT_IN_FLIGHT);
+    let read_side = async {
+        let mut in_flight = FuturesUnordered::new();
+        in_flight.push(raft.handle(first));
+        loop {
+            tokio::select! {
+                Some(response) = in_flight.next(), if !in_flight.is_empty() => {
+                    if replies.send(Message::RaftResponse(response)).await.is_err() {
+                        return None;
+                    }
+                }
+                message = reader.recv(), if in_flight.len() < RAFT_IN_FLIGHT => {
+                    let message = match message {
+                        Ok(None) | Err(ConnectionError::Io(_)) => return None,
+                        Ok(Some(message)) => message,
+                        Err(e) => return Some(protocol_error(&e, metrics)),
+                    };
+                    metrics.message_received(message.kind());
+                    match message {
+                        Message::RaftRequest(request) => in_flight.push(raft.handle(request)),
+                        Message::Ping(ping) => {
+                            let pong = Message::Pong(ringmaster_proto::Pong { nonce: ping.nonce });
+                            if replies.send(pong).await.is_err() {
+                                return None;
+                            }
+                        }
+                        Message::Pong(_) => {}
+                        Message::Error(_) => return None,
+                        other => {
+                            metrics.frame_rejected(Rejection::UnexpectedMessage);
+                            return Some(ringmaster_proto::Error::new(
+                                ErrorCode::UnexpectedMessage,
+                                format!("{}: not valid from a master", other.kind()),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let write_side = async {
+        while let Some(message) = outgoing.recv().await {
+            metrics.message_sent(message.kind());
+            if writer.send(message).await.is_err() {
+                return;
+            }
+        }
+    };
+    let close_reason = tokio::select! {
+        closed = read_side => closed,
+        () = write_side => None,
+        _ = shutdown.changed() => Some(ringmaster_proto::Error::new(
+            ErrorCode::ShuttingDown,
+            "master is shutting down",
+        )),
+    };
+    if let Some(error) = close_reason {
+        tracing::warn!(%peer, message = %error.message, "closing master connection");
+        metrics.message_sent("Error");
+        let _ = tokio::time::timeout(
+            FAREWELL_TIMEOUT,
+            Box::pin(writer.send(Message::Error(error))),
+        )
+        .await;
+    }
 }
 
 /// How a burst of outbound messages ended.
@@ -512,6 +631,7 @@ fn auth_failure(
 async fn handshake<S>(
     connection: &mut Connection<S>,
     auth: &AuthConfig,
+    cluster: bool,
     max_frame: usize,
     metrics: &Metrics,
     peer: SocketAddr,
@@ -561,7 +681,7 @@ where
                 "malformed",
                 ErrorCode::AuthenticationFailed,
                 format!(
-                    "Authenticate: role must be agent or framework, got {:?}",
+                    "Authenticate: role must be agent, framework or master, got {:?}",
                     answer.role
                 ),
             ));
@@ -650,6 +770,13 @@ where
         Err(e) => return Err(protocol_error(&e, metrics)),
     };
     let role = role_of(&message).expect("checked above");
+    if role == Role::Master && !cluster {
+        metrics.frame_rejected(Rejection::UnexpectedMessage);
+        return Err(ringmaster_proto::Error::new(
+            ErrorCode::UnexpectedMessage,
+            "RaftRequest: this master is not in cluster mode (no cluster: section)",
+        ));
+    }
     let Some((principal, authenticated_role)) = authenticated else {
         if auth.required {
             tracing::warn!(%peer, kind = message.kind(), "unauthenticated client refused");
