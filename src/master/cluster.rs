@@ -10,10 +10,6 @@
 //! `NOT_LEADER` and the leader's address, and serves `/state` (empty, with its `cluster` view)
 //! and `/health` from an empty state.
 
-// Until `Master::start` runs a group from the `cluster:` config (with the TCP transport
-// between masters), only the tests call this.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -56,6 +52,17 @@ impl ClusterNode {
             term: status.term,
             peers: self.peers.clone(),
         }
+    }
+
+    /// The view while this master does not serve: elected but still taking over (waiting for
+    /// its registry to hold everything committed) shows as `candidate`, so `leader` in
+    /// `/state` always means a master that serves.
+    pub(crate) fn view_not_serving(&self) -> ClusterView {
+        let mut view = self.view();
+        if view.role == "leader" {
+            view.role = "candidate".into();
+        }
+        view
     }
 
     /// Whether this master leads now (its API answers; a follower's sends clients on).
@@ -101,7 +108,7 @@ pub(crate) async fn supervise(
             tokio::select! {
                 event = events.recv() => {
                     let Some(event) = event else { return };
-                    follower.cluster = Some(node.view());
+                    follower.cluster = Some(node.view_not_serving());
                     refuse_or_answer(&mut follower, &node, event);
                 }
                 changed = raft_metrics.changed() => {

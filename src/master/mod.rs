@@ -126,6 +126,8 @@ pub struct Master {
     stopping: watch::Receiver<bool>,
     /// The built-in jobs framework, once started ([`Master::start_jobs`]).
     jobs: Arc<OnceLock<crate::jobs::runner::JobsHandle>>,
+    /// In a replication group (`cluster:`): the jobs framework does not run there yet.
+    replicated: bool,
     /// Streams to the protocol listener from inside this process (the jobs framework's
     /// connection: no TCP, no TLS; see [`ringmaster_proto::transport::Dialer`]).
     in_process: mpsc::Sender<ringmaster_proto::transport::BoxedStream>,
@@ -163,6 +165,17 @@ impl Master {
         mut config: Config,
         work_dir: Option<PathBuf>,
     ) -> anyhow::Result<Master> {
+        if config.cluster.is_some() && work_dir.is_none() {
+            anyhow::bail!(
+                "cluster: a replicated master needs --work-dir (its registry and Raft log live there)"
+            );
+        }
+        if config.cluster.is_some() && config.tls.is_some() {
+            anyhow::bail!(
+                "cluster: replicated masters do not speak TLS to each other yet (no CA to trust \
+                 for the peers' certificates); see docs/operations.md, \"Cluster\""
+            );
+        }
         let registry = match &work_dir {
             Some(dir) => {
                 let registry = registry::Registry::open(dir)?;
@@ -212,21 +225,83 @@ impl Master {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let shutdown_rx_for_actor = shutdown_rx.clone();
         let stopping = shutdown_rx.clone();
-        let mut actor =
-            state::MasterState::new(config.clone(), metrics.clone(), tokio::time::Instant::now());
         let mut jobs_loaded = jobs_store::LoadedJobs::default();
-        if let Some((registry, mut recovered)) = registry {
-            jobs_loaded.jobs = std::mem::take(&mut recovered.jobs);
-            jobs_loaded.meta = recovered.jobs_meta.take();
-            actor.recover(registry, recovered, tokio::time::Instant::now());
-            actor.commit_turn()?;
-        }
+        let mut cluster_node = None;
+        let mut raft_handler = None;
         let stop_all = shutdown_tx.clone();
-        let actor_task = tokio::spawn(async move {
-            actor.run(events_rx, shutdown_rx_for_actor).await;
-            // However the actor ended, the rest of the master stops with it.
-            let _ = stop_all.send(true);
-        });
+        let actor_task = match (config.cluster.clone(), registry) {
+            (Some(cluster), Some((registry, _))) => {
+                // A replicated master: the supervisor leads or follows (src/master/cluster.rs);
+                // the registry is rebuilt from the group's log, so what it held is not
+                // recovered here.
+                let dir = work_dir.as_deref().expect("checked above");
+                let registry = Arc::new(registry);
+                let log = replication::log_store::LogStore::open(dir).map_err(|e| {
+                    anyhow::anyhow!("cannot open the Raft log in {}: {e}", dir.display())
+                })?;
+                let machine = replication::state_machine::StateMachine::new(registry.clone())
+                    .map_err(|e| anyhow::anyhow!("cannot open the replicated registry: {e}"))?;
+                let peer_security = ringmaster_proto::transport::ClientSecurity {
+                    credential: config.auth.peer_credential(),
+                    ..Default::default()
+                };
+                let network = replication::transport::TcpNetwork::new(
+                    cluster.id,
+                    peer_security,
+                    config.master.max_frame_bytes,
+                );
+                let (replicator, handler) = replication::transport::start_cluster_node(
+                    &cluster,
+                    cluster.raft_config(config.master.max_frame_bytes),
+                    network,
+                    log,
+                    machine,
+                )
+                .await
+                .map_err(|e| anyhow::anyhow!("cluster: {e}"))?;
+                tracing::info!(id = cluster.id, peers = ?cluster.peers, "master in a replication group");
+                let node = cluster::ClusterNode {
+                    id: cluster.id,
+                    peers: cluster.peers.clone(),
+                    replicator,
+                };
+                cluster_node = Some(node.clone());
+                raft_handler = Some(handler);
+                let (config, metrics) = (config.clone(), metrics.clone());
+                tokio::spawn(async move {
+                    let raft = node.replicator.raft().clone();
+                    cluster::supervise(
+                        node,
+                        registry,
+                        config,
+                        metrics,
+                        events_rx,
+                        shutdown_rx_for_actor,
+                    )
+                    .await;
+                    let _ = raft.shutdown().await;
+                    let _ = stop_all.send(true);
+                })
+            }
+            (_, registry) => {
+                let mut actor = state::MasterState::new(
+                    config.clone(),
+                    metrics.clone(),
+                    tokio::time::Instant::now(),
+                );
+                if let Some((registry, mut recovered)) = registry {
+                    jobs_loaded.jobs = std::mem::take(&mut recovered.jobs);
+                    jobs_loaded.meta = recovered.jobs_meta.take();
+                    actor.recover(registry, recovered, tokio::time::Instant::now());
+                    actor.commit_turn()?;
+                }
+                tokio::spawn(async move {
+                    actor.run(events_rx, shutdown_rx_for_actor).await;
+                    // However the actor ended, the rest of the master stops with it.
+                    let _ = stop_all.send(true);
+                })
+            }
+        };
         let jobs = Arc::new(OnceLock::new());
         let (in_process, in_process_rx) = mpsc::channel(4);
         // With HTTP on, the protocol port serves it too: one address for every client. Not
@@ -255,7 +330,7 @@ impl Master {
                 events_tx.clone(),
                 metrics.clone(),
                 jobs.clone(),
-                None,
+                cluster_node.clone(),
                 shutdown_rx.clone(),
             ))
         });
@@ -272,6 +347,7 @@ impl Master {
             )
             .with_http(http_handoff)
             .with_in_process(in_process_rx)
+            .with_raft(raft_handler)
             .run(),
         );
         let join = tokio::spawn(async move {
@@ -293,6 +369,7 @@ impl Master {
             join,
             stopping,
             jobs,
+            replicated: cluster_node.is_some(),
             in_process,
             jobs_credential,
             jobs_loaded: std::sync::Mutex::new(Some(jobs_loaded)),
@@ -307,6 +384,11 @@ impl Master {
     /// older master is imported once. With required authentication it authenticates as
     /// [`JOBS_PRINCIPAL`].
     pub async fn start_jobs(&self) -> anyhow::Result<()> {
+        if self.replicated {
+            anyhow::bail!(
+                "jobs are not available on replicated masters yet (cluster:); see docs/jobs.md"
+            );
+        }
         let loaded = self
             .jobs_loaded
             .lock()

@@ -15,10 +15,8 @@
 //! - [`transport`]: the Raft network between masters (`RaftRequest`/`RaftResponse` frames on
 //!   the protocol port) and the handler serving peers' RPCs.
 //!
-//! Not wired into the master actor or the CLI yet.
+//! Used by the master in cluster mode (`cluster:` in its config; `super::cluster`).
 
-// Until the master actor uses it (a later step), only the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
 // openraft's storage traits fix the error type (`StorageError`, over 200 bytes); the helpers
 // here return it as is rather than boxing and unboxing it at every trait method.
 #![allow(clippy::result_large_err)]

@@ -90,6 +90,7 @@ impl StateMachine {
     }
 
     /// The registry the entries are applied to.
+    #[cfg(test)]
     pub(crate) fn registry(&self) -> &Arc<Registry> {
         &self.registry
     }

@@ -187,7 +187,6 @@ impl Listener {
     /// `Listener::new(..).with_raft(Some(RaftHandler::new(&replicator)))`, with `replicator`
     /// started on a `replication::transport::TcpNetwork` (`config.cluster`).
     // Only the tests call it until the master starts replication from `cluster:`.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn with_raft(mut self, raft: Option<Arc<RaftHandler>>) -> Self {
         self.raft = raft;
         self
