@@ -136,7 +136,16 @@ impl MasterState {
         let result = match self.turn_batch(&mut durable) {
             Some(batch) => {
                 let started = std::time::Instant::now();
-                let result = replicator.replicate(batch).await.map(|_| ());
+                // One entry per part small enough for a frame between masters; the turn's
+                // messages wait for all of them (a crash between parts leaves decisions that
+                // were never announced, which recovery reconciles like any unsent message).
+                let mut result = Ok(());
+                for part in batch.into_parts(self.config.master.max_frame_bytes / 2) {
+                    result = replicator.replicate(part).await.map(|_| ());
+                    if result.is_err() {
+                        break;
+                    }
+                }
                 self.metrics
                     .replication_commit_took(started.elapsed().as_secs_f64());
                 result

@@ -189,6 +189,39 @@ impl RegistryBatch {
             && self.id_epoch.is_none()
     }
 
+    /// The batch as consecutive batches whose encoding (JSON, as the replicated log stores an
+    /// entry) is at most `max_bytes` each, so each fits one frame between masters: halves,
+    /// recursively, of every list. Applied in order, the parts write what the whole would
+    /// (a record is in exactly one part; the id epoch and the jobs meta go with the first).
+    /// A single record larger than `max_bytes` stays one part (the transport refuses it).
+    pub fn into_parts(self, max_bytes: usize) -> Vec<RegistryBatch> {
+        // Small batches are not measured: a record is far below a frame.
+        if self.len() <= 16 || serde_json::to_vec(&self).map_or(0, |b| b.len()) <= max_bytes {
+            return vec![self];
+        }
+        if self.len() <= 1 {
+            return vec![self];
+        }
+        fn halve<T>(list: &mut Vec<T>) -> Vec<T> {
+            list.split_off(list.len() / 2)
+        }
+        let mut first = self;
+        let second = RegistryBatch {
+            frameworks: halve(&mut first.frameworks),
+            agents: halve(&mut first.agents),
+            tasks: halve(&mut first.tasks),
+            removed_frameworks: halve(&mut first.removed_frameworks),
+            forgotten_frameworks: halve(&mut first.forgotten_frameworks),
+            id_epoch: None,
+            jobs: halve(&mut first.jobs),
+            jobs_meta: None,
+        };
+        let mut parts = first.into_parts(max_bytes);
+        parts.extend(second.into_parts(max_bytes));
+        parts.retain(|p| !p.is_empty());
+        parts
+    }
+
     /// How many records the batch writes or deletes.
     pub fn len(&self) -> usize {
         self.frameworks.len()
@@ -686,6 +719,42 @@ struct RegistryImage {
     meta: Vec<(String, u64)>,
     jobs: Vec<(String, String)>,
     jobs_meta: Vec<(String, String)>,
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::*;
+
+    fn agent(i: usize) -> (String, Option<AgentEntry>) {
+        (format!("agent-{i:04}"), None)
+    }
+
+    #[test]
+    fn a_large_batch_splits_into_parts_under_the_limit_that_keep_every_record_once() {
+        let batch = RegistryBatch {
+            agents: (0..1000).map(agent).collect(),
+            tasks: (0..500)
+                .map(|i| (("f".to_string(), format!("t{i}")), None))
+                .collect(),
+            id_epoch: Some(7),
+            ..Default::default()
+        };
+        let whole = serde_json::to_vec(&batch).unwrap().len();
+        let limit = whole / 5;
+        let parts = batch.clone().into_parts(limit);
+        assert!(parts.len() >= 5, "{}", parts.len());
+        for part in &parts {
+            assert!(serde_json::to_vec(part).unwrap().len() <= limit);
+        }
+        let agents: Vec<_> = parts.iter().flat_map(|p| p.agents.clone()).collect();
+        let tasks: Vec<_> = parts.iter().flat_map(|p| p.tasks.clone()).collect();
+        assert_eq!(agents, batch.agents, "every agent once, in order");
+        assert_eq!(tasks, batch.tasks);
+        assert_eq!(parts[0].id_epoch, Some(7));
+        assert!(parts[1..].iter().all(|p| p.id_epoch.is_none()));
+        // Under the limit: one part, untouched.
+        assert_eq!(batch.clone().into_parts(whole), vec![batch]);
+    }
 }
 
 #[cfg(test)]
