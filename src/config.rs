@@ -953,6 +953,9 @@ pub struct ClusterConfig {
     /// A follower that hears no leader this long (up to twice as long, at random) stands for
     /// election; the leader's heartbeat is a fifth of it.
     pub election_timeout: Duration,
+    /// With `tls:`: the CA that signed the other masters' certificates (PEM), which this
+    /// master trusts when it connects to them.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 /// The default `cluster.election_timeout`.
@@ -991,6 +994,7 @@ struct RawCluster {
     id: Option<serde_yaml::Value>,
     peers: Option<serde_yaml::Mapping>,
     election_timeout: Option<String>,
+    ca: Option<String>,
 }
 
 /// Checks `host:port`: a non-empty host (a name, an IPv4 address, or `[IPv6]`) and a port
@@ -1100,10 +1104,20 @@ fn apply_cluster(source: &YamlSource, raw: &RawCluster) -> Result<ClusterConfig,
             ));
         }
     }
+    let ca = match &raw.ca {
+        Some(file) => {
+            let path = crate::security::resolve(source.file, file);
+            ringmaster_proto::transport::TlsClient::load(&path, None)
+                .map_err(|e| source.error(&at(&["ca"]), e.to_string()))?;
+            Some(path)
+        }
+        None => None,
+    };
     Ok(ClusterConfig {
         id,
         peers,
         election_timeout,
+        ca,
     })
 }
 

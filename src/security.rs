@@ -137,7 +137,7 @@ impl AuthConfig {
 }
 
 /// Resolves a path from the config file against the file's directory.
-fn resolve(config_file: &str, path: &str) -> PathBuf {
+pub(crate) fn resolve(config_file: &str, path: &str) -> PathBuf {
     let path = Path::new(path);
     if path.is_absolute() {
         return path.to_path_buf();

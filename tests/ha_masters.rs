@@ -256,3 +256,91 @@ fn fw_id(state: &Snapshot) -> String {
     assert_eq!(state.frameworks.len(), 1, "{:?}", state.frameworks);
     state.frameworks[0].id.clone()
 }
+
+/// Masters that serve TLS and require authentication replicate over TLS (each trusting
+/// `cluster.ca` for its peers) and authenticate to each other as a `master` principal: a
+/// framework over TLS is subscribed by the leader, which answers only once a quorum holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_replicate_over_tls_with_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    ringmaster::certs::write_dev_certs(&certs, &[], &[], false).unwrap();
+    let ports = free_ports();
+    let mut masters = BTreeMap::new();
+    for id in 1..=3u64 {
+        let mut yaml = String::from(
+            "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 100ms\n\
+             tls:\n  cert: certs/master.pem\n  key: certs/master.key\n\
+             auth:\n  required: true\n  principals:\n\
+             \x20   peers: { secret: peer-secret, roles: [master] }\n\
+             \x20   alice: { secret: alice-secret, roles: [framework], users: [alice] }\n\
+             cluster:\n  ca: certs/ca.pem\n",
+        );
+        yaml.push_str(&format!(
+            "  id: {id}\n  election_timeout: 500ms\n  peers:\n"
+        ));
+        for (i, port) in ports.iter().enumerate() {
+            yaml.push_str(&format!("    {}: 127.0.0.1:{port}\n", i + 1));
+        }
+        let file = dir.path().join(format!("m{id}.yaml"));
+        std::fs::write(&file, yaml).unwrap();
+        let config = Config::load(&file).unwrap();
+        let listen = format!("127.0.0.1:{}", ports[id as usize - 1]);
+        let work = dir.path().join(format!("w{id}"));
+        let master = Master::start_durable(&listen, None, config, Some(work))
+            .await
+            .expect("a replicated TLS master starts");
+        masters.insert(id, master);
+    }
+    let group = Group {
+        masters,
+        _dirs: Vec::new(),
+    };
+    let tls = ringmaster_proto::transport::TlsClient::load(&certs.join("ca.pem"), None).unwrap();
+    let credential =
+        ringmaster_proto::security::Credential::new("alice", b"alice-secret".to_vec()).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let subscribed = loop {
+        let (id, _) = leader(&group, None).await;
+        let stream =
+            ringmaster_proto::transport::connect(&addr(&ports, id).to_string(), Some(&tls), WAIT)
+                .await
+                .expect("TLS connect");
+        let mut conn = ringmaster_proto::Connection::new(stream);
+        conn.send(Message::Hello(ringmaster_proto::Hello {
+            protocol_version: ringmaster_proto::PROTOCOL_VERSION,
+            client: "ha-test".into(),
+        }))
+        .await
+        .unwrap();
+        let ack = match conn.recv().await {
+            Ok(Some(Message::HelloAck(ack))) => ack,
+            other => panic!("expected HelloAck, got {other:?}"),
+        };
+        let answer = credential.answer(&ack, ringmaster_proto::security::AuthRole::Framework);
+        conn.send(Message::Authenticate(answer)).await.unwrap();
+        let mut sub = subscribe("");
+        if let Message::Subscribe(s) = &mut sub {
+            s.user = "alice".into();
+        }
+        conn.send(sub).await.unwrap();
+        let reply = loop {
+            match tokio::time::timeout(WAIT, conn.recv()).await {
+                Ok(Ok(Some(Message::Authenticated(_)))) => continue,
+                Ok(Ok(Some(other))) => break other,
+                other => panic!("no answer: {other:?}"),
+            }
+        };
+        match reply {
+            Message::Subscribed(s) => break s.framework_id,
+            Message::Error(e) if e.code() == ErrorCode::NotLeader => {
+                assert!(tokio::time::Instant::now() < deadline, "no leader took it");
+            }
+            other => panic!("unexpected answer {other:?}"),
+        }
+    };
+    assert!(!subscribed.is_empty());
+    for (_, master) in group.masters {
+        master.shutdown().await;
+    }
+}

@@ -170,11 +170,13 @@ impl Master {
                 "cluster: a replicated master needs --work-dir (its registry and Raft log live there)"
             );
         }
-        if config.cluster.is_some() && config.tls.is_some() {
-            anyhow::bail!(
-                "cluster: replicated masters do not speak TLS to each other yet (no CA to trust \
-                 for the peers' certificates); see docs/operations.md, \"Cluster\""
-            );
+        if let (Some(cluster), Some(_)) = (&config.cluster, &config.tls) {
+            if cluster.ca.is_none() {
+                anyhow::bail!(
+                    "cluster.ca: with tls:, each master needs the CA that signed the other \
+                     masters' certificates (docs/operations.md, \"Cluster\")"
+                );
+            }
         }
         let registry = match &work_dir {
             Some(dir) => {
@@ -241,7 +243,20 @@ impl Master {
                 })?;
                 let machine = replication::state_machine::StateMachine::new(registry.clone())
                     .map_err(|e| anyhow::anyhow!("cannot open the replicated registry: {e}"))?;
+                // Over TLS a master trusts `cluster.ca` for its peers and, when they require
+                // client certificates (`tls.client_ca`), presents its own.
+                let peer_tls = match (&config.tls, &cluster.ca) {
+                    (Some(files), Some(ca)) => {
+                        let identity = files
+                            .client_ca
+                            .as_ref()
+                            .map(|_| (files.cert.as_path(), files.key.as_path()));
+                        Some(ringmaster_proto::transport::TlsClient::load(ca, identity)?)
+                    }
+                    _ => None,
+                };
                 let peer_security = ringmaster_proto::transport::ClientSecurity {
+                    tls: peer_tls,
                     credential: config.auth.peer_credential(),
                     ..Default::default()
                 };

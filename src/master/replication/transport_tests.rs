@@ -149,6 +149,7 @@ async fn start_cluster(max_frame_bytes: usize, raft: openraft::Config) -> Cluste
         id: 0,
         peers: members,
         election_timeout: Duration::from_secs(1),
+        ca: None,
     };
     let (mut nodes, mut served, mut networks) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for (id, socket) in sockets {
