@@ -26,6 +26,9 @@ use super::replication::{NodeId, Replicator, Role};
 use super::state::{MasterState, RunEnd};
 use crate::config::Config;
 
+/// The wait before trying again to confirm a lead that could not be confirmed.
+const CONFIRM_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// This master's place in its group.
 #[derive(Clone)]
 pub(crate) struct ClusterNode {
@@ -124,6 +127,12 @@ pub(crate) async fn supervise(
         // Lead: first make sure this registry holds everything the group committed.
         if let Err(e) = node.replicator.raft().ensure_linearizable().await {
             tracing::warn!(error = %e, "elected, but could not confirm the lead; following again");
+            // Not at once: a lead that cannot be confirmed (no quorum) would otherwise be
+            // retried in a tight loop.
+            tokio::select! {
+                _ = tokio::time::sleep(CONFIRM_RETRY) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
             continue;
         }
         let recovered = match registry.load() {
