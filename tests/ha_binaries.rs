@@ -7,36 +7,13 @@
 mod processes;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use processes::*;
 
 const TASKS: usize = 6;
-
-/// Reads lines from `rx` into `seen` until `want` holds.
-fn wait_lines(
-    rx: &mpsc::Receiver<String>,
-    seen: &mut Vec<String>,
-    what: &str,
-    mut want: impl FnMut(&[String]) -> bool,
-) {
-    let deadline = Instant::now() + WAIT;
-    while !want(seen) {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => seen.push(line),
-            Err(_) => panic!("timed out waiting for {what}:\n{}", seen.join("\n")),
-        }
-    }
-}
-
-fn count_state(seen: &[String], state: &str) -> usize {
-    seen.iter()
-        .filter(|l| l.starts_with("TASK ") && l.split_whitespace().nth(2) == Some(state))
-        .count()
-}
 
 /// The id of the master that most recently logged that it leads (among `logs`).
 fn current_leader(logs: &BTreeMap<u64, (mpsc::Receiver<String>, Vec<String>)>) -> Option<u64> {
@@ -116,26 +93,15 @@ fn kill_9_of_the_leader_mid_run_loses_nothing_and_launches_nothing_twice() {
         ledger.display()
     );
     let instances = TASKS.to_string();
-    let mut exec = Proc(
-        Command::new(workspace_bin("ringmaster-exec"))
-            .args(["--master", &masters_list, "--name", "replicated"])
-            .args(["--resources", "cpus:1;mem:128", "--instances", &instances])
-            .args(["--failover-timeout", "60", "--connect-timeout", "60"])
-            .args(["--", &command])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start ringmaster-exec"),
-    );
-    let stdout = exec.0.stdout.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let mut command_line = Command::new(workspace_bin("ringmaster-exec"));
+    command_line
+        .args(["--master", &masters_list, "--name", "replicated"])
+        .args(["--resources", "cpus:1;mem:128", "--instances", &instances])
+        .args(["--failover-timeout", "60", "--connect-timeout", "60"])
+        .args(["--", &command]);
+    let (mut exec, lines) = spawn_with_lines(command_line);
     let mut seen = Vec::new();
-    wait_lines(&lines, &mut seen, "every task RUNNING", |s| {
+    wait_line(&lines, &mut seen, "every task RUNNING", |s| {
         count_state(s, "RUNNING") == TASKS
     });
 
@@ -160,10 +126,10 @@ fn kill_9_of_the_leader_mid_run_loses_nothing_and_launches_nothing_twice() {
             "ringmaster-exec did not finish after the leader was killed:\n{}",
             seen.join("\n")
         );
-        while let Ok(line) = lines.try_recv() {
+        // Wait for the next line (or check on exec again shortly).
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(20)) {
             seen.push(line);
         }
-        std::thread::sleep(Duration::from_millis(20));
     };
     while let Ok(line) = lines.recv_timeout(Duration::from_secs(2)) {
         seen.push(line);

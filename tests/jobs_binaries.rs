@@ -17,44 +17,6 @@ const SERVICE: &str = "name: web\ntype: service\ncount: 2\ntask:\n  \
     command: \"echo $$ > pid; exec sleep 1000\"\n  resources: \"cpus:0.5;mem:64\"\n  \
     kill_grace: 1s\nrestart:\n  attempts: 5\n  delay: 100ms\n";
 
-fn job(http: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ringmaster"))
-        .arg("job")
-        .args(args)
-        .args(["--master", http])
-        .output()
-        .expect("run ringmaster job");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn status_json(http: &str, name: &str) -> serde_json::Value {
-    let (code, out, err) = job(http, &["status", name, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    serde_json::from_str(&out).expect("job status --json is JSON")
-}
-
-/// Polls `job status NAME --json` until `cond` holds.
-fn status_when(
-    http: &str,
-    name: &str,
-    what: &str,
-    cond: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let status = status_json(http, name);
-        if cond(&status) {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "{what}: last status {status:#}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn running_tasks(status: &serde_json::Value) -> Vec<String> {
     let mut ids: Vec<String> = status["instances"]
         .as_array()

@@ -6,39 +6,12 @@
 mod processes;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use processes::*;
 
 const TASKS: usize = 6;
-
-/// Waits for a line satisfying `want` on `lines`, collecting every line into `seen`.
-fn wait_line(
-    lines: &mpsc::Receiver<String>,
-    seen: &mut Vec<String>,
-    what: &str,
-    mut want: impl FnMut(&[String]) -> bool,
-) {
-    let deadline = Instant::now() + WAIT;
-    while !want(seen) {
-        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => seen.push(line),
-            Err(_) => panic!(
-                "timed out waiting for {what}; seen so far:\n{}",
-                seen.join("\n")
-            ),
-        }
-    }
-}
-
-fn count_state(seen: &[String], state: &str) -> usize {
-    seen.iter()
-        .filter(|l| l.starts_with("TASK ") && l.split_whitespace().nth(2) == Some(state))
-        .count()
-}
 
 #[test]
 fn kill_9_of_the_master_mid_run_loses_nothing_and_launches_nothing_twice() {
@@ -68,24 +41,13 @@ fn kill_9_of_the_master_mid_run_loses_nothing_and_launches_nothing_twice() {
         go_late.display()
     );
     let instances = TASKS.to_string();
-    let mut exec = Proc(
-        Command::new(workspace_bin("ringmaster-exec"))
-            .args(["--master", &addr, "--name", "durable"])
-            .args(["--resources", "cpus:1;mem:128", "--instances", &instances])
-            .args(["--failover-timeout", "60", "--connect-timeout", "60"])
-            .args(["--", &command])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start ringmaster-exec"),
-    );
-    let stdout = exec.0.stdout.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let mut command_line = Command::new(workspace_bin("ringmaster-exec"));
+    command_line
+        .args(["--master", &addr, "--name", "durable"])
+        .args(["--resources", "cpus:1;mem:128", "--instances", &instances])
+        .args(["--failover-timeout", "60", "--connect-timeout", "60"])
+        .args(["--", &command]);
+    let (mut exec, lines) = spawn_with_lines(command_line);
     let mut seen = Vec::new();
     wait_line(&lines, &mut seen, "every task RUNNING", |s| {
         count_state(s, "RUNNING") == TASKS

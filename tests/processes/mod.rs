@@ -176,3 +176,87 @@ pub fn exec_users() -> Vec<String> {
         vec![ringmaster_agent::users::default_task_user()]
     }
 }
+
+/// Runs `ringmaster job ARGS --master HTTP`: (exit code, stdout, stderr).
+pub fn job(http: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringmaster"))
+        .arg("job")
+        .args(args)
+        .args(["--master", http])
+        .output()
+        .expect("run ringmaster job");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn status_json(http: &str, name: &str) -> serde_json::Value {
+    let (code, out, err) = job(http, &["status", name, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).expect("job status --json is JSON")
+}
+
+/// Polls `job status NAME --json` until `cond` holds.
+pub fn status_when(
+    http: &str,
+    name: &str,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = status_json(http, name);
+        if cond(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{what}: last status {status:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for a line satisfying `want` on `lines`, collecting every line into `seen`.
+pub fn wait_line(
+    lines: &mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+    what: &str,
+    mut want: impl FnMut(&[String]) -> bool,
+) {
+    let deadline = Instant::now() + WAIT;
+    while !want(seen) {
+        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!(
+                "timed out waiting for {what}; seen so far:\n{}",
+                seen.join("\n")
+            ),
+        }
+    }
+}
+
+/// How many `TASK <id> <STATE>` lines of ringmaster-exec in `seen` have `state`.
+pub fn count_state(seen: &[String], state: &str) -> usize {
+    seen.iter()
+        .filter(|l| l.starts_with("TASK ") && l.split_whitespace().nth(2) == Some(state))
+        .count()
+}
+
+/// Starts `command` with its stdout piped: the process and a channel of its stdout lines.
+pub fn spawn_with_lines(mut command: Command) -> (Proc, mpsc::Receiver<String>) {
+    let mut child = Proc(
+        command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the process"),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, lines)
+}
