@@ -970,8 +970,8 @@ impl ClusterConfig {
     /// (`master.max_frame_bytes`):
     /// - election timeout `election_timeout` to twice that (randomized), heartbeat a fifth of
     ///   it (openraft also uses the heartbeat as the append-entries RPC timeout);
-    /// - snapshot chunks of an eighth of a frame (JSON writes a byte as up to 4 characters;
-    ///   the transport splits a chunk further if it still would not fit);
+    /// - snapshot chunks of a quarter of a frame (the replication encoding writes a byte as up
+    ///   to 2; the transport splits a chunk further if it still would not fit);
     /// - a snapshot chunk may take the election timeout (at least 1 s) to install.
     pub fn raft_config(&self, max_frame_bytes: usize) -> openraft::Config {
         let election = (self.election_timeout.as_millis() as u64).max(1);
@@ -981,7 +981,7 @@ impl ClusterConfig {
             election_timeout_max: election * 2,
             heartbeat_interval: (election / 5).max(1),
             install_snapshot_timeout: election.max(1000),
-            snapshot_max_chunk_size: (max_frame_bytes as u64 / 8).max(1024),
+            snapshot_max_chunk_size: (max_frame_bytes as u64 / 4).max(1024),
             ..Default::default()
         }
     }
@@ -1674,7 +1674,7 @@ cluster:
             (500, 1000)
         );
         assert_eq!(raft.heartbeat_interval, 100);
-        assert_eq!(raft.snapshot_max_chunk_size, 512 * 1024);
+        assert_eq!(raft.snapshot_max_chunk_size, 1024 * 1024);
         raft.validate().expect("a valid openraft config");
         let plain = Config::from_yaml("cluster:\n  id: 1\n  peers: { 1: m1:5050 }\n", "c.yaml");
         let plain = plain.unwrap().cluster.unwrap();

@@ -74,7 +74,11 @@ async fn leader(group: &Group, not: Option<u64>) -> (u64, Snapshot) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         for (id, master) in &group.masters {
-            let s = master.snapshot().await.unwrap();
+            // A master stopped by the test, or a leader deposed while answering, gives no
+            // answer: ask again.
+            let Ok(s) = master.snapshot().await else {
+                continue;
+            };
             let cluster = s
                 .cluster
                 .clone()

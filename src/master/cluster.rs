@@ -99,12 +99,28 @@ pub(crate) async fn supervise(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut raft_metrics = node.replicator.raft().metrics();
-    let mut last_leader = None;
+    // The group's view goes to the metrics on every change, leading or not.
+    let publisher = {
+        let node = node.clone();
+        let metrics = metrics.clone();
+        let mut raft_metrics = node.replicator.raft().metrics();
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut last_leader = None;
+            loop {
+                publish(&node, &metrics, &mut last_leader);
+                tokio::select! {
+                    changed = raft_metrics.changed() => if changed.is_err() { break },
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                }
+            }
+        })
+    };
+    let _publisher = AbortOnDrop(publisher);
     loop {
         // Follow until this master leads.
         let mut follower = MasterState::new(config.clone(), metrics.clone(), Instant::now());
         let term = loop {
-            publish(&node, &metrics, &mut last_leader);
             if let Some(term) = node.leads() {
                 break term;
             }
@@ -222,7 +238,17 @@ fn refuse_or_answer(follower: &mut MasterState, node: &ClusterNode, event: Event
     }
 }
 
-/// Copies the group's view into the metrics; counts a change of leader.
+/// Aborts a task when dropped (the supervisor's helpers end with it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Copies the group's view into the metrics (term, applied index, role and, on the leader,
+/// how many entries each follower lacks); counts a change of leader.
 fn publish(node: &ClusterNode, metrics: &Metrics, last_leader: &mut Option<NodeId>) {
     let status = node.replicator.status();
     metrics.raft_status(
@@ -230,6 +256,22 @@ fn publish(node: &ClusterNode, metrics: &Metrics, last_leader: &mut Option<NodeI
         status.applied_index.unwrap_or(0),
         status.role == Role::Leader,
     );
+    let lag = {
+        let watch = node.replicator.raft().metrics();
+        let raft = watch.borrow();
+        raft.replication.as_ref().map(|matched| {
+            let last = raft.last_log_index.unwrap_or(0);
+            matched
+                .iter()
+                .filter(|(peer, _)| **peer != node.id)
+                .map(|(peer, at)| {
+                    let have = at.map_or(0, |id| id.index + 1);
+                    (*peer, (last + 1).saturating_sub(have))
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    metrics.raft_replication_lag(lag.as_deref());
     if status.leader.is_some() && status.leader != *last_leader {
         if last_leader.is_some() {
             metrics.raft_leader_changed();

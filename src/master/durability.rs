@@ -108,6 +108,8 @@ impl MasterState {
                 let started = std::time::Instant::now();
                 let records = batch.len();
                 let result = durable.registry.commit(batch);
+                self.metrics
+                    .registry_commit_took(started.elapsed().as_secs_f64());
                 tracing::trace!(
                     records,
                     ms = started.elapsed().as_secs_f64() * 1e3,
@@ -123,59 +125,19 @@ impl MasterState {
         result
     }
 
-    /// [`Self::commit_turn`] in a replicated group: the turn's batch is one entry of the
-    /// replicated log, and its messages leave once a quorum of masters holds it and this
-    /// master's registry applied it (docs/architecture.md, "Replication").
-    pub(crate) async fn commit_turn_replicated(
-        &mut self,
-        replicator: &dyn super::replication::Replicator,
-    ) -> Result<(), super::replication::ReplicationError> {
-        let Some(mut durable) = self.durable.take() else {
-            return Ok(());
-        };
-        let result = match self.turn_batch(&mut durable) {
-            Some(batch) => {
-                let started = std::time::Instant::now();
-                // One entry per part small enough for a frame between masters; the turn's
-                // messages wait for all of them (a crash between parts leaves decisions that
-                // were never announced, which recovery reconciles like any unsent message).
-                let mut result = Ok(());
-                for part in batch.into_parts(self.config.master.max_frame_bytes / 2) {
-                    result = replicator.replicate(part).await.map(|_| ());
-                    if result.is_err() {
-                        break;
-                    }
-                }
-                self.metrics
-                    .replication_commit_took(started.elapsed().as_secs_f64());
-                result
-            }
-            None => Ok(()),
-        };
-        let answer = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
-        self.finish_turn(&mut durable, answer);
-        self.durable = Some(durable);
-        result
-    }
-
     /// Answers the jobs framework's writes with `answer` and, when the turn is recorded, sends
     /// its messages (an unrecorded turn's messages are dropped: nothing may act on them).
     fn finish_turn(&mut self, durable: &mut Durable, answer: Result<(), String>) {
-        // The jobs framework hears whether its records are on disk (docs/jobs.md).
-        for reply in durable.job_replies.drain(..) {
-            let _ = reply.send(answer.clone());
-        }
-        if answer.is_ok() {
-            for (conn, outbound) in durable.outbox.drain(..) {
-                self.deliver(conn, outbound);
-            }
-        } else {
-            durable.outbox.clear();
-        }
+        let released = super::pipeline::Released {
+            outbox: std::mem::take(&mut durable.outbox),
+            job_replies: std::mem::take(&mut durable.job_replies),
+            snapshots: std::mem::take(&mut durable.snapshots),
+        };
+        self.release(released, answer);
     }
 
     /// What this turn changed, as one registry batch; `None` when nothing did.
-    fn turn_batch(&mut self, durable: &mut Durable) -> Option<RegistryBatch> {
+    pub(crate) fn turn_batch(&mut self, durable: &mut Durable) -> Option<RegistryBatch> {
         let mut batch = RegistryBatch {
             id_epoch: durable.id_epoch.take(),
             removed_frameworks: std::mem::take(&mut durable.removed),

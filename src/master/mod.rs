@@ -81,6 +81,7 @@ mod offers;
 pub mod ops;
 mod owners;
 mod pending;
+mod pipeline;
 pub mod plan;
 mod read_file;
 pub mod registry;
@@ -463,14 +464,20 @@ impl Master {
         self.http_addr
     }
 
-    /// A consistent copy of the master's state.
+    /// A consistent copy of the master's state. A leader of a replicated group answers once
+    /// the decisions it shows are committed; if it stops leading first, this is an error (ask
+    /// again, or ask the new leader).
     pub async fn snapshot(&self) -> anyhow::Result<Snapshot> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.events
             .send(Event::Snapshot(tx))
             .await
             .map_err(|_| anyhow::anyhow!("master has stopped"))?;
-        Ok(rx.await?)
+        rx.await.map_err(|_| {
+            anyhow::anyhow!(
+                "no answer: the master stopped, or stopped leading, before its state was committed"
+            )
+        })
     }
 
     /// Resolves once the master is stopping: after [`Master::shutdown`], or on its own when

@@ -189,14 +189,19 @@ impl RegistryBatch {
             && self.id_epoch.is_none()
     }
 
-    /// The batch as consecutive batches whose encoding (JSON, as the replicated log stores an
-    /// entry) is at most `max_bytes` each, so each fits one frame between masters: halves,
+    /// The batch as consecutive batches whose encoding (its length as `encoded_len` measures
+    /// it: the replicated log's encoding) is at most `max_bytes` each, so each fits one frame
+    /// between masters: halves,
     /// recursively, of every list. Applied in order, the parts write what the whole would
     /// (a record is in exactly one part; the id epoch and the jobs meta go with the first).
     /// A single record larger than `max_bytes` stays one part (the transport refuses it).
-    pub fn into_parts(self, max_bytes: usize) -> Vec<RegistryBatch> {
+    pub fn into_parts(
+        self,
+        max_bytes: usize,
+        encoded_len: &dyn Fn(&RegistryBatch) -> usize,
+    ) -> Vec<RegistryBatch> {
         // Small batches are not measured: a record is far below a frame.
-        if self.len() <= 16 || serde_json::to_vec(&self).map_or(0, |b| b.len()) <= max_bytes {
+        if self.len() <= 16 || encoded_len(&self) <= max_bytes {
             return vec![self];
         }
         if self.len() <= 1 {
@@ -216,8 +221,8 @@ impl RegistryBatch {
             jobs: halve(&mut first.jobs),
             jobs_meta: None,
         };
-        let mut parts = first.into_parts(max_bytes);
-        parts.extend(second.into_parts(max_bytes));
+        let mut parts = first.into_parts(max_bytes, encoded_len);
+        parts.extend(second.into_parts(max_bytes, encoded_len));
         parts.retain(|p| !p.is_empty());
         parts
     }
@@ -739,9 +744,10 @@ mod split_tests {
             id_epoch: Some(7),
             ..Default::default()
         };
-        let whole = serde_json::to_vec(&batch).unwrap().len();
+        let json = |b: &RegistryBatch| serde_json::to_vec(b).unwrap().len();
+        let whole = json(&batch);
         let limit = whole / 5;
-        let parts = batch.clone().into_parts(limit);
+        let parts = batch.clone().into_parts(limit, &json);
         assert!(parts.len() >= 5, "{}", parts.len());
         for part in &parts {
             assert!(serde_json::to_vec(part).unwrap().len() <= limit);
@@ -753,7 +759,7 @@ mod split_tests {
         assert_eq!(parts[0].id_epoch, Some(7));
         assert!(parts[1..].iter().all(|p| p.id_epoch.is_none()));
         // Under the limit: one part, untouched.
-        assert_eq!(batch.clone().into_parts(whole), vec![batch]);
+        assert_eq!(batch.clone().into_parts(whole, &json), vec![batch]);
     }
 }
 
@@ -1018,9 +1024,9 @@ mod tests {
             id_epoch: Some(7),
             ..Default::default()
         };
-        let bytes = serde_json::to_vec(&batch).unwrap();
+        let bytes = crate::master::replication::codec::encode(&batch).unwrap();
         assert_eq!(
-            serde_json::from_slice::<RegistryBatch>(&bytes).unwrap(),
+            crate::master::replication::codec::decode::<RegistryBatch>(&bytes).unwrap(),
             batch
         );
     }

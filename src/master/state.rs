@@ -244,6 +244,12 @@ pub(crate) struct Durable {
     pub jobs: Vec<(String, Option<serde_json::Value>)>,
     pub jobs_meta: Option<super::registry::JobsMeta>,
     pub job_replies: Vec<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    /// `/state` answers of this turn, held with its messages in cluster mode (see
+    /// [`super::pipeline`]).
+    pub snapshots: Vec<(
+        tokio::sync::oneshot::Sender<super::ops::model::Snapshot>,
+        super::ops::model::Snapshot,
+    )>,
 }
 
 impl Durable {
@@ -260,6 +266,7 @@ impl Durable {
             jobs: Vec::new(),
             jobs_meta: None,
             job_replies: Vec::new(),
+            snapshots: Vec::new(),
         }
     }
 }
@@ -412,10 +419,13 @@ impl MasterState {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A tick far later than due means the master itself stalled (docs/reliability.md).
         let mut ticks = super::liveness::PauseDetector::new(tick_every);
+        // Cluster mode: turns submitted to the group and not yet committed.
+        let mut pipeline = super::pipeline::Pipeline::default();
         let end = loop {
             let due = self.allocation_due;
+            let room = pipeline.has_room();
             tokio::select! {
-                event = events.recv() => {
+                event = events.recv(), if room => {
                     let Some(event) = event else { break RunEnd::Stopped };
                     self.handle(event, Instant::now());
                     // Handle what is already queued before timers: bursts stay cheap.
@@ -424,16 +434,28 @@ impl MasterState {
                     }
                 }
                 _ = ticker.tick() => self.timer_fired(&mut ticks, Instant::now()),
-                _ = sleep_until_opt(due) => {
+                _ = sleep_until_opt(due), if room => {
                     self.allocation_due = None;
                     let started = std::time::Instant::now();
                     self.allocate(Instant::now());
                     self.metrics.allocation_took(started.elapsed().as_secs_f64());
                 }
+                (released, submitted, committed) = pipeline.next() => {
+                    let answer = committed.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                    self.release(released, answer);
+                    match committed {
+                        Ok(()) => self
+                            .metrics
+                            .replication_commit_took(submitted.elapsed().as_secs_f64()),
+                        Err(e) => break self.replication_failed(e),
+                    }
+                    continue;
+                }
                 _ = stop.wait_for(|stop| *stop) => break RunEnd::Stopped,
             }
-            // Group commit: the turn's registry changes go to disk (with replication: to a
-            // quorum of masters), then its messages out.
+            // Group commit: the turn's registry changes go to disk, then its messages out;
+            // with replication the turn joins the pipeline and its messages leave once a
+            // quorum of masters holds it (super::pipeline).
             match self.replicator.clone() {
                 None => {
                     if let Err(e) = self.commit_turn() {
@@ -443,27 +465,29 @@ impl MasterState {
                         break RunEnd::Failed;
                     }
                 }
-                Some(replicator) => match tokio::select! {
-                    committed = self.commit_turn_replicated(&*replicator) => committed,
-                    // Deposed while waiting for a quorum: the turn's messages never leave.
-                    _ = stop.wait_for(|stop| *stop) => break RunEnd::Stopped,
-                } {
-                    Ok(()) => {}
-                    Err(super::replication::ReplicationError::NotLeader { leader, .. }) => {
-                        tracing::warn!(?leader, "no longer the leader: this master steps down");
-                        break RunEnd::NotLeader;
+                Some(replicator) => {
+                    if let Err(e) = self.submit_turn(&*replicator, &mut pipeline).await {
+                        break self.replication_failed(e);
                     }
-                    Err(e) => {
-                        tracing::error!(
-                            "{e}; the master stops rather than act on unrecorded decisions"
-                        );
-                        break RunEnd::Failed;
-                    }
-                },
+                }
             }
         };
         tracing::info!(?end, "master actor stopped");
         end
+    }
+
+    /// Why serving ends when a turn could not be replicated.
+    fn replication_failed(&self, error: super::replication::ReplicationError) -> RunEnd {
+        match error {
+            super::replication::ReplicationError::NotLeader { leader, .. } => {
+                tracing::warn!(?leader, "no longer the leader: this master steps down");
+                RunEnd::NotLeader
+            }
+            e => {
+                tracing::error!("{e}; the master stops rather than act on unrecorded decisions");
+                RunEnd::Failed
+            }
+        }
     }
 
     pub(crate) fn tick_interval(&self) -> Duration {
@@ -535,7 +559,15 @@ impl MasterState {
                 }
             }
             Event::Snapshot(reply) => {
-                let _ = reply.send(self.snapshot(now));
+                let snapshot = self.snapshot(now);
+                match (&self.replicator, &mut self.durable) {
+                    // A leader's answer shows decisions still on their way to a quorum: it
+                    // leaves with them (super::pipeline).
+                    (Some(_), Some(durable)) => durable.snapshots.push((reply, snapshot)),
+                    _ => {
+                        let _ = reply.send(snapshot);
+                    }
+                }
             }
             Event::PublishMetrics(reply) => {
                 self.publish_metrics(now);

@@ -31,6 +31,7 @@ use ringmaster_core::placement::Phase;
 type Label = [(&'static str, &'static str); 1];
 /// A resource series: `[("dimension", "cpus"), ("kind", "total")]`.
 type ResourceLabel = [(&'static str, String); 2];
+type PeerLabel = [(&'static str, String); 1];
 
 /// Why a connection's bytes or messages were refused (label `reason` of `frames_rejected`).
 #[derive(Clone, Copy, Debug)]
@@ -129,6 +130,10 @@ pub struct Metrics {
     tls_handshake_failures: Family<Label, Counter>,
     /// Replication (cluster mode; docs/architecture.md, "Replication").
     replication_commit_seconds: Histogram,
+    /// A single master's registry commit (`--work-dir`, no cluster).
+    registry_commit_seconds: Histogram,
+    /// Entries each follower lacks, as the leader sees it (label `peer`: its id).
+    raft_replication_lag: Family<PeerLabel, Gauge>,
     raft_term: Gauge,
     raft_applied_index: Gauge,
     raft_is_leader: Gauge,
@@ -175,8 +180,11 @@ impl Metrics {
             errors_sent: Counter::default(),
             auth_failures: Family::default(),
             tls_handshake_failures: Family::default(),
-            // 10 µs … ~5 s.
-            replication_commit_seconds: Histogram::new(exponential_buckets(1e-5, 4.0, 10)),
+            // 10 µs … ~10 s, each bucket 1.5 times the one before: fine enough to read a
+            // p50 and a p99 from (docs/benchmarks.md, "Replicated masters").
+            replication_commit_seconds: Histogram::new(exponential_buckets(1e-5, 1.5, 35)),
+            registry_commit_seconds: Histogram::new(exponential_buckets(1e-5, 1.5, 35)),
+            raft_replication_lag: Family::default(),
             raft_term: Gauge::default(),
             raft_applied_index: Gauge::default(),
             raft_is_leader: Gauge::default(),
@@ -235,6 +243,17 @@ impl Metrics {
             "Wall time of one actor turn's replicated commit (quorum and local apply; cluster mode)",
             Unit::Seconds,
             m.replication_commit_seconds.clone(),
+        );
+        r.register_with_unit(
+            "registry_commit_duration",
+            "Wall time of one actor turn's registry commit (single master with --work-dir)",
+            Unit::Seconds,
+            m.registry_commit_seconds.clone(),
+        );
+        r.register(
+            "raft_replication_lag",
+            "Log entries a follower lacks, as its leader sees it (cluster mode; on the leader)",
+            m.raft_replication_lag.clone(),
         );
         r.register(
             "raft_term",
@@ -417,6 +436,21 @@ impl Metrics {
         self.raft_term.set(term as i64);
         self.raft_applied_index.set(applied as i64);
         self.raft_is_leader.set(i64::from(leader));
+    }
+
+    pub(crate) fn registry_commit_took(&self, seconds: f64) {
+        self.registry_commit_seconds.observe(seconds);
+    }
+
+    /// Entries each follower lacks (`None`: this master does not lead; the series are
+    /// cleared).
+    pub(crate) fn raft_replication_lag(&self, lag: Option<&[(u64, u64)]>) {
+        self.raft_replication_lag.clear();
+        for (peer, behind) in lag.unwrap_or_default() {
+            self.raft_replication_lag
+                .get_or_create(&[("peer", peer.to_string())])
+                .set(*behind as i64);
+        }
     }
 
     pub(crate) fn raft_leader_changed(&self) {

@@ -8,15 +8,17 @@
 //! Every write but the committed id's is a durable (`Durability::Immediate`) redb
 //! transaction, run on a blocking thread so the Raft core's task never waits on an fsync. `append` acknowledges entries to
 //! Raft only after their transaction committed: a vote or an acknowledged entry survives a
-//! crash, as Raft's safety requires. Entries are JSON (the payload holds JSON job records, so
-//! the encoding must be self-describing); a record that does not decode is an error, never a
-//! panic.
+//! crash, as Raft's safety requires. Entries and records are encoded by [`super::codec`]; a
+//! record that does not decode is an error, never a panic. The newest entries are also kept
+//! decoded in memory (a bounded tail), since the leader reads each entry back once per
+//! follower right after appending it.
 
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{
@@ -27,14 +29,14 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{NodeId, TypeConfig};
+use super::{codec, NodeId, TypeConfig};
 
 /// The file name of the Raft log inside the work dir.
 pub(crate) const RAFT_FILE: &str = "raft.redb";
 
-/// Log index -> the entry (JSON).
+/// Log index -> the entry.
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-/// Small values under the keys below (JSON).
+/// Small values under the keys below.
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
 const VOTE_KEY: &str = "vote";
 const COMMITTED_KEY: &str = "committed";
@@ -42,11 +44,91 @@ const PURGED_KEY: &str = "last_purged";
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
-/// The log store. Clones share the database: one is Raft's writer, the others its readers.
+/// How many bytes (encoded) of the newest entries the log store keeps decoded in memory.
+const TAIL_BYTES: usize = 32 << 20;
+
+/// The log store. Clones share the database and the tail: one is Raft's writer, the others
+/// its readers.
 #[derive(Clone)]
 pub(crate) struct LogStore {
     db: Arc<Database>,
     path: Arc<PathBuf>,
+    tail: Arc<Mutex<Tail>>,
+}
+
+/// The newest entries, decoded, at consecutive indices: what the leader sends its followers
+/// right after appending, read without decoding. Bounded by [`TAIL_BYTES`]; never the only
+/// copy (an entry is added once its append is durable, removed when truncated or purged).
+#[derive(Default)]
+struct Tail {
+    entries: VecDeque<(Entry<TypeConfig>, usize)>,
+    bytes: usize,
+}
+
+impl Tail {
+    fn first_index(&self) -> Option<u64> {
+        self.entries.front().map(|(e, _)| e.log_id.index)
+    }
+
+    fn last_index(&self) -> Option<u64> {
+        self.entries.back().map(|(e, _)| e.log_id.index)
+    }
+
+    fn push(&mut self, entry: Entry<TypeConfig>, size: usize) {
+        if self
+            .last_index()
+            .is_some_and(|last| last + 1 != entry.log_id.index)
+        {
+            self.clear();
+        }
+        self.bytes += size;
+        self.entries.push_back((entry, size));
+        while self.bytes > TAIL_BYTES {
+            let Some((_, size)) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= size;
+        }
+    }
+
+    /// Drops the entries at `index` and after.
+    fn truncate(&mut self, index: u64) {
+        while self.last_index().is_some_and(|last| last >= index) {
+            let (_, size) = self.entries.pop_back().expect("an entry");
+            self.bytes -= size;
+        }
+    }
+
+    /// Drops the entries up to `index`.
+    fn purge(&mut self, index: u64) {
+        while self.first_index().is_some_and(|first| first <= index) {
+            let (_, size) = self.entries.pop_front().expect("an entry");
+            self.bytes -= size;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// The entries in `start..end` (`end` exclusive, `None`: through the newest), when the
+    /// tail holds every one of them and at least one.
+    fn get(&self, start: u64, end: Option<u64>) -> Option<Vec<Entry<TypeConfig>>> {
+        let (first, last) = (self.first_index()?, self.last_index()?);
+        let end = end.unwrap_or(last + 1);
+        if start < first || end > last + 1 || start >= end {
+            return None;
+        }
+        let from = (start - first) as usize;
+        let to = (end - first) as usize;
+        Some(
+            self.entries
+                .range(from..to)
+                .map(|(e, _)| e.clone())
+                .collect(),
+        )
+    }
 }
 
 impl LogStore {
@@ -71,6 +153,7 @@ impl LogStore {
         Ok(LogStore {
             db: Arc::new(db),
             path: Arc::new(path),
+            tail: Arc::default(),
         })
     }
 
@@ -85,7 +168,7 @@ impl LogStore {
         let Some(value) = table.get(key).map_err(|e| err(AnyError::new(&e)))? else {
             return Ok(None);
         };
-        let decoded = serde_json::from_slice(value.value())
+        let decoded = codec::decode(value.value())
             .map_err(|e| err(AnyError::error(format!("bad {key} record: {e}"))))?;
         Ok(Some(decoded))
     }
@@ -130,8 +213,8 @@ impl LogStore {
         subject: ErrorSubject<NodeId>,
         durability: Durability,
     ) -> StorageResult<()> {
-        let bytes = serde_json::to_vec(value).map_err(|e| {
-            StorageIOError::new(subject.clone(), ErrorVerb::Write, AnyError::new(&e))
+        let bytes = codec::encode(value).map_err(|e| {
+            StorageIOError::new(subject.clone(), ErrorVerb::Write, AnyError::error(e))
         })?;
         self.write(subject, durability, move |write| {
             let mut table = write.open_table(STATE).map_err(|e| e.to_string())?;
@@ -156,7 +239,7 @@ impl LogStore {
 
 /// Decodes the entry stored under `index`, checking it is the entry for that index.
 fn decode_entry(index: u64, bytes: &[u8]) -> StorageResult<Entry<TypeConfig>> {
-    let entry: Entry<TypeConfig> = serde_json::from_slice(bytes).map_err(|e| {
+    let entry: Entry<TypeConfig> = codec::decode(bytes).map_err(|e| {
         StorageIOError::read_log_at_index(index, AnyError::error(format!("bad entry: {e}")))
     })?;
     if entry.log_id.index != index {
@@ -182,6 +265,21 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let table = read.open_table(LOG).map_err(|e| err(AnyError::new(&e)))?;
         let bounds: (Bound<u64>, Bound<u64>) =
             (range.start_bound().cloned(), range.end_bound().cloned());
+        let start = match bounds.0 {
+            Bound::Included(i) => Some(i),
+            Bound::Excluded(i) => i.checked_add(1),
+            Bound::Unbounded => Some(0),
+        };
+        let end = match bounds.1 {
+            Bound::Included(i) => i.checked_add(1).map(Some),
+            Bound::Excluded(i) => Some(Some(i)),
+            Bound::Unbounded => Some(None),
+        };
+        if let (Some(start), Some(end)) = (start, end) {
+            if let Some(entries) = self.tail.lock().expect("log tail").get(start, end) {
+                return Ok(entries);
+            }
+        }
         let mut entries = Vec::new();
         for row in table.range(bounds).map_err(|e| err(AnyError::new(&e)))? {
             let (key, value) = row.map_err(|e| err(AnyError::new(&e)))?;
@@ -242,11 +340,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut rows = Vec::new();
+        let mut appended = Vec::new();
         for entry in entries {
-            let bytes = serde_json::to_vec(&entry)
-                .map_err(|e| StorageIOError::write_log_entry(entry.log_id, AnyError::new(&e)))?;
+            let bytes = codec::encode(&entry)
+                .map_err(|e| StorageIOError::write_log_entry(entry.log_id, AnyError::error(e)))?;
             rows.push((entry.log_id.index, bytes));
+            appended.push(entry);
         }
+        let sizes: Vec<usize> = rows.iter().map(|(_, bytes)| bytes.len()).collect();
         let result = self
             .write(ErrorSubject::Logs, Durability::Immediate, move |write| {
                 let mut table = write.open_table(LOG).map_err(|e| e.to_string())?;
@@ -258,6 +359,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 Ok(())
             })
             .await;
+        {
+            let mut tail = self.tail.lock().expect("log tail");
+            if result.is_ok() {
+                for (entry, size) in appended.into_iter().zip(sizes) {
+                    tail.push(entry, size);
+                }
+            } else {
+                tail.clear();
+            }
+        }
         // Only now, with the transaction durable (or failed), may Raft count the entries.
         callback.log_io_completed(
             result
@@ -269,6 +380,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        self.tail.lock().expect("log tail").truncate(log_id.index);
         self.write(ErrorSubject::Logs, Durability::Immediate, move |write| {
             let mut table = write.open_table(LOG).map_err(|e| e.to_string())?;
             table
@@ -279,9 +391,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        let bytes = serde_json::to_vec(&log_id).map_err(|e| {
-            StorageIOError::new(ErrorSubject::Logs, ErrorVerb::Write, AnyError::new(&e))
+        let bytes = codec::encode(&log_id).map_err(|e| {
+            StorageIOError::new(ErrorSubject::Logs, ErrorVerb::Write, AnyError::error(e))
         })?;
+        self.tail.lock().expect("log tail").purge(log_id.index);
         // The purge point and the removal are one transaction: the log state never claims a
         // purge point above entries still present, nor loses entries without a purge point.
         self.write(ErrorSubject::Logs, Durability::Immediate, move |write| {
@@ -331,9 +444,66 @@ mod tests {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 5),
             payload: openraft::EntryPayload::Blank,
         };
-        plant(&store, 6, &serde_json::to_vec(&entry).unwrap());
+        plant(&store, 6, &codec::encode(&entry).unwrap());
         let error = store.try_get_log_entries(..).await.unwrap_err();
         assert!(error.to_string().contains("has index 5"), "{error}");
+    }
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Blank,
+        }
+    }
+
+    fn indices(entries: Option<Vec<Entry<TypeConfig>>>) -> Option<Vec<u64>> {
+        entries.map(|e| e.iter().map(|e| e.log_id.index).collect())
+    }
+
+    #[test]
+    fn the_tail_answers_only_ranges_it_holds_whole() {
+        let mut tail = Tail::default();
+        for i in 3..=7 {
+            tail.push(blank(i), 10);
+        }
+        assert_eq!(indices(tail.get(4, Some(6))), Some(vec![4, 5]));
+        assert_eq!(indices(tail.get(5, None)), Some(vec![5, 6, 7]));
+        assert_eq!(tail.get(2, Some(5)), None, "2 is not held");
+        assert_eq!(tail.get(6, Some(9)), None, "8 is not held");
+        assert_eq!(tail.get(5, Some(5)), None, "empty");
+        tail.truncate(6);
+        assert_eq!(indices(tail.get(3, None)), Some(vec![3, 4, 5]));
+        tail.purge(3);
+        assert_eq!(indices(tail.get(4, None)), Some(vec![4, 5]));
+        assert_eq!(tail.bytes, 20);
+        // A gap (not the next index) starts over rather than mixing runs.
+        tail.push(blank(9), 10);
+        assert_eq!(indices(tail.get(9, None)), Some(vec![9]));
+        assert_eq!(tail.get(4, None), None);
+        // Bounded: the oldest go first.
+        tail.push(blank(10), TAIL_BYTES);
+        assert_eq!(indices(tail.get(10, None)), Some(vec![10]));
+        assert_eq!(tail.get(9, None), None);
+    }
+
+    #[tokio::test]
+    async fn reads_after_a_truncation_come_from_the_disk_or_the_tail_alike() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        for i in 1..=4 {
+            let bytes = codec::encode(&blank(i)).unwrap();
+            plant(&store, i, &bytes);
+            store.tail.lock().unwrap().push(blank(i), bytes.len());
+        }
+        store
+            .truncate(LogId::new(openraft::CommittedLeaderId::new(1, 1), 3))
+            .await
+            .unwrap();
+        let all = store.try_get_log_entries(..).await.unwrap();
+        assert_eq!(indices(Some(all)), Some(vec![1, 2]));
+        store.tail.lock().unwrap().clear();
+        let all = store.try_get_log_entries(..).await.unwrap();
+        assert_eq!(indices(Some(all)), Some(vec![1, 2]));
     }
 
     #[tokio::test]

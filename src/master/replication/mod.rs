@@ -21,6 +21,7 @@
 // here return it as is rather than boxing and unboxing it at every trait method.
 #![allow(clippy::result_large_err)]
 
+pub(crate) mod codec;
 pub(crate) mod log_store;
 #[cfg(test)]
 pub(crate) mod network;
@@ -96,14 +97,27 @@ pub(crate) enum ReplicationError {
     Other(String),
 }
 
-/// The master's view of replication: the only interface the actor will use.
+/// A batch on its way to a quorum: resolves as [`Replicator::replicate`] would.
+pub(crate) type Commit =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64, ReplicationError>> + Send>>;
+
+/// The master's view of replication: the only interface the actor uses.
 #[async_trait::async_trait]
 pub(crate) trait Replicator: Send + Sync {
+    /// Hands one actor turn's batch to the group and returns at once with its [`Commit`].
+    /// Batches are appended to the log in the order they are submitted, so their commits
+    /// resolve in that order too: the actor can go on deciding while earlier turns are
+    /// replicated (pipelining), and release each turn's messages as its commit resolves.
+    async fn submit(&self, batch: RegistryBatch) -> Result<Commit, ReplicationError>;
+
     /// Replicates one actor turn's batch. Returns `Ok` only once a quorum of masters holds the
     /// batch in its log and this master applied it to its registry: the turn's messages may go.
     /// The value is the batch's position in the replicated log (increasing with each batch), so
     /// a caller can tell when another master has applied it too.
-    async fn replicate(&self, batch: RegistryBatch) -> Result<u64, ReplicationError>;
+    #[cfg(test)]
+    async fn replicate(&self, batch: RegistryBatch) -> Result<u64, ReplicationError> {
+        self.submit(batch).await?.await
+    }
 
     /// The current role, leader, term and applied index.
     fn status(&self) -> ReplicationStatus;

@@ -6,13 +6,13 @@
 
 use std::sync::Arc;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::ClientWriteError;
 use openraft::{Config, Raft, RaftNetworkFactory, ServerState};
 
 use super::super::registry::RegistryBatch;
 use super::log_store::LogStore;
 use super::state_machine::StateMachine;
-use super::{NodeId, ReplicationError, ReplicationStatus, Replicator, Role, TypeConfig};
+use super::{Commit, NodeId, ReplicationError, ReplicationStatus, Replicator, Role, TypeConfig};
 
 /// A running Raft node replicating registry batches.
 #[derive(Clone)]
@@ -49,20 +49,30 @@ impl RaftReplicator {
 
 #[async_trait::async_trait]
 impl Replicator for RaftReplicator {
-    async fn replicate(&self, batch: RegistryBatch) -> Result<u64, ReplicationError> {
-        // `client_write` answers once the entry is committed and applied by this node's state
-        // machine, i.e. in this master's registry.
-        match self.raft.client_write(batch).await {
-            Ok(written) => Ok(written.log_id.index),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                Err(ReplicationError::NotLeader {
-                    leader: forward.leader_id,
-                    address: forward.leader_node,
-                })
+    async fn submit(&self, batch: RegistryBatch) -> Result<Commit, ReplicationError> {
+        // The request is queued to the Raft core before this returns, so submission order is
+        // log order. Its answer comes once the entry is committed and applied by this node's
+        // state machine, i.e. in this master's registry.
+        let answer = self
+            .raft
+            .client_write_ff(batch)
+            .await
+            .map_err(|fatal| ReplicationError::Stopped(fatal.to_string()))?;
+        Ok(Box::pin(async move {
+            match answer.await {
+                Ok(Ok(written)) => Ok(written.log_id.index),
+                Ok(Err(ClientWriteError::ForwardToLeader(forward))) => {
+                    Err(ReplicationError::NotLeader {
+                        leader: forward.leader_id,
+                        address: forward.leader_node,
+                    })
+                }
+                Ok(Err(other)) => Err(ReplicationError::Other(other.to_string())),
+                Err(_) => Err(ReplicationError::Stopped(
+                    "the Raft core dropped the request".into(),
+                )),
             }
-            Err(RaftError::APIError(other)) => Err(ReplicationError::Other(other.to_string())),
-            Err(RaftError::Fatal(fatal)) => Err(ReplicationError::Stopped(fatal.to_string())),
-        }
+        }))
     }
 
     fn status(&self) -> ReplicationStatus {

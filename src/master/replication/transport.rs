@@ -46,6 +46,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::codec;
 use super::log_store::LogStore;
 use super::raft::RaftReplicator;
 use super::state_machine::StateMachine;
@@ -195,7 +196,7 @@ impl CallError {
                 timeout,
             }),
             CallError::Remote { text, payload } => {
-                match serde_json::from_slice::<RaftError<NodeId, E>>(&payload) {
+                match codec::decode::<RaftError<NodeId, E>>(&payload) {
                     Ok(error) => RPCError::RemoteError(RemoteError::new_with_node(
                         peer.target,
                         peer.addr.clone(),
@@ -269,7 +270,7 @@ impl Peer {
         Req: Serialize,
         Resp: DeserializeOwned,
     {
-        let payload = serde_json::to_vec(request)
+        let payload = codec::encode(request)
             .map_err(|e| CallError::Unreachable(format!("cannot encode the request: {e}")))?;
         self.call_encoded(rpc, payload, timeout).await
     }
@@ -304,7 +305,7 @@ impl Peer {
                     payload: response.payload,
                 });
             }
-            serde_json::from_slice(&response.payload).map_err(|e| {
+            codec::decode(&response.payload).map_err(|e| {
                 CallError::Unreachable(format!("malformed {} response: {e}", rpc.as_str_name()))
             })
         };
@@ -521,7 +522,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let peer = &self.peer;
         let entries = rpc.entries.len() as u64;
         // Sized before sending: the peer would close the connection on an oversized frame.
-        let payload = serde_json::to_vec(&rpc).map_err(|e| {
+        let payload = codec::encode(&rpc).map_err(|e| {
             RPCError::Unreachable(Unreachable::new(&AnyError::error(format!(
                 "cannot encode the request: {e}"
             ))))
@@ -553,8 +554,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
         let peer = &self.peer;
-        // JSON writes a byte as at most 4 characters (`255,`); the rest is the metadata.
-        let meta = serde_json::to_vec(&InstallSnapshotRequest::<TypeConfig> {
+        // MessagePack writes a byte of a plain byte list as at most 2 bytes; the rest is the
+        // metadata.
+        let meta = codec::encode(&InstallSnapshotRequest::<TypeConfig> {
             vote: rpc.vote,
             meta: rpc.meta.clone(),
             offset: rpc.offset,
@@ -563,7 +565,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         })
         .map(|v| v.len())
         .unwrap_or(0);
-        let piece = (peer.payload_budget().saturating_sub(meta) / 4).max(1);
+        let piece = (peer.payload_budget().saturating_sub(meta) / 2).max(1);
         if rpc.data.len() <= piece {
             return peer
                 .call(RaftRpc::RaftInstallSnapshot, &rpc, option.hard_ttl())
@@ -687,12 +689,12 @@ where
     Fut: Future<Output = Result<Resp, E>>,
 {
     let failed = |error: String, payload: Vec<u8>| RaftResponse { id, payload, error };
-    let request = match serde_json::from_slice(payload) {
+    let request = match codec::decode(payload) {
         Ok(request) => request,
         Err(e) => return failed(format!("malformed request: {e}"), Vec::new()),
     };
     match call(request).await {
-        Ok(response) => match serde_json::to_vec(&response) {
+        Ok(response) => match codec::encode(&response) {
             Ok(payload) => RaftResponse {
                 id,
                 payload,
@@ -700,9 +702,6 @@ where
             },
             Err(e) => failed(format!("cannot encode the response: {e}"), Vec::new()),
         },
-        Err(error) => failed(
-            error.to_string(),
-            serde_json::to_vec(&error).unwrap_or_default(),
-        ),
+        Err(error) => failed(error.to_string(), codec::encode(&error).unwrap_or_default()),
     }
 }
