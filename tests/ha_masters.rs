@@ -4,27 +4,17 @@
 //! the framework fails over to it with its id, the agent re-registers with its running task,
 //! and nothing is launched again.
 
+mod cluster;
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
+use cluster::*;
 use common::*;
 use ringmaster::config::Config;
 use ringmaster::master::{Master, Snapshot};
-use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::{ErrorCode, Message, Subscribe, TaskState, TaskStatus};
-
-/// Three free loopback ports (bound, then released for the masters to take).
-fn free_ports() -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
 
 fn config(id: u64, ports: &[u16]) -> Config {
     let mut yaml = String::from(
@@ -40,15 +30,13 @@ fn config(id: u64, ports: &[u16]) -> Config {
     Config::from_yaml(&yaml, "cluster.yaml").expect("valid cluster config")
 }
 
-struct Group {
-    masters: BTreeMap<u64, Master>,
-    _dirs: Vec<tempfile::TempDir>,
-}
-
 async fn start_group() -> (Group, Vec<u16>) {
-    let ports = free_ports();
-    let mut masters = BTreeMap::new();
-    let mut dirs = Vec::new();
+    let ports = free_ports(3);
+    let mut group = Group {
+        masters: BTreeMap::new(),
+        addrs: BTreeMap::new(),
+        dirs: BTreeMap::new(),
+    };
     for id in 1..=3u64 {
         let dir = tempfile::tempdir().unwrap();
         let listen = format!("127.0.0.1:{}", ports[id as usize - 1]);
@@ -56,59 +44,21 @@ async fn start_group() -> (Group, Vec<u16>) {
             Master::start_durable(&listen, None, config(id, &ports), Some(dir.path().into()))
                 .await
                 .expect("a replicated master starts");
-        masters.insert(id, master);
-        dirs.push(dir);
+        group.masters.insert(id, master);
+        group.addrs.insert(id, listen.parse().unwrap());
+        group.dirs.insert(id, dir);
     }
-    (
-        Group {
-            masters,
-            _dirs: dirs,
-        },
-        ports,
-    )
-}
-
-/// Polls every master's state until one reports it leads (not `not`); returns its id and
-/// state.
-async fn leader(group: &Group, not: Option<u64>) -> (u64, Snapshot) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        for (id, master) in &group.masters {
-            // A master stopped by the test, or a leader deposed while answering, gives no
-            // answer: ask again.
-            let Ok(s) = master.snapshot().await else {
-                continue;
-            };
-            let cluster = s
-                .cluster
-                .clone()
-                .expect("a replicated master has a cluster view");
-            if cluster.role == "leader" && cluster.leader == Some(*id) && Some(*id) != not {
-                return (*id, s);
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no leader elected in time"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn addr(ports: &[u16], id: u64) -> SocketAddr {
-    format!("127.0.0.1:{}", ports[id as usize - 1])
-        .parse()
-        .unwrap()
+    (group, ports)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_takes_over_from_the_replicated_registry() {
     let (mut group, ports) = start_group().await;
-    let (first, _) = leader(&group, None).await;
+    let first = settled_leader(&group, Duration::from_secs(1)).await;
 
     // A follower sends a framework away with NOT_LEADER.
     let follower = (1..=3).find(|id| *id != first).unwrap();
-    let mut stray = Client::connect(addr(&ports, follower)).await;
+    let mut stray = Client::connect(group.addrs[&follower]).await;
     stray
         .send(Message::Subscribe(Subscribe {
             name: "f".into(),
@@ -128,10 +78,7 @@ async fn a_new_leader_takes_over_from_the_replicated_registry() {
     // The leader launches a task, stamped with its term. (Right after the group forms, a late
     // candidate may still depose the first leader: clients follow whoever leads, as the real
     // ones do.)
-    let (first, mut agent) = with_leader(&group, &ports, None, |a| {
-        Message::RegisterAgent(agent_registration(a, vec![]))
-    })
-    .await;
+    let (first, mut agent) = with_leader(&group, None, agent_registration(vec![])).await;
     let term = group.masters[&first]
         .snapshot()
         .await
@@ -139,7 +86,7 @@ async fn a_new_leader_takes_over_from_the_replicated_registry() {
         .cluster
         .unwrap()
         .term;
-    let (_, mut fw) = with_leader(&group, &ports, None, |_| subscribe("")).await;
+    let (_, mut fw) = with_leader(&group, None, subscribe("")).await;
     fw.demand("cpus:1;mem:128", 1).await;
     let offer = fw.expect_offers().await.remove(0);
     fw.accept(
@@ -168,7 +115,7 @@ async fn a_new_leader_takes_over_from_the_replicated_registry() {
     let new_term = state.cluster.as_ref().unwrap().term;
     assert!(new_term > term, "{new_term} after {term}");
     let id = fw_id(&state);
-    let (second, mut fw) = with_leader(&group, &ports, Some(first), |_| subscribe(&id)).await;
+    let (second, mut fw) = with_leader(&group, Some(first), subscribe(&id)).await;
     assert_eq!(fw.id, id, "the framework kept its id");
     let status = TaskStatus {
         task_id: "t1".into(),
@@ -177,9 +124,11 @@ async fn a_new_leader_takes_over_from_the_replicated_registry() {
         state: TaskState::TaskRunning as i32,
         ..Default::default()
     };
-    let (_, _agent) = with_leader(&group, &ports, Some(first), |a| {
-        Message::RegisterAgent(agent_registration(a, vec![status.clone()]))
-    })
+    let (_, _agent) = with_leader(
+        &group,
+        Some(first),
+        agent_registration(vec![status.clone()]),
+    )
     .await;
     let s = common::wait_for_state(&group.masters[&second], "the task is running again", |s| {
         s.tasks.iter().any(|t| t.id == "t1" && t.state == "RUNNING")
@@ -193,65 +142,6 @@ async fn a_new_leader_takes_over_from_the_replicated_registry() {
     fw.demand("cpus:1;mem:128", 0).await;
     for (_, master) in std::mem::take(&mut group.masters) {
         master.shutdown().await;
-    }
-}
-
-fn agent_registration(_: u64, tasks: Vec<TaskStatus>) -> ringmaster_proto::RegisterAgent {
-    ringmaster_proto::RegisterAgent {
-        agent_id: "a1".into(),
-        hostname: "host-a1".into(),
-        total: Some(
-            ringmaster_proto::resources::Resources::parse("cpus:4;mem:1024")
-                .unwrap()
-                .to_wire(),
-        ),
-        tasks,
-        ..Default::default()
-    }
-}
-
-fn subscribe(id: &str) -> Message {
-    Message::Subscribe(Subscribe {
-        framework_id: id.into(),
-        name: "f".into(),
-        user: "tester".into(),
-        weight: 1.0,
-        failover_timeout_secs: 600.0,
-        ..Default::default()
-    })
-}
-
-/// Sends `first` (built for the leader's id) to the master that leads (not `not`) until one
-/// registers or subscribes it, as a client following `NOT_LEADER` does; returns that leader
-/// and the connection, its `id` set.
-async fn with_leader(
-    group: &Group,
-    ports: &[u16],
-    not: Option<u64>,
-    first: impl Fn(u64) -> Message,
-) -> (u64, Client) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (id, _) = leader(group, not).await;
-        let mut c = Client::connect(addr(ports, id)).await;
-        c.send(first(id)).await;
-        let answer = c
-            .expect("the first answer", |m| match m {
-                Message::AgentRegistered(r) => Some(Ok(r.agent_id.clone())),
-                Message::Subscribed(s) => Some(Ok(s.framework_id.clone())),
-                Message::Error(e) if e.code() == ErrorCode::NotLeader => Some(Err(())),
-                Message::Error(e) => panic!("refused: {e:?}"),
-                _ => None,
-            })
-            .await;
-        if let Ok(client_id) = answer {
-            c.id = client_id;
-            return (id, c);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no master would take the client"
-        );
     }
 }
 
@@ -269,8 +159,9 @@ async fn masters_replicate_over_tls_with_authentication() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");
     ringmaster::certs::write_dev_certs(&certs, &[], &[], false).unwrap();
-    let ports = free_ports();
+    let ports = free_ports(3);
     let mut masters = BTreeMap::new();
+    let mut addrs = BTreeMap::new();
     for id in 1..=3u64 {
         let mut yaml = String::from(
             "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 100ms\n\
@@ -295,10 +186,12 @@ async fn masters_replicate_over_tls_with_authentication() {
             .await
             .expect("a replicated TLS master starts");
         masters.insert(id, master);
+        addrs.insert(id, listen.parse().unwrap());
     }
     let group = Group {
         masters,
-        _dirs: Vec::new(),
+        addrs,
+        dirs: BTreeMap::new(),
     };
     let tls = ringmaster_proto::transport::TlsClient::load(&certs.join("ca.pem"), None).unwrap();
     let credential =
@@ -307,7 +200,7 @@ async fn masters_replicate_over_tls_with_authentication() {
     let subscribed = loop {
         let (id, _) = leader(&group, None).await;
         let stream =
-            ringmaster_proto::transport::connect(&addr(&ports, id).to_string(), Some(&tls), WAIT)
+            ringmaster_proto::transport::connect(&group.addrs[&id].to_string(), Some(&tls), WAIT)
                 .await
                 .expect("TLS connect");
         let mut conn = ringmaster_proto::Connection::new(stream);

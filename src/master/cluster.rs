@@ -117,12 +117,40 @@ pub(crate) async fn supervise(
         })
     };
     let _publisher = AbortOnDrop(publisher);
+    // How long a leader may go without confirming its lead with a quorum before it stops
+    // serving: the election timeout, after which the others may have elected another.
+    let lease = config
+        .cluster
+        .as_ref()
+        .map_or(crate::config::DEFAULT_ELECTION_TIMEOUT, |c| {
+            c.election_timeout
+        });
     loop {
-        // Follow until this master leads.
+        // Follow until this master leads and has confirmed it: until then (also while an
+        // elected master cannot reach a quorum, e.g. cut off from the others) it keeps
+        // answering, so its clients are sent on at once.
         let mut follower = MasterState::new(config.clone(), metrics.clone(), Instant::now());
+        let mut confirming: Option<
+            std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>,
+        > = None;
+        // Whether an unconfirmed lead was reported (once per spell, not every retry).
+        let mut unconfirmed = false;
         let term = loop {
-            if let Some(term) = node.leads() {
-                break term;
+            let leads = node.leads();
+            if leads.is_none() {
+                confirming = None;
+            } else if confirming.is_none() {
+                let node = node.clone();
+                confirming = Some(Box::pin(async move {
+                    if confirm_lead(&node, lease).await {
+                        true
+                    } else {
+                        // Not at once: a lead that cannot be confirmed (no quorum) would
+                        // otherwise be retried in a tight loop.
+                        tokio::time::sleep(CONFIRM_RETRY).await;
+                        false
+                    }
+                }));
             }
             tokio::select! {
                 event = events.recv() => {
@@ -136,21 +164,28 @@ pub(crate) async fn supervise(
                         return;
                     }
                 }
+                confirmed = async { confirming.as_mut().expect("a confirmation").await },
+                    if confirming.is_some() =>
+                {
+                    confirming = None;
+                    match (confirmed, node.leads()) {
+                        (true, Some(term)) if Some(term) == leads => break term,
+                        (true, _) => {}
+                        (false, _) if !unconfirmed => {
+                            unconfirmed = true;
+                            tracing::warn!(
+                                "elected, but cannot confirm the lead with a quorum; not serving \
+                                 until it can"
+                            );
+                        }
+                        (false, _) => {}
+                    }
+                }
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
         };
+        drop(confirming);
         drop(follower);
-        // Lead: first make sure this registry holds everything the group committed.
-        if let Err(e) = node.replicator.raft().ensure_linearizable().await {
-            tracing::warn!(error = %e, "elected, but could not confirm the lead; following again");
-            // Not at once: a lead that cannot be confirmed (no quorum) would otherwise be
-            // retried in a tight loop.
-            tokio::select! {
-                _ = tokio::time::sleep(CONFIRM_RETRY) => {}
-                _ = shutdown.wait_for(|stop| *stop) => return,
-            }
-            continue;
-        }
         let recovered = match registry.load() {
             Ok(recovered) => recovered,
             Err(e) => {
@@ -171,14 +206,30 @@ pub(crate) async fn supervise(
             let node = node.clone();
             let mut raft_metrics = node.replicator.raft().metrics();
             let mut shutdown = shutdown.clone();
+            // Raft alone keeps a leader cut off from the others believing it leads until it
+            // hears a newer term; it must not go on deciding (nothing it decides can commit,
+            // and its clients wait for it). So the lead is confirmed with a quorum twice per
+            // lease, and serving stops when that fails.
+            let mut confirm = tokio::time::interval(lease / 2);
+            confirm.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tokio::spawn(async move {
                 loop {
                     if node.leads() != Some(term) {
                         break;
                     }
+                    let mut due = false;
                     tokio::select! {
                         changed = raft_metrics.changed() => if changed.is_err() { break },
+                        _ = confirm.tick() => due = true,
                         _ = shutdown.wait_for(|stop| *stop) => break,
+                    }
+                    if due && !confirm_lead(&node, lease).await {
+                        tracing::warn!(
+                            id = node.id,
+                            term,
+                            "cannot confirm the lead with a quorum; this master stops serving"
+                        );
+                        break;
                     }
                 }
                 let _ = stop_tx.send(true);
@@ -202,7 +253,24 @@ pub(crate) async fn supervise(
                 "this master no longer leads its group",
             );
             error.leader = leader.clone();
-            state.send_outbound(conn, Outbound::Close(error));
+            // At once, not through the outbox: no turn will commit it any more.
+            state.deliver(conn, Outbound::Close(error));
+        }
+    }
+}
+
+/// Whether a quorum of the group confirms, within `lease`, that this master leads (and its
+/// registry holds everything committed before now).
+async fn confirm_lead(node: &ClusterNode, lease: std::time::Duration) -> bool {
+    match tokio::time::timeout(lease, node.replicator.raft().ensure_linearizable()).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "the lead is not confirmed");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(?lease, "the lead is not confirmed in time");
+            false
         }
     }
 }
@@ -330,6 +398,19 @@ mod tests {
             .expect("an answer")
     }
 
+    /// [`subscribe`] until the master has taken its lead (until then, it answers NOT_LEADER);
+    /// returns the framework id.
+    async fn subscribe_at_leader(master: &Master, conn: u64, id: &str) -> String {
+        loop {
+            match subscribe(master, conn, id).await {
+                Outbound::Close(e) if e.code() == ErrorCode::NotLeader => {
+                    tokio::task::yield_now().await;
+                }
+                other => return subscribed(other),
+            }
+        }
+    }
+
     fn subscribed(out: Outbound) -> String {
         match out {
             Outbound::Send(Message::Subscribed(s)) => s.framework_id,
@@ -392,7 +473,7 @@ mod tests {
 
         // The leader subscribes it; the framework is in every master's registry once
         // committed (the Subscribed left only after the quorum).
-        let id = subscribed(subscribe(&masters[&leader], 2, "").await);
+        let id = subscribe_at_leader(&masters[&leader], 2, "").await;
         let index = nodes[&leader].replicator.status().applied_index.unwrap();
         for node in nodes.values() {
             node.replicator
@@ -413,16 +494,7 @@ mod tests {
         let dead_node = nodes.remove(&leader).unwrap();
         dead_node.replicator.raft().shutdown().await.unwrap();
         let new_leader = elected_leader(&nodes, Some(leader)).await;
-        let again = loop {
-            // Until the new leader's supervisor has taken the lead, it answers NOT_LEADER.
-            match subscribe(&masters[&new_leader], 3, &id).await {
-                Outbound::Close(e) if e.code() == ErrorCode::NotLeader => {
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-                other => break subscribed(other),
-            }
-        };
+        let again = subscribe_at_leader(&masters[&new_leader], 3, &id).await;
         assert_eq!(again, id, "the framework kept its id across the new leader");
         for master in masters.values() {
             let _ = master.shutdown.send(true);

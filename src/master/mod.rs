@@ -265,7 +265,8 @@ impl Master {
                     cluster.id,
                     peer_security,
                     config.master.max_frame_bytes,
-                );
+                )
+                .with_addresses(cluster.peers.clone());
                 let (replicator, handler) = replication::transport::start_cluster_node(
                     &cluster,
                     cluster.raft_config(config.master.max_frame_bytes),

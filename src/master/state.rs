@@ -472,6 +472,14 @@ impl MasterState {
                 }
             }
         };
+        // Turns already committed still go out: the group holds them, so their messages are
+        // as good as the ones sent before (agents fence a deposed leader by its term).
+        if end == RunEnd::Stopped {
+            use futures::FutureExt as _;
+            while let Some((released, _, Ok(()))) = pipeline.next().now_or_never() {
+                self.release(released, Ok(()));
+            }
+        }
         tracing::info!(?end, "master actor stopped");
         end
     }

@@ -25,7 +25,9 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(target: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a proxy");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a proxy");
         let addr = listener.local_addr().unwrap();
         let cut = Arc::new(AtomicBool::new(false));
         let (generation, _) = watch::channel(0u64);

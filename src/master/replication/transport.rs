@@ -78,6 +78,10 @@ struct Shared {
     peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
     /// Tests cut a master off: every RPC fails as unreachable while set.
     offline: Arc<AtomicBool>,
+    /// How this master reaches each peer (its `cluster.peers`), over the address the group's
+    /// membership records for it (which is the address the master that formed the group, or
+    /// added it, knew it by).
+    addresses: HashMap<NodeId, NodeAddr>,
 }
 
 impl TcpNetwork {
@@ -95,8 +99,19 @@ impl TcpNetwork {
                 max_frame_bytes,
                 peers: Mutex::new(HashMap::new()),
                 offline: Arc::new(AtomicBool::new(false)),
+                addresses: HashMap::new(),
             }),
         }
+    }
+
+    /// Reaches each peer named in `addresses` there rather than at its membership address.
+    pub(crate) fn with_addresses(
+        mut self,
+        addresses: impl IntoIterator<Item = (NodeId, NodeAddr)>,
+    ) -> Self {
+        let shared = Arc::get_mut(&mut self.shared).expect("a network not yet shared");
+        shared.addresses = addresses.into_iter().collect();
+        self
     }
 
     /// Cuts this master's RPCs off (`true`) or restores them, as a partition would.
@@ -131,8 +146,9 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeAddr) -> PeerClient {
+        let addr = self.shared.addresses.get(&target).unwrap_or(node).clone();
         PeerClient {
-            peer: self.peer(target, node),
+            peer: self.peer(target, &addr),
         }
     }
 }
@@ -615,8 +631,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
 /// Starts this master's Raft node (`cluster.id`) over its storage, reaching its peers through
 /// `network`, and forms the group: a pristine node proposes `cluster.peers` as the membership
-/// (every master doing so with the same peers is safe, openraft says; a node that already has
-/// a log or a vote keeps the membership it has, so editing `peers` later changes nothing).
+/// (the lowest id at once, the others if the group has not formed two election timeouts
+/// later; every master doing so with the same peers is safe, openraft says; a node that
+/// already has a log or a vote keeps the membership it has, so editing `peers` later changes
+/// nothing).
 /// Returns the replicator (for the actor) and the handler to pass to
 /// `server::Listener::with_raft`. `raft_config` is usually
 /// `cluster.raft_config(config.master.max_frame_bytes)`.
@@ -629,16 +647,26 @@ pub(crate) async fn start_cluster_node(
 ) -> Result<(RaftReplicator, Arc<RaftHandler>), ReplicationError> {
     let replicator =
         RaftReplicator::start(cluster.id, raft_config, network, log_store, state_machine).await?;
-    match replicator.raft().initialize(cluster.peers.clone()).await {
-        Ok(()) => {}
-        Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
-        Err(RaftError::APIError(other)) => {
-            return Err(ReplicationError::Other(format!(
-                "cannot form the group: {other}"
-            )))
+    // The master with the lowest id forms the group at once; the others give it two election
+    // timeouts first. When every master proposes at the same moment, several stand for the
+    // first term and a late one soon deposes the first leader (a needless leader change right
+    // after start); once the first master's entries reach them, their own proposal is refused
+    // as the group already formed (NotAllowed), which is what we want.
+    let first = cluster.peers.keys().next().copied() == Some(cluster.id);
+    let delay = if first {
+        std::time::Duration::ZERO
+    } else {
+        cluster.election_timeout * 2
+    };
+    let (raft, peers) = (replicator.raft().clone(), cluster.peers.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        match raft.initialize(peers).await {
+            Ok(()) => {}
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+            Err(e) => tracing::error!(error = %e, "cannot form the replication group"),
         }
-        Err(RaftError::Fatal(fatal)) => return Err(ReplicationError::Stopped(fatal.to_string())),
-    }
+    });
     let handler = RaftHandler::new(&replicator);
     Ok((replicator, handler))
 }
