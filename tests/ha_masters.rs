@@ -241,3 +241,40 @@ async fn masters_replicate_over_tls_with_authentication() {
         master.shutdown().await;
     }
 }
+
+/// A work dir a single master wrote holds records the group's log does not: a replicated
+/// master refuses it with a clear error instead of leading from records its peers never get.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_master_s_registry_is_refused_by_a_replicated_master() {
+    let dir = tempfile::tempdir().unwrap();
+    let single = Master::start_durable(
+        "127.0.0.1:0",
+        None,
+        test_config(""),
+        Some(dir.path().into()),
+    )
+    .await
+    .unwrap();
+    let mut fw = Client::framework(single.addr(), "f").await;
+    fw.demand("cpus:1;mem:128", 0).await;
+    wait_for_state(&single, "the framework is recorded", |s| {
+        s.frameworks.len() == 1
+    })
+    .await;
+    single.shutdown().await;
+
+    let ports = free_ports(3);
+    let listen = format!("127.0.0.1:{}", ports[0]);
+    let error = match Master::start_durable(
+        &listen,
+        None,
+        config(1, &ports),
+        Some(dir.path().into()),
+    )
+    .await
+    {
+        Ok(_) => panic!("a replicated master started on a single master's registry"),
+        Err(e) => e.to_string(),
+    };
+    assert!(error.contains("written by a single master"), "{error}");
+}

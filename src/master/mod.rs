@@ -233,11 +233,27 @@ impl Master {
         let mut raft_handler = None;
         let stop_all = shutdown_tx.clone();
         let actor_task = match (config.cluster.clone(), registry) {
-            (Some(cluster), Some((registry, _))) => {
+            (Some(cluster), Some((registry, recovered))) => {
                 // A replicated master: the supervisor leads or follows (src/master/cluster.rs);
                 // the registry is rebuilt from the group's log, so what it held is not
                 // recovered here.
                 let dir = work_dir.as_deref().expect("checked above");
+                // Records without a replication point were written by a single master: the
+                // group's log does not hold them, so the other masters would never have them
+                // (lost at the first leader change). Refuse rather than lose them.
+                let replicated = registry
+                    .replication_applied()
+                    .map_err(|e| anyhow::anyhow!("cannot read the registry: {e}"))?
+                    .is_some();
+                if !(recovered.is_empty() && recovered.jobs.is_empty()) && !replicated {
+                    anyhow::bail!(
+                        "cluster: the registry in {} was written by a single master (it has \
+                         records but no replication state); a replicated master starts from an \
+                         empty work dir (seeding a group from a single master's registry is not \
+                         supported yet, docs/operations.md)",
+                        dir.display()
+                    );
+                }
                 let registry = Arc::new(registry);
                 let log = replication::log_store::LogStore::open(dir).map_err(|e| {
                     anyhow::anyhow!("cannot open the Raft log in {}: {e}", dir.display())
