@@ -245,7 +245,8 @@ impl Master {
                     .replication_applied()
                     .map_err(|e| anyhow::anyhow!("cannot read the registry: {e}"))?
                     .is_some();
-                if !(recovered.is_empty() && recovered.jobs.is_empty()) && !replicated {
+                let single_records = !(recovered.is_empty() && recovered.jobs.is_empty());
+                if single_records && !replicated {
                     anyhow::bail!(
                         "cluster: the registry in {} was written by a single master (it has \
                          records but no replication state); a replicated master starts from an \
