@@ -752,9 +752,23 @@ fn a_randomized_fault_run_keeps_a_clean_history() {
     let tasks = ledger_runs(&ledger_text).len();
     let finished: usize = runs.iter().map(|r| count_state(&r.lines, "FINISHED")).sum();
     let lost = lost_launches(&ledger_text, &runs);
+    // Why they were lost: the reason of each one's last LOST line.
+    let mut lost_why: BTreeMap<String, usize> = BTreeMap::new();
+    for task in &lost {
+        let prefix = format!("TASK {task} LOST ");
+        let line = runs
+            .iter()
+            .flat_map(|r| r.lines.iter())
+            .filter(|l| l.starts_with(&prefix))
+            .last();
+        let reason = line
+            .and_then(|l| l.split_whitespace().find(|w| w.starts_with("reason=")))
+            .unwrap_or("reason=?");
+        *lost_why.entry(reason.to_string()).or_default() += 1;
+    }
     println!(
         "history: seed {seed}, {} exec runs, {tasks} tasks ran, {finished} FINISHED reported, \
-         {} launches LOST before they ran {lost:?}, faults {faults:?}, violations {}",
+         {} launches LOST before they ran {lost_why:?}, faults {faults:?}, violations {}",
         runs.len(),
         lost.len(),
         violations.len()
