@@ -759,16 +759,22 @@ fn a_randomized_fault_run_keeps_a_clean_history() {
         let line = runs
             .iter()
             .flat_map(|r| r.lines.iter())
-            .filter(|l| l.starts_with(&prefix))
-            .last();
+            .rfind(|l| l.starts_with(&prefix));
         let reason = line
             .and_then(|l| l.split_whitespace().find(|w| w.starts_with("reason=")))
             .unwrap_or("reason=?");
         *lost_why.entry(reason.to_string()).or_default() += 1;
     }
+    let leads = logs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, l)| l.contains("this master leads its group"))
+        .count();
     println!(
         "history: seed {seed}, {} exec runs, {tasks} tasks ran, {finished} FINISHED reported, \
-         {} launches LOST before they ran {lost_why:?}, faults {faults:?}, violations {}",
+         {} launches LOST before they ran {lost_why:?}, faults {faults:?}, {leads} times a \
+         master took the lead, violations {}",
         runs.len(),
         lost.len(),
         violations.len()
