@@ -587,6 +587,25 @@ impl AgentState {
             user: Some(user),
             cgroup: cgroup.clone(),
         };
+        // Recorded before the process starts: an agent killed between the start and the record
+        // below finds the task again at restart (by its cgroup) instead of killing a task that
+        // ran as one left behind, which the master would then report as never launched.
+        let launching = TaskFile {
+            framework_id: key.framework_id.clone(),
+            task_id: key.task_id.clone(),
+            resources: resources.to_string(),
+            devices: devices.to_string(),
+            pid: 0,
+            start_ticks: 0,
+            kill_reason: None,
+            kill_grace_ms: info.kill_grace_ms,
+            ended: None,
+            health: health_spec.clone(),
+        };
+        if let Err(e) = std::fs::create_dir_all(&sandbox).and_then(|()| launching.save(&sandbox)) {
+            tracing::warn!(task = %key.task_id, sandbox = %sandbox.display(),
+                "cannot record the task before starting it: {e}");
+        }
         match process::launch(&spec, key.clone(), self.exits_tx.clone()) {
             Ok(handle) => {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,
@@ -634,6 +653,7 @@ impl AgentState {
                         tracing::warn!(task = %key.task_id, "{e}");
                     }
                 }
+                task_files::remove(&sandbox);
                 let message = e.to_string();
                 self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
             }
@@ -1067,6 +1087,23 @@ impl AgentState {
                 .isolation
                 .existing_task_cgroup(&key.framework_id, &key.task_id, &resources)
                 .map(Arc::new);
+            let mut file = file;
+            if file.pid == 0 {
+                // The agent stopped while starting it: the task ran if its cgroup holds its
+                // process (the wrapper: the one whose parent is outside the cgroup).
+                let Some((pid, start_ticks)) = cgroup.as_deref().and_then(started_process) else {
+                    tracing::info!(task = %key.task_id, framework = %key.framework_id,
+                        "a task the agent was starting when it stopped never ran");
+                    task_files::remove(&sandbox);
+                    recovered -= 1;
+                    continue;
+                };
+                file.pid = pid;
+                file.start_ticks = start_ticks;
+                if let Err(e) = file.save(&sandbox) {
+                    tracing::warn!(task = %key.task_id, "cannot update the task file: {e}");
+                }
+            }
             let health_checker = file.health.clone().and_then(|check| {
                 self.adopted_checker(&key, file.pid, &sandbox, cgroup.clone(), check)
             });
@@ -1485,4 +1522,23 @@ mod tests {
             assert_eq!(load_leader_term(dir.path()), 0);
         }
     }
+}
+
+/// The process a task's wrapper runs as, found in the task's cgroup: the one whose parent is
+/// not in the cgroup, with its start time. `None` when the cgroup is empty (the task never
+/// started, or it ended).
+fn started_process(cgroup: &isolation::TaskCgroup) -> Option<(u32, u64)> {
+    let pids = cgroup.pids();
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 1..];
+        // Fields after the comm start at field 3 (state); the parent's pid is field 4.
+        rest.split_whitespace().nth(1)?.parse().ok()
+    };
+    let root = pids
+        .iter()
+        .copied()
+        .filter(|pid| parent(*pid).is_some_and(|p| !pids.contains(&p)))
+        .min()?;
+    Some((root, process::process_start_ticks(root)?))
 }

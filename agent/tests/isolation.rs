@@ -486,3 +486,83 @@ async fn a_health_check_runs_in_the_tasks_cgroup_as_the_task_user() {
     let end = agent.end("checked").await;
     assert_eq!(end.state, TaskState::TaskKilled as i32, "{end:?}");
 }
+
+/// An agent killed after starting a task's process but before recording its pid leaves the
+/// task file written before the start (pid 0): the restarted agent finds the task by its
+/// cgroup and adopts it, rather than killing it as a leftover (the master would then report a
+/// task that ran as never launched). A task recorded that way whose cgroup is empty never ran:
+/// its file is dropped.
+#[tokio::test]
+async fn a_task_recorded_only_as_starting_is_found_by_its_cgroup_after_a_restart() {
+    let Some(mut first) = Agent::new(4096) else {
+        return;
+    };
+    first.start(task(
+        "midway",
+        "cpus:0.5;mem:64",
+        "echo $$ > me.pid; sleep 1000",
+    ));
+    let (dir, isolation) = (first.path().to_path_buf(), first.isolation.clone());
+    let shell: u32 = wait_for_file(&dir, "midway", "me.pid")
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    // As the file was before the process started: no pid yet.
+    let file = sandbox(&dir, "midway").join(".ringmaster-task");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let recorded: u32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let starting: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("pid=") {
+                "pid=0".to_string()
+            } else if l.starts_with("start_ticks=") {
+                "start_ticks=0".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&file, starting + "\n").unwrap();
+    // And one that never started: its file, no process in its (absent) cgroup.
+    let never = sandbox(&dir, "never");
+    std::fs::create_dir_all(&never).unwrap();
+    std::fs::write(
+        never.join(".ringmaster-task"),
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("midway", "never"),
+    )
+    .unwrap();
+
+    let again = cgroups(&dir, 4096).unwrap();
+    let (mut second, mut exits) =
+        AgentState::with_isolation(config(&dir), again.clone(), "a1".into());
+    assert_eq!(second.recover_tasks(), 1, "midway adopted, never dropped");
+    assert_eq!(second.cgroups_in_use(), vec!["fw+midway".to_string()]);
+    assert!(!never.join(".ringmaster-task").exists());
+    let adopted: u32 = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(adopted, recorded, "the wrapper, found in the cgroup");
+    assert_eq!(again.clean_stale(&second.cgroups_in_use()), 0);
+    assert!(process_is_alive(shell));
+
+    // Still under the agent's control.
+    kill(&mut second, "midway");
+    let end = next_end(&mut second, &mut exits, "midway").await;
+    assert_eq!(end.state, TaskState::TaskKilled as i32, "{end:?}");
+    assert!(!process_is_alive(shell));
+    drop(isolation);
+}
