@@ -1266,6 +1266,25 @@ pub fn task_environment(
     env
 }
 
+/// The process a task's wrapper runs as, found in the task's cgroup: the one whose parent is
+/// not in the cgroup, with its start time. `None` when the cgroup is empty (the task never
+/// started, or it ended).
+fn started_process(cgroup: &isolation::TaskCgroup) -> Option<(u32, u64)> {
+    let pids = cgroup.pids();
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 1..];
+        // Fields after the comm start at field 3 (state); the parent's pid is field 4.
+        rest.split_whitespace().nth(1)?.parse().ok()
+    };
+    let root = pids
+        .iter()
+        .copied()
+        .filter(|pid| parent(*pid).is_some_and(|p| !pids.contains(&p)))
+        .min()?;
+    Some((root, process::process_start_ticks(root)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1522,23 +1541,4 @@ mod tests {
             assert_eq!(load_leader_term(dir.path()), 0);
         }
     }
-}
-
-/// The process a task's wrapper runs as, found in the task's cgroup: the one whose parent is
-/// not in the cgroup, with its start time. `None` when the cgroup is empty (the task never
-/// started, or it ended).
-fn started_process(cgroup: &isolation::TaskCgroup) -> Option<(u32, u64)> {
-    let pids = cgroup.pids();
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let rest = &stat[stat.rfind(')')? + 1..];
-        // Fields after the comm start at field 3 (state); the parent's pid is field 4.
-        rest.split_whitespace().nth(1)?.parse().ok()
-    };
-    let root = pids
-        .iter()
-        .copied()
-        .filter(|pid| parent(*pid).is_some_and(|p| !pids.contains(&p)))
-        .min()?;
-    Some((root, process::process_start_ticks(root)?))
 }
