@@ -614,7 +614,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 }
 
 /// Starts this master's Raft node (`cluster.id`) over its storage, reaching its peers through
-/// `network`, and forms the group: a pristine node proposes `cluster.peers` as the membership
+/// `network`, and forms the group unless `cluster.join` is set (then it waits for the leader
+/// to add it and replicate to it): a pristine node proposes `cluster.peers` as the membership
 /// (every master doing so with the same peers is safe, openraft says; a node that already has
 /// a log or a vote keeps the membership it has, so editing `peers` later changes nothing).
 /// Returns the replicator (for the actor) and the handler to pass to
@@ -629,6 +630,13 @@ pub(crate) async fn start_cluster_node(
 ) -> Result<(RaftReplicator, Arc<RaftHandler>), ReplicationError> {
     let replicator =
         RaftReplicator::start(cluster.id, raft_config, network, log_store, state_machine).await?;
+    if cluster.join {
+        // Joining a group that exists: the leader adds this master and replicates to it (from
+        // a snapshot when it compacted its log). Proposing `peers` here would found a second
+        // group at index 0.
+        let handler = RaftHandler::new(&replicator);
+        return Ok((replicator, handler));
+    }
     match replicator.raft().initialize(cluster.peers.clone()).await {
         Ok(()) => {}
         Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
