@@ -956,10 +956,27 @@ pub struct ClusterConfig {
     /// With `tls:`: the CA that signed the other masters' certificates (PEM), which this
     /// master trusts when it connects to them.
     pub ca: Option<std::path::PathBuf>,
+    /// This master joins a group that already exists (a new master, or one whose work
+    /// directory was wiped): it does not propose `peers` as the membership but waits for the
+    /// leader, which adds it (`POST /cluster/members`), to replicate to it.
+    pub join: bool,
+    /// Entries applied since the last snapshot before a new snapshot of the registry is built
+    /// and the log before it compacted.
+    pub snapshot_threshold: u64,
 }
 
 /// The default `cluster.election_timeout`.
 pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The default `cluster.snapshot_threshold`.
+pub const DEFAULT_SNAPSHOT_THRESHOLD: u64 = 5000;
+
+/// `cluster.snapshot_threshold` must lie in this range.
+pub const SNAPSHOT_THRESHOLD_RANGE: (u64, u64) = (16, 10_000_000);
+
+/// At most this many entries stay in the log behind a snapshot (fewer with a smaller
+/// `snapshot_threshold`): a follower a little behind still catches up from the log.
+pub const MAX_LOG_KEPT_AFTER_SNAPSHOT: u64 = 1000;
 
 /// `cluster.election_timeout` must lie in this range.
 pub const ELECTION_TIMEOUT_RANGE: (Duration, Duration) =
@@ -972,7 +989,9 @@ impl ClusterConfig {
     ///   it (openraft also uses the heartbeat as the append-entries RPC timeout);
     /// - snapshot chunks of a quarter of a frame (the replication encoding writes a byte as up
     ///   to 2; the transport splits a chunk further if it still would not fit);
-    /// - a snapshot chunk may take the election timeout (at least 1 s) to install.
+    /// - a snapshot chunk may take the election timeout (at least 1 s) to install;
+    /// - a snapshot every `snapshot_threshold` applied entries, keeping at most
+    ///   `min(snapshot_threshold, 1000)` entries of the log behind it.
     pub fn raft_config(&self, max_frame_bytes: usize) -> openraft::Config {
         let election = (self.election_timeout.as_millis() as u64).max(1);
         openraft::Config {
@@ -982,6 +1001,8 @@ impl ClusterConfig {
             heartbeat_interval: (election / 5).max(1),
             install_snapshot_timeout: election.max(1000),
             snapshot_max_chunk_size: (max_frame_bytes as u64 / 4).max(1024),
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_threshold),
+            max_in_snapshot_log_to_keep: self.snapshot_threshold.min(MAX_LOG_KEPT_AFTER_SNAPSHOT),
             ..Default::default()
         }
     }
@@ -995,11 +1016,13 @@ struct RawCluster {
     peers: Option<serde_yaml::Mapping>,
     election_timeout: Option<String>,
     ca: Option<String>,
+    join: Option<bool>,
+    snapshot_threshold: Option<serde_yaml::Value>,
 }
 
 /// Checks `host:port`: a non-empty host (a name, an IPv4 address, or `[IPv6]`) and a port
 /// from 1 to 65535.
-fn check_host_port(address: &str) -> Result<(), String> {
+pub(crate) fn check_host_port(address: &str) -> Result<(), String> {
     let bad = |why: &str| Err(format!("`{address}` is not host:port ({why})"));
     let Some((host, port)) = address.rsplit_once(':') else {
         return bad("no port");
@@ -1113,11 +1136,32 @@ fn apply_cluster(source: &YamlSource, raw: &RawCluster) -> Result<ClusterConfig,
         }
         None => None,
     };
+    let mut snapshot_threshold = DEFAULT_SNAPSHOT_THRESHOLD;
+    if let Some(value) = &raw.snapshot_threshold {
+        let path = at(&["snapshot_threshold"]);
+        let (least, most) = SNAPSHOT_THRESHOLD_RANGE;
+        let out_of_range = |shown: String| {
+            source.error(
+                &path,
+                format!("{shown} is out of range: must be from {least} to {most} entries"),
+            )
+        };
+        snapshot_threshold = match whole_number(value) {
+            Ok(n) if (least..=most).contains(&n) => n,
+            Ok(n) => return Err(out_of_range(n.to_string())),
+            Err(e) => match value.as_i64() {
+                Some(n) => return Err(out_of_range(n.to_string())),
+                None => return Err(source.error(&path, e)),
+            },
+        };
+    }
     Ok(ClusterConfig {
         id,
         peers,
         election_timeout,
         ca,
+        join: raw.join.unwrap_or(false),
+        snapshot_threshold,
     })
 }
 
@@ -1692,6 +1736,82 @@ cluster:
             .validate()
             .unwrap();
         assert_eq!(Config::from_yaml("", "c.yaml").unwrap().cluster, None);
+    }
+
+    #[test]
+    fn join_and_snapshot_threshold_are_read_and_reach_the_raft_config() {
+        let plain = Config::from_yaml("cluster:\n  id: 1\n  peers: { 1: m1:5050 }\n", "c.yaml")
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert!(!plain.join, "a master forms its group unless told to join");
+        assert_eq!(plain.snapshot_threshold, DEFAULT_SNAPSHOT_THRESHOLD);
+        let raft = plain.raft_config(1 << 20);
+        assert_eq!(
+            raft.snapshot_policy,
+            openraft::SnapshotPolicy::LogsSinceLast(5000)
+        );
+        assert_eq!(raft.max_in_snapshot_log_to_keep, 1000);
+        let text = "cluster:\n  id: 4\n  peers: { 1: m1:5050, 4: m4:5050 }\n  join: true\n  \
+                    snapshot_threshold: 16\n";
+        let joining = Config::from_yaml(text, "c.yaml").unwrap().cluster.unwrap();
+        assert!(joining.join);
+        assert_eq!(joining.snapshot_threshold, 16);
+        let raft = joining.raft_config(1 << 20);
+        assert_eq!(
+            raft.snapshot_policy,
+            openraft::SnapshotPolicy::LogsSinceLast(16)
+        );
+        assert_eq!(raft.max_in_snapshot_log_to_keep, 16);
+        raft.validate().expect("a valid openraft config");
+        let most = Config::from_yaml(
+            "cluster:\n  id: 1\n  peers: { 1: m1:5050 }\n  snapshot_threshold: 10000000\n",
+            "c.yaml",
+        )
+        .unwrap()
+        .cluster
+        .unwrap();
+        assert_eq!(most.snapshot_threshold, 10_000_000);
+        assert_eq!(most.raft_config(1 << 20).max_in_snapshot_log_to_keep, 1000);
+    }
+
+    #[test]
+    fn join_and_snapshot_threshold_errors_name_file_line_and_key() {
+        let head = "cluster:\n  id: 1\n  peers: { 1: a:5050 }\n";
+        let cases = [
+            (
+                format!("{head}  snapshot_threshold: 15\n"),
+                "c.yaml:4: cluster.snapshot_threshold: 15 is out of range: must be from 16 to 10000000 entries",
+            ),
+            (
+                format!("{head}  snapshot_threshold: 10000001\n"),
+                "c.yaml:4: cluster.snapshot_threshold: 10000001 is out of range: must be from 16 to 10000000 entries",
+            ),
+            (
+                format!("{head}  snapshot_threshold: -5\n"),
+                "c.yaml:4: cluster.snapshot_threshold: -5 is out of range: must be from 16 to 10000000 entries",
+            ),
+            (
+                format!("{head}  snapshot_threshold: 1.5\n"),
+                "c.yaml:4: cluster.snapshot_threshold: 1.5 is not a whole number",
+            ),
+            (
+                format!("{head}  snapshot_threshold: often\n"),
+                "c.yaml:4: cluster.snapshot_threshold: expected a whole number, found the string `often`",
+            ),
+            (format!("{head}  join: maybe\n"), "c.yaml:"),
+        ];
+        for (text, prefix) in cases {
+            let err = Config::from_yaml(&text, "c.yaml").unwrap_err().to_string();
+            assert!(
+                err.starts_with(prefix),
+                "{err:?} should start with {prefix:?}"
+            );
+        }
+        let err = Config::from_yaml(&format!("{head}  join: maybe\n"), "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("join"), "{err}");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! unpublished `ringmaster-tools` crate (`tools/`).
 
 pub mod certs;
+pub mod cluster_cli;
 pub mod config;
 pub mod dry_run;
 pub mod dry_run_batch;

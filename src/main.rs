@@ -99,6 +99,11 @@ enum Command {
         #[command(subcommand)]
         command: JobCommand,
     },
+    /// Replicated masters: list, add or remove masters of the group (docs/operations.md).
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
     /// Show a running master's state as tables (from its HTTP `/state`).
     Status {
         #[command(flatten)]
@@ -239,6 +244,59 @@ struct MasterAddr {
         default_value = "127.0.0.1:5050"
     )]
     addr: String,
+}
+
+/// `ringmaster cluster ...`; `--master` lists the masters, as for `ringmaster status`: the
+/// request goes to the leader.
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Show the group's masters: voters, learners, the leader.
+    Members {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        master: MasterAddr,
+    },
+    /// Add a master (started with `cluster.join: true`): it catches up, then votes.
+    Add {
+        /// The new master's id (`cluster.id` in its config).
+        #[arg(long)]
+        id: u64,
+        /// The new master's protocol address (its `--listen`), HOST:PORT.
+        #[arg(long, value_name = "HOST:PORT")]
+        address: String,
+        #[command(flatten)]
+        master: MasterAddr,
+    },
+    /// Remove a master from the group (then stop it).
+    Remove {
+        /// The master's id.
+        #[arg(long)]
+        id: u64,
+        #[command(flatten)]
+        master: MasterAddr,
+    },
+}
+
+fn cluster_command(command: ClusterCommand) -> ExitCode {
+    use ringmaster::cluster_cli;
+    let result = match &command {
+        ClusterCommand::Members { json, master } => cluster_cli::members(&master.addr, *json),
+        ClusterCommand::Add {
+            id,
+            address,
+            master,
+        } => cluster_cli::add(&master.addr, *id, address),
+        ClusterCommand::Remove { id, master } => cluster_cli::remove(&master.addr, *id),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
 }
 
 /// `ringmaster job ...`; `--master` is the master's address, as for `ringmaster status`.
@@ -430,6 +488,7 @@ fn main() -> ExitCode {
             finish(result)
         }
         Command::Job { command } => job_command(command),
+        Command::Cluster { command } => cluster_command(command),
         Command::Status {
             master: MasterAddr { addr: master },
             view,

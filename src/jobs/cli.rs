@@ -43,12 +43,28 @@ pub(crate) fn agent() -> ureq::Agent {
 /// Sends a request and returns the body of a 2xx answer; anything else is an error that
 /// carries the master's own explanation. With several masters (`a:5050,b:5050`) they are
 /// asked in turn and the leader is followed ([`crate::leader_http`]).
-fn call(master: &str, method: &str, path: &str, body: Option<String>) -> Result<String, CliError> {
-    let agent = agent();
+pub(crate) fn call(
+    master: &str,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> Result<String, CliError> {
+    call_with(&agent(), master, method, path, body)
+}
+
+/// [`call`] with this `agent` (e.g. a longer timeout).
+pub(crate) fn call_with(
+    agent: &ureq::Agent,
+    master: &str,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> Result<String, CliError> {
     let answer = crate::leader_http::with_leader(master, |address| {
         let url = format!("{}{path}", base(address));
         let result = match (method, &body) {
             ("GET", _) => agent.get(&url).call(),
+            ("DELETE", _) => agent.delete(&url).call(),
             (_, Some(body)) => agent
                 .post(&url)
                 .header("content-type", "application/json")

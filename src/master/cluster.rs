@@ -33,7 +33,9 @@ const CONFIRM_RETRY: std::time::Duration = std::time::Duration::from_millis(100)
 #[derive(Clone)]
 pub(crate) struct ClusterNode {
     pub id: NodeId,
-    /// Every master, this one included: id -> protocol address.
+    /// Every master of the config (`cluster.peers`), this one included: id -> protocol
+    /// address. Only a fallback: the group's current membership ([`ClusterNode::peers`]) knows
+    /// masters added or removed since.
     pub peers: BTreeMap<NodeId, String>,
     pub replicator: RaftReplicator,
 }
@@ -42,6 +44,7 @@ impl ClusterNode {
     /// The `cluster` view of `/state` now.
     pub(crate) fn view(&self) -> ClusterView {
         let status = self.replicator.status();
+        let (snapshot_index, purged_index) = self.replicator.log_positions();
         ClusterView {
             id: self.id,
             role: match status.role {
@@ -53,8 +56,34 @@ impl ClusterNode {
             .to_string(),
             leader: status.leader,
             term: status.term,
-            peers: self.peers.clone(),
+            peers: self.peers(),
+            voters: self.replicator.voter_ids(),
+            applied_index: status.applied_index,
+            snapshot_index,
+            purged_index,
+            snapshots_installed: self.replicator.snapshots_installed(),
         }
+    }
+
+    /// Every master of the group, this one included: id -> protocol address. From the
+    /// membership this master knows (voters and learners, so a master added since the config
+    /// was written is there and a removed one is not); the config's `cluster.peers` until it
+    /// knows one (a joining master before the leader reaches it).
+    pub(crate) fn peers(&self) -> BTreeMap<NodeId, String> {
+        let members = self.replicator.member_addresses();
+        if members.is_empty() {
+            self.peers.clone()
+        } else {
+            members
+        }
+    }
+
+    /// The protocol address of master `id`: the membership's, else the config's.
+    fn address_of(&self, id: NodeId) -> Option<String> {
+        self.replicator
+            .member_addresses()
+            .remove(&id)
+            .or_else(|| self.peers.get(&id).cloned())
     }
 
     /// The view while this master does not serve: elected but still taking over (waiting for
@@ -74,10 +103,10 @@ impl ClusterNode {
     }
 
     /// The leader's protocol address, when one is known and it is not this master.
-    pub(crate) fn leader_address(&self) -> Option<&str> {
+    pub(crate) fn leader_address(&self) -> Option<String> {
         let leader = self.replicator.status().leader?;
         (leader != self.id)
-            .then(|| self.peers.get(&leader).map(String::as_str))
+            .then(|| self.address_of(leader))
             .flatten()
     }
 
@@ -200,6 +229,10 @@ pub(crate) async fn supervise(
         state.leader_term = term;
         state.replicator = Some(Arc::new(node.replicator.clone()));
         state.cluster = Some(node.view());
+        state.cluster_view = Some({
+            let node = node.clone();
+            Arc::new(move || node.view())
+        });
         // Stop serving when the lead is lost or the master shuts down.
         let (stop_tx, mut stop) = watch::channel(false);
         let watcher = {

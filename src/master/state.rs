@@ -294,6 +294,9 @@ pub struct MasterState {
     pub(crate) config: Arc<Config>,
     /// This master's group, shown in `/state` (cluster mode).
     pub(crate) cluster: Option<super::ops::model::ClusterView>,
+    /// The leader's live view of its group (cluster mode): `/state` asks it each time, so an
+    /// added master shows at once. Takes precedence over `cluster`.
+    pub(crate) cluster_view: Option<Arc<dyn Fn() -> super::ops::model::ClusterView + Send + Sync>>,
     /// Records each turn in the replication group (cluster mode); `None`: the registry alone.
     pub(crate) replicator: Option<Arc<dyn super::replication::Replicator>>,
     /// The Raft term this master leads in (0 without replication): stamped on every RunTasks
@@ -367,6 +370,7 @@ impl MasterState {
         MasterState {
             replicator: None,
             cluster: None,
+            cluster_view: None,
             leader_term: 0,
             alloc: Allocator::new(&config),
             config,

@@ -105,6 +105,11 @@ pub(crate) async fn serve(
         .route("/jobs/{name}/scale", post(job_scale))
         .route("/jobs/{name}/logs", get(super::logs::job_logs))
         .route("/files/read", get(super::logs::files_read))
+        .route("/cluster/members", get(members_list).post(member_add))
+        .route(
+            "/cluster/members/{id}",
+            axum::routing::delete(member_remove),
+        )
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
@@ -154,7 +159,7 @@ async fn ask<T>(
 }
 
 /// In a replication group only the leader answers the API (`/state`, `/jobs…`,
-/// `/files/read`): a follower answers `503` with `{"error": …, "leader": "host:port"}` (empty
+/// `/files/read`, `/cluster/members`): a follower answers `503` with `{"error": …, "leader": "host:port"}` (empty
 /// when it knows no leader), which the CLIs follow (docs/protocol.md, "Leaders and terms").
 /// The dashboard page, `/health` and `/metrics` are every master's own.
 async fn leader_only(
@@ -358,10 +363,144 @@ async fn job_scale(
     }
 }
 
+/// How long `POST /cluster/members` waits for the new master to catch up.
+const MEMBER_CATCH_UP: Duration = crate::master::replication::raft::CATCH_UP_TIMEOUT;
+
+/// A JSON error answer: `{"error": why}`.
+fn json_error(status: StatusCode, why: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": why.into() }))).into_response()
+}
+
+/// The group of a replicated master, or the answer saying this master is a single one.
+fn group_of(http: &HttpState) -> Result<&crate::master::cluster::ClusterNode, Box<Response>> {
+    http.cluster.as_ref().ok_or_else(|| {
+        Box::new(json_error(
+            StatusCode::NOT_FOUND,
+            "this master is not in a replication group (no cluster: section in its config)",
+        ))
+    })
+}
+
+/// The body of `POST /cluster/members`: `{"id": N, "address": "host:port"}`; refusals say
+/// what is wrong.
+pub(crate) fn parse_new_member(body: &str) -> Result<(u64, String), String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NewMember {
+        id: u64,
+        address: String,
+    }
+    let member: NewMember = serde_json::from_str(body).map_err(|e| {
+        format!("expected {{\"id\": N, \"address\": \"host:port\"}} (N from 1): {e}")
+    })?;
+    if member.id == 0 {
+        return Err("id: master ids start at 1".into());
+    }
+    let address = member.address.trim().to_string();
+    crate::config::check_host_port(&address).map_err(|e| format!("address: {e}"))?;
+    Ok((member.id, address))
+}
+
+/// The answer to a membership change that was not made.
+fn membership_refused(
+    node: &crate::master::cluster::ClusterNode,
+    error: crate::master::replication::raft::MembershipError,
+) -> Response {
+    use crate::master::replication::raft::MembershipError as E;
+    match error {
+        E::Invalid(why) => json_error(StatusCode::BAD_REQUEST, why),
+        E::NotMember(why) => json_error(StatusCode::NOT_FOUND, why),
+        E::Conflict(why) => json_error(StatusCode::CONFLICT, why),
+        E::Timeout(why) => json_error(StatusCode::GATEWAY_TIMEOUT, why),
+        E::Failed(why) => json_error(StatusCode::INTERNAL_SERVER_ERROR, why),
+        // Deposed meanwhile: the same answer a follower gives, so clients follow the leader.
+        E::NotLeader => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "error": format!("master {} no longer leads its group", node.id),
+                "leader": node.leader_address().unwrap_or_default(),
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /cluster/members`: voters and learners with their addresses, and the leader.
+async fn members_list(State(http): State<HttpState>) -> Response {
+    match group_of(&http) {
+        Ok(node) => Json(node.replicator.members()).into_response(),
+        Err(response) => *response,
+    }
+}
+
+/// `POST /cluster/members` with `{"id": N, "address": "host:port"}`: adds a master (started
+/// with `cluster.join: true`) as a learner, waits until it caught up, then makes it a voter.
+async fn member_add(State(http): State<HttpState>, body: String) -> Response {
+    let node = match group_of(&http) {
+        Ok(node) => node,
+        Err(response) => return *response,
+    };
+    let (id, address) = match parse_new_member(&body) {
+        Ok(member) => member,
+        Err(why) => return json_error(StatusCode::BAD_REQUEST, why),
+    };
+    tracing::info!(id, %address, "adding a master to the group");
+    match node
+        .replicator
+        .add_voter(id, address.clone(), MEMBER_CATCH_UP)
+        .await
+    {
+        Ok(added) => {
+            let already = added == crate::master::replication::raft::Added::AlreadyVoter;
+            Json(serde_json::json!({
+                "id": id,
+                "address": address,
+                "added": !already,
+                "members": node.replicator.members(),
+            }))
+            .into_response()
+        }
+        Err(error) => {
+            tracing::warn!(id, %address, %error, "could not add a master");
+            membership_refused(node, error)
+        }
+    }
+}
+
+/// `DELETE /cluster/members/{id}`: removes a master (voter or learner) from the group.
+async fn member_remove(State(http): State<HttpState>, Path(id): Path<String>) -> Response {
+    let node = match group_of(&http) {
+        Ok(node) => node,
+        Err(response) => return *response,
+    };
+    let id: u64 = match id.parse() {
+        Ok(id) if id > 0 => id,
+        _ => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                format!("`{id}` is not a master id (a whole number from 1)"),
+            )
+        }
+    };
+    tracing::info!(id, "removing a master from the group");
+    match node.replicator.remove_member(id).await {
+        Ok(()) => Json(serde_json::json!({
+            "id": id,
+            "removed": true,
+            "members": node.replicator.members(),
+        }))
+        .into_response(),
+        Err(error) => {
+            tracing::warn!(id, %error, "could not remove a master");
+            membership_refused(node, error)
+        }
+    }
+}
+
 async fn not_found() -> (StatusCode, &'static str) {
     (
         StatusCode::NOT_FOUND,
-        "not found; this master serves / (dashboard), /state, /metrics, /health, /jobs and /files/read\n",
+        "not found; this master serves / (dashboard), /state, /metrics, /health, /jobs, /files/read and /cluster/members\n",
     )
 }
 
@@ -408,7 +547,48 @@ pub fn http_address(listen: &str, flag: Option<&str>) -> Result<Option<String>, 
 
 #[cfg(test)]
 mod tests {
-    use super::http_address;
+    use super::{http_address, parse_new_member};
+
+    #[test]
+    fn a_new_member_needs_an_id_from_1_and_a_host_port() {
+        assert_eq!(
+            parse_new_member(r#"{"id": 4, "address": "10.0.0.4:5050"}"#),
+            Ok((4, "10.0.0.4:5050".to_string()))
+        );
+        assert_eq!(
+            parse_new_member(r#"{"id": 5, "address": " [::1]:5050 "}"#),
+            Ok((5, "[::1]:5050".to_string()))
+        );
+        let refused = |body: &str| parse_new_member(body).unwrap_err();
+        assert_eq!(
+            refused(r#"{"id": 0, "address": "a:1"}"#),
+            "id: master ids start at 1"
+        );
+        assert_eq!(
+            refused(r#"{"id": 4, "address": "a"}"#),
+            "address: `a` is not host:port (no port)"
+        );
+        assert_eq!(
+            refused(r#"{"id": 4, "address": "a:0"}"#),
+            "address: `a:0` is not host:port (the port must be from 1 to 65535)"
+        );
+        for body in [
+            "",
+            "{}",
+            r#"{"id": 4}"#,
+            r#"{"address": "a:1"}"#,
+            r#"{"id": -1, "address": "a:1"}"#,
+            r#"{"id": "4", "address": "a:1"}"#,
+            r#"{"id": 4, "address": "a:1", "voter": false}"#,
+            "[4]",
+        ] {
+            let why = refused(body);
+            assert!(
+                why.starts_with(r#"expected {"id": N, "address": "host:port"}"#),
+                "{body}: {why}"
+            );
+        }
+    }
 
     #[test]
     fn http_address_defaults_next_to_the_protocol_port() {

@@ -50,8 +50,57 @@ pub struct ClusterView {
     pub role: String,
     pub leader: Option<u64>,
     pub term: u64,
-    /// Every master of the group: id -> protocol address.
+    /// Every master of the group: id -> protocol address (from the group's current
+    /// membership, voters and learners; the config's `cluster.peers` until one is known).
     pub peers: std::collections::BTreeMap<u64, String>,
+    /// The voters of the membership this master knows (empty until it knows one).
+    #[serde(default)]
+    pub voters: Vec<u64>,
+    /// The last log index applied to this master's registry.
+    #[serde(default)]
+    pub applied_index: Option<u64>,
+    /// The last log index in this master's newest snapshot (built here or installed).
+    #[serde(default)]
+    pub snapshot_index: Option<u64>,
+    /// The last log index removed from this master's log (compacted behind a snapshot).
+    #[serde(default)]
+    pub purged_index: Option<u64>,
+    /// Snapshots this master installed from a leader since it started (a master far behind,
+    /// or with a wiped work directory, catches up this way).
+    #[serde(default)]
+    pub snapshots_installed: u64,
+}
+
+/// `GET /cluster/members`: the group's membership as the leader knows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MembersView {
+    /// The leader's id, when one is known.
+    pub leader: Option<u64>,
+    /// Masters that vote (elect the leader, count for a quorum).
+    pub voters: Vec<MemberView>,
+    /// Masters that receive the log but do not vote (being added, not yet caught up).
+    pub learners: Vec<MemberView>,
+    /// The answering master's last log index applied to its registry.
+    #[serde(default)]
+    pub applied_index: Option<u64>,
+    /// The last index in the answering master's newest snapshot.
+    #[serde(default)]
+    pub snapshot_index: Option<u64>,
+    /// The last index the answering master removed from its log (behind a snapshot): a master
+    /// that lacks entries up to here catches up from a snapshot.
+    #[serde(default)]
+    pub purged_index: Option<u64>,
+}
+
+/// One master of the group.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberView {
+    pub id: u64,
+    /// Its protocol address, `host:port`.
+    pub address: String,
+    /// On the leader: the last log index this master is known to hold (none yet: unknown).
+    #[serde(default)]
+    pub matched: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -188,7 +188,10 @@ impl MasterState {
             used: usage.used.to_string(),
             offered: usage.offered.to_string(),
             free: self.alloc.cluster().free().to_string(),
-            cluster: self.cluster.clone(),
+            cluster: match &self.cluster_view {
+                Some(view) => Some(view()),
+                None => self.cluster.clone(),
+            },
         }
     }
 }

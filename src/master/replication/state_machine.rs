@@ -75,6 +75,8 @@ pub(crate) struct StateMachine {
     current: Arc<Mutex<Option<StoredSnapshot>>>,
     /// Makes snapshot ids unique among snapshots of the same log id.
     builds: Arc<AtomicU64>,
+    /// Snapshots received from a leader and installed (a master catching up from far behind).
+    installed: Arc<AtomicU64>,
 }
 
 impl StateMachine {
@@ -86,7 +88,14 @@ impl StateMachine {
             applied,
             current: Default::default(),
             builds: Default::default(),
+            installed: Default::default(),
         })
+    }
+
+    /// How many snapshots this state machine installed from a leader since it was opened
+    /// (shared: it goes on counting once openraft owns the state machine).
+    pub(crate) fn installed_snapshots(&self) -> Arc<AtomicU64> {
+        self.installed.clone()
     }
 
     /// The registry the entries are applied to.
@@ -200,6 +209,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta: meta.clone(),
             data,
         });
+        self.installed.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -630,7 +630,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 }
 
 /// Starts this master's Raft node (`cluster.id`) over its storage, reaching its peers through
-/// `network`, and forms the group: a pristine node proposes `cluster.peers` as the membership
+/// `network`, and forms the group unless `cluster.join` is set (then it waits for the leader
+/// to add it and replicate to it): a pristine node proposes `cluster.peers` as the membership
 /// (the lowest id at once, the others if the group has not formed two election timeouts
 /// later; every master doing so with the same peers is safe, openraft says; a node that
 /// already has a log or a vote keeps the membership it has, so editing `peers` later changes
@@ -647,6 +648,13 @@ pub(crate) async fn start_cluster_node(
 ) -> Result<(RaftReplicator, Arc<RaftHandler>), ReplicationError> {
     let replicator =
         RaftReplicator::start(cluster.id, raft_config, network, log_store, state_machine).await?;
+    if cluster.join {
+        // Joining a group that exists: the leader adds this master and replicates to it (from
+        // a snapshot when it compacted its log). Proposing `peers` here would found a second
+        // group at index 0.
+        let handler = RaftHandler::new(&replicator);
+        return Ok((replicator, handler));
+    }
     // The master with the lowest id forms the group at once; the others give it two election
     // timeouts first. When every master proposes at the same moment, several stand for the
     // first term and a late one soon deposes the first leader (a needless leader change right

@@ -151,6 +151,8 @@ async fn start_cluster(max_frame_bytes: usize, raft: openraft::Config) -> Cluste
         peers: members,
         election_timeout: Duration::from_secs(1),
         ca: None,
+        join: false,
+        snapshot_threshold: crate::config::DEFAULT_SNAPSHOT_THRESHOLD,
     };
     let (mut nodes, mut served, mut networks) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for (id, socket) in sockets {
