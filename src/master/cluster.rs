@@ -242,9 +242,13 @@ pub(crate) async fn supervise(
             // Raft alone keeps a leader cut off from the others believing it leads until it
             // hears a newer term; it must not go on deciding (nothing it decides can commit,
             // and its clients wait for it). So the lead is confirmed with a quorum twice per
-            // lease, and serving stops when that fails.
+            // election timeout, and serving stops once it has gone unconfirmed for two
+            // election timeouts (the longest a follower waits before standing for election).
+            // Not at the first failure: under load a quorum's answer can take longer than one
+            // confirmation allows, and a needless step-down costs every client a reconnect.
             let mut confirm = tokio::time::interval(lease / 2);
             confirm.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut confirmed = std::time::Instant::now();
             tokio::spawn(async move {
                 loop {
                     if node.leads() != Some(term) {
@@ -256,7 +260,12 @@ pub(crate) async fn supervise(
                         _ = confirm.tick() => due = true,
                         _ = shutdown.wait_for(|stop| *stop) => break,
                     }
-                    if due && !confirm_lead(&node, lease).await {
+                    if !due {
+                        continue;
+                    }
+                    if still_leads(&node, lease).await {
+                        confirmed = std::time::Instant::now();
+                    } else if confirmed.elapsed() > 2 * lease {
                         tracing::warn!(
                             id = node.id,
                             term,
@@ -296,6 +305,23 @@ pub(crate) async fn supervise(
 /// registry holds everything committed before now).
 async fn confirm_lead(node: &ClusterNode, lease: std::time::Duration) -> bool {
     match tokio::time::timeout(lease, node.replicator.raft().ensure_linearizable()).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "the lead is not confirmed");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(?lease, "the lead is not confirmed in time");
+            false
+        }
+    }
+}
+
+/// Whether a quorum of the group confirms, within `lease`, that this master still leads. Unlike
+/// [`confirm_lead`] it does not wait for this master to apply what is committed: under load the
+/// leader's own apply can trail by seconds, which says nothing about whether it leads.
+async fn still_leads(node: &ClusterNode, lease: std::time::Duration) -> bool {
+    match tokio::time::timeout(lease, node.replicator.raft().get_read_log_id()).await {
         Ok(Ok(_)) => true,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "the lead is not confirmed");

@@ -43,7 +43,7 @@ else
   METRIC=replication_commit_duration
 fi
 timeout 600 $BIN/ringmaster-loadgen --master 127.0.0.1:${P[$leader]} --agents 1000 \
-  --frameworks 10 --tasks $TASKS --master-pid $(cat $D/pid$leader) 2>&1 | grep "tasks/s"
+  --frameworks 10 --tasks $TASKS --master-pid $(cat $D/pid$leader) 2>&1 | grep -v "^ *[0-9]*:\|^ *at " | tail -${LINES_SHOWN:-1}
 for id in 1 2 3; do
   [ -f $D/pid$id ] && echo "master $id cpu $(awk '{print ($14+$15)/100}' /proc/$(cat $D/pid$id)/stat) s"
 done

@@ -153,6 +153,9 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
     }
 }
 
+/// Room left in a frame for an append-entries request's fields besides its entries.
+const ENVELOPE_BYTES: usize = 4096;
+
 /// One openraft client of one peer; every client of a peer shares its connection.
 pub(crate) struct PeerClient {
     peer: Arc<Peer>,
@@ -537,6 +540,26 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
         let peer = &self.peer;
         let entries = rpc.entries.len() as u64;
+        // Entries are sized one by one, stopping at the first that does not fit: a request of
+        // many large entries is cut to what fits in one step (openraft retries at once with
+        // that many), not halved and encoded again and again on the runtime's threads.
+        if entries > 1 {
+            let budget = peer.payload_budget().saturating_sub(ENVELOPE_BYTES);
+            let mut total = 0usize;
+            let mut fit = 0u64;
+            for entry in &rpc.entries {
+                total += codec::encode(entry).map_or(usize::MAX / 2, |b| b.len());
+                if total > budget {
+                    break;
+                }
+                fit += 1;
+            }
+            if fit < entries {
+                return Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint(fit.max(1)),
+                ));
+            }
+        }
         // Sized before sending: the peer would close the connection on an oversized frame.
         let payload = codec::encode(&rpc).map_err(|e| {
             RPCError::Unreachable(Unreachable::new(&AnyError::error(format!(
