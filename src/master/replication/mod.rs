@@ -1,5 +1,5 @@
 //! Replication of the master's registry across masters with Raft (docs/architecture.md,
-//! "Replication (in progress)").
+//! "Replication").
 //!
 //! Why: a single master's registry dies with its disk. With three masters on Raft, any
 //! minority may fail: an actor turn's [`RegistryBatch`] becomes one Raft log entry, and its
