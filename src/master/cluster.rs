@@ -302,26 +302,24 @@ pub(crate) async fn supervise(
 }
 
 /// Whether a quorum of the group confirms, within `lease`, that this master leads (and its
-/// registry holds everything committed before now).
+/// registry holds everything committed before now): what taking the lead needs.
 async fn confirm_lead(node: &ClusterNode, lease: std::time::Duration) -> bool {
-    match tokio::time::timeout(lease, node.replicator.raft().ensure_linearizable()).await {
-        Ok(Ok(_)) => true,
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "the lead is not confirmed");
-            false
-        }
-        Err(_) => {
-            tracing::debug!(?lease, "the lead is not confirmed in time");
-            false
-        }
-    }
+    confirmed(lease, node.replicator.raft().ensure_linearizable()).await
 }
 
 /// Whether a quorum of the group confirms, within `lease`, that this master still leads. Unlike
 /// [`confirm_lead`] it does not wait for this master to apply what is committed: under load the
 /// leader's own apply can trail by seconds, which says nothing about whether it leads.
 async fn still_leads(node: &ClusterNode, lease: std::time::Duration) -> bool {
-    match tokio::time::timeout(lease, node.replicator.raft().get_read_log_id()).await {
+    confirmed(lease, node.replicator.raft().get_read_log_id()).await
+}
+
+/// Whether `check` (a quorum confirmation) succeeds within `lease`.
+async fn confirmed<T, E: std::fmt::Display>(
+    lease: std::time::Duration,
+    check: impl std::future::Future<Output = Result<T, E>>,
+) -> bool {
+    match tokio::time::timeout(lease, check).await {
         Ok(Ok(_)) => true,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "the lead is not confirmed");
