@@ -24,13 +24,15 @@
 use std::collections::HashMap;
 
 use ringmaster_core::placement::devices::DeviceBook;
-use ringmaster_core::placement::fragmentation::{DeviceFragmentScore, ShapeWindow, TaskShape};
+use ringmaster_core::placement::fragmentation::{
+    CpuMemFree, DeviceFragmentScore, ShapeWindow, TaskShape,
+};
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, CycleInput, DrfSorter, Filter, FrameworkKey, Grant, Outcome,
     PlacementContext, PlacementError, QuotaLedger, RunningTask, TieredRequest,
 };
 use ringmaster_proto::devices::{Device, DeviceBinding, DeviceError};
-use ringmaster_proto::resources::Resources;
+use ringmaster_proto::resources::{Resources, MILLI};
 
 use crate::config::Config;
 
@@ -287,11 +289,18 @@ impl Allocator {
             devices.fits_after_release(agent, demand, bindings)
         };
         let fragment_growth = target.as_ref().map(|target| {
-            let cpu_free = devices
+            let free = devices
                 .agents()
-                .filter_map(|key| Some((key, cluster.agent(key)?.free.milli("cpus"))))
+                .filter_map(|key| {
+                    let free = &cluster.agent(key)?.free;
+                    let free = CpuMemFree {
+                        cpu_milli: free.milli("cpus"),
+                        memory_mib: free.milli("mem") / MILLI,
+                    };
+                    Some((key, free))
+                })
                 .collect();
-            DeviceFragmentScore::new(target, devices, cpu_free, config.devices.selection)
+            DeviceFragmentScore::new(target, devices, free, config.devices.selection)
         });
         // The requests are the real pending demands; the balance placer weighs what blocks them.
         let mut context = PlacementContext::new(config.balance.clone());

@@ -33,6 +33,7 @@ use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape};
 use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
 use super::trace::{Node, Task, GPU_MILLI};
 use crate::dry_run::exact_cycle_input;
+use ringmaster_core::placement::fragmentation::fgd_rank;
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
     PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
@@ -429,19 +430,31 @@ impl<'w> SimCluster<'w> {
                     return Ok(None);
                 };
                 // The ring's tie-break score: FGD's score as the paper's simulator quantises it
-                // (the growth of the node's expected GPU fragment, `fgd_quantised_score`, negated)
-                // and the GPUs that score assumes, cached per (node, shape) like the paper's. The
-                // master's score is the same quantised growth (`DeviceFragmentScore`).
+                // (the growth of the node's expected GPU fragment, `fgd_quantised_score`), then
+                // the growth of the node's unfed GPU (`GpuFeed`), ranked by `fgd_rank`, and the
+                // GPUs that score assumes, cached per (node, shape) like the paper's. The
+                // master's score is the same (`DeviceFragmentScore`).
                 let shapes = workload.shapes.len();
                 let cache = RefCell::new(cache.as_mut());
+                let feed = target.feed();
                 let fgd = |node: usize| -> Option<(i64, GpuPick)> {
                     let compute = || {
+                        let state = &nodes[node];
                         let view = NodeView {
-                            state: &nodes[node],
+                            state,
                             kinds: &kinds[node],
                             fragment: node_fragment[node],
                         };
-                        score(PaperPolicy::Fgd, &view, s, target)
+                        let (negated, pick) = score(PaperPolicy::Fgd, &view, s, target)?;
+                        let unfed = feed
+                            .unfed_growth(
+                                state.cpu_free,
+                                state.memory_free,
+                                state.gpu_free_total(),
+                                &s.into(),
+                            )
+                            .unwrap_or(0);
+                        Some((fgd_rank(-negated, unfed), pick))
                     };
                     let mut cache = cache.borrow_mut();
                     match cache.as_mut() {
@@ -812,6 +825,7 @@ mod tests {
             num_gpu: 1,
             gpu_milli,
             models: 0,
+            memory_mib: 0,
         };
         let target = TargetWorkload::from_counts([(shape(100), 9), (shape(500), 1)]);
         let rings = RingsConfig::default();

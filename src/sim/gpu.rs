@@ -48,7 +48,7 @@ impl Shape {
     }
 }
 
-/// What the fragment measure sees of a task (memory is not part of it).
+/// What the fragment measure sees of a task (memory only for the target's `GpuFeed`).
 impl From<&Shape> for TaskShape {
     fn from(s: &Shape) -> Self {
         TaskShape {
@@ -56,6 +56,7 @@ impl From<&Shape> for TaskShape {
             num_gpu: s.num_gpu,
             gpu_milli: s.gpu_milli,
             models: s.models,
+            memory_mib: s.memory_mib,
         }
     }
 }

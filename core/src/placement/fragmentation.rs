@@ -32,8 +32,9 @@ pub const LAUNCH_WINDOW: usize = 1000;
 const MAX_PICK_GPUS: usize = MAX_PICK_DEVICES;
 
 /// A task as the fragment measure sees it: cpu, GPU count, share per GPU and allowed models
-/// (memory is not part of it, as in the paper). Field order is the tie order of equally frequent
-/// shapes in a target workload.
+/// (memory is not part of the fragment, as in the paper: a target workload groups shapes
+/// without it), and memory, for the [`GpuFeed`] the target learns. Field order is the tie order
+/// of equally frequent shapes in a target workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TaskShape {
     pub cpu_milli: u64,
@@ -43,9 +44,16 @@ pub struct TaskShape {
     pub gpu_milli: u32,
     /// Bit i set = may run on GPU model i; 0 = any model.
     pub models: u64,
+    /// Memory asked for, MiB (only the [`GpuFeed`] reads it).
+    pub memory_mib: u64,
 }
 
 impl TaskShape {
+    /// Total milli-GPU asked for.
+    pub fn gpu_total_milli(&self) -> u64 {
+        u64::from(self.num_gpu) * u64::from(self.gpu_milli)
+    }
+
     /// The shape of a demand in task scalars (`cpus`, `gpus` / `gpu_milli` / `gpu_mem`), any
     /// model; `None` when its GPU part is ambiguous ([`DeviceRequest::from_scalars`]).
     pub fn of_demand(demand: &Resources) -> Option<TaskShape> {
@@ -60,6 +68,7 @@ impl TaskShape {
             num_gpu,
             gpu_milli,
             models: 0,
+            memory_mib: demand.milli("mem") / crate::resources::MILLI,
         })
     }
 
@@ -82,6 +91,7 @@ struct TargetShape {
 pub struct TargetWorkload {
     shapes: Vec<TargetShape>,
     total_weight: u64,
+    feed: GpuFeed,
 }
 
 impl TargetWorkload {
@@ -94,10 +104,18 @@ impl TargetWorkload {
         Self::from_counts(counts)
     }
 
-    /// From shapes with their task counts (a shape may repeat; counts add up).
+    /// From shapes with their task counts (a shape may repeat; counts add up). Shapes that
+    /// differ only in memory are one shape of the fragment measure; every counted task, kept
+    /// shape or not, goes into the [`GpuFeed`].
     pub fn from_counts(counts: impl IntoIterator<Item = (TaskShape, u64)>) -> Self {
         let mut merged: HashMap<TaskShape, u64> = HashMap::new();
+        let mut feed = FeedSums::default();
         for (shape, count) in counts {
+            feed.add(&shape, count);
+            let shape = TaskShape {
+                memory_mib: 0,
+                ..shape
+            };
             *merged.entry(shape).or_default() += count;
         }
         let all: u64 = merged.values().sum();
@@ -117,7 +135,13 @@ impl TargetWorkload {
         TargetWorkload {
             shapes,
             total_weight: covered,
+            feed: feed.ratio(),
         }
+    }
+
+    /// What the target's GPU tasks bring per GPU ([`GpuFeed`]).
+    pub fn feed(&self) -> GpuFeed {
+        self.feed
     }
 
     /// Number of shapes kept.
@@ -300,6 +324,98 @@ impl TargetWorkload {
     }
 }
 
+// ------------------------------------------------------------------ GPUs left unfed
+
+/// The cpu and memory the expected GPU tasks bring with each whole GPU they ask for (Σ cpu ÷
+/// Σ GPU and Σ memory ÷ Σ GPU over the target's GPU tasks, weighted by count): how much of each
+/// a node must keep per free GPU for those GPUs to stay usable. A node whose free GPU outruns
+/// its free cpu or memory at these rates has GPUs nothing expected can use; placing a task is
+/// better the less it grows that unfed share ([`unfed_growth`](Self::unfed_growth)). The
+/// ring's scored tie-break ranks equal FGD scores by it (docs/placement.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuFeed {
+    /// Milli-cpu per whole GPU (0: no GPU task counted, cpu never limits).
+    pub cpu_milli_per_gpu: u64,
+    /// MiB per whole GPU (0: memory never limits).
+    pub memory_mib_per_gpu: u64,
+}
+
+impl GpuFeed {
+    /// Milli-GPU of `gpu_free_milli` that `cpu_free` (milli-cpu) and `memory_free` (MiB) cannot
+    /// feed at these rates: free GPU minus the GPU the scarcer of the two can feed, at least 0.
+    pub fn unfed(&self, cpu_free: u64, memory_free: u64, gpu_free_milli: u64) -> u64 {
+        let fed = |free: u64, per_gpu: u64| match per_gpu {
+            0 => u64::MAX,
+            per => u64::try_from(u128::from(free) * u128::from(WHOLE_GPU_MILLI) / u128::from(per))
+                .unwrap_or(u64::MAX),
+        };
+        let fed =
+            fed(cpu_free, self.cpu_milli_per_gpu).min(fed(memory_free, self.memory_mib_per_gpu));
+        gpu_free_milli.saturating_sub(fed)
+    }
+
+    /// How much [`unfed`](Self::unfed) grows (negative: shrinks) when `shape` takes its cpu,
+    /// memory and GPU from a node with these free amounts; `None` when it does not fit them.
+    pub fn unfed_growth(
+        &self,
+        cpu_free: u64,
+        memory_free: u64,
+        gpu_free_milli: u64,
+        shape: &TaskShape,
+    ) -> Option<i64> {
+        let before = self.unfed(cpu_free, memory_free, gpu_free_milli);
+        let after = self.unfed(
+            cpu_free.checked_sub(shape.cpu_milli)?,
+            memory_free.checked_sub(shape.memory_mib)?,
+            gpu_free_milli.checked_sub(shape.gpu_total_milli())?,
+        );
+        Some(after as i64 - before as i64)
+    }
+}
+
+/// Running sums of the GPU tasks' cpu, memory and GPU, for [`GpuFeed`].
+#[derive(Default)]
+struct FeedSums {
+    cpu: u128,
+    memory: u128,
+    gpu: u128,
+}
+
+impl FeedSums {
+    fn add(&mut self, shape: &TaskShape, count: u64) {
+        let gpu = shape.gpu_total_milli();
+        if gpu == 0 {
+            return;
+        }
+        let count = u128::from(count);
+        self.cpu += count * u128::from(shape.cpu_milli);
+        self.memory += count * u128::from(shape.memory_mib);
+        self.gpu += count * u128::from(gpu);
+    }
+
+    fn ratio(&self) -> GpuFeed {
+        let per_gpu = |sum: u128| match self.gpu {
+            0 => 0,
+            gpu => u64::try_from(sum * u128::from(WHOLE_GPU_MILLI) / gpu).unwrap_or(u64::MAX),
+        };
+        GpuFeed {
+            cpu_milli_per_gpu: per_gpu(self.cpu),
+            memory_mib_per_gpu: per_gpu(self.memory),
+        }
+    }
+}
+
+/// The ring's ranking of one candidate from FGD's [`fgd_quantised_score`] (higher better) and
+/// the [`GpuFeed::unfed_growth`] of placing there: lower is better, the score first, the unfed
+/// growth only between equal scores.
+pub fn fgd_rank(quantised_score: i64, unfed_growth: i64) -> i64 {
+    const SCORE_UNIT: i64 = 1 << 32;
+    let unfed = unfed_growth.clamp(-(SCORE_UNIT / 2), SCORE_UNIT / 2 - 1);
+    (-quantised_score)
+        .saturating_mul(SCORE_UNIT)
+        .saturating_add(unfed)
+}
+
 // ------------------------------------------------------------------ the master's view
 
 /// The shapes of the last [`LAUNCH_WINDOW`] (or `capacity`) launched tasks, with their counts:
@@ -369,31 +485,39 @@ impl ShapeWindow {
     }
 }
 
+/// An agent's free cpu (milli-cpu) and memory (MiB).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuMemFree {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+}
+
 /// The master's ring tie-break: the growth of an agent's fragment if the demand were placed on
 /// it, with the devices the configured selection would bind ([`DeviceState::select`], the same
-/// call the master makes at accept time). Agents without devices, and agents whose free cpu is
-/// unknown, score 0; a demand the agent's devices cannot hold scores `i64::MAX`. Models are not
-/// part of the master's shapes (any model).
+/// call the master makes at accept time), then the growth of its unfed GPU ([`GpuFeed`]).
+/// Agents without devices, and agents whose free cpu is unknown, grow by 0; a demand the
+/// agent's devices cannot hold scores `i64::MAX`. Models are not part of the master's shapes
+/// (any model).
 pub struct DeviceFragmentScore<'a> {
     target: &'a TargetWorkload,
     devices: &'a DeviceBook,
-    cpu_free: HashMap<AgentKey, u64>,
+    free: HashMap<AgentKey, CpuMemFree>,
     selection: DeviceSelection,
 }
 
 impl<'a> DeviceFragmentScore<'a> {
-    /// `cpu_free`: each agent's free cpu (milli-cpu), taken before the allocation run; an agent
-    /// is offered whole, so it is not placed on twice within a run.
+    /// `free`: each agent's free cpu and memory, taken before the allocation run; an agent is
+    /// offered whole, so it is not placed on twice within a run.
     pub fn new(
         target: &'a TargetWorkload,
         devices: &'a DeviceBook,
-        cpu_free: HashMap<AgentKey, u64>,
+        free: HashMap<AgentKey, CpuMemFree>,
         selection: DeviceSelection,
     ) -> Self {
         DeviceFragmentScore {
             target,
             devices,
-            cpu_free,
+            free,
             selection,
         }
     }
@@ -424,22 +548,44 @@ impl DeviceFragmentScore<'_> {
     /// The weighted growth of one agent's fragment if `demand` were placed on it: 0 for agents
     /// without devices or without a known free cpu, `i64::MAX` when its devices cannot hold it.
     pub fn growth(&self, agent: AgentKey, demand: &Resources) -> i64 {
-        let (Some(state), Some(&cpu_free)) = (self.devices.state(agent), self.cpu_free.get(&agent))
-        else {
+        let (Some(state), Some(free)) = (self.devices.state(agent), self.free.get(&agent)) else {
             return 0;
         };
-        self.growth_on(state, cpu_free, demand).unwrap_or(i64::MAX)
+        self.growth_on(state, free.cpu_milli, demand)
+            .unwrap_or(i64::MAX)
+    }
+
+    /// The growth of one agent's unfed GPU ([`GpuFeed::unfed_growth`]) if `demand` were placed
+    /// on it: 0 for agents without devices or without known free amounts, or when it does not fit.
+    pub fn unfed_growth(&self, agent: AgentKey, demand: &Resources) -> i64 {
+        let (Some(state), Some(free), Some(shape)) = (
+            self.devices.state(agent),
+            self.free.get(&agent),
+            TaskShape::of_demand(demand),
+        ) else {
+            return 0;
+        };
+        let gpu_free: u64 = state.free_share().iter().map(|&g| u64::from(g)).sum();
+        self.target
+            .feed()
+            .unfed_growth(free.cpu_milli, free.memory_mib, gpu_free, &shape)
+            .unwrap_or(0)
     }
 }
 
 /// The ring's tie-break score: the [`growth`](DeviceFragmentScore::growth) quantised as the FGD
-/// paper's simulator does ([`TargetWorkload::quantised_score`], negated so lower is better), the
-/// same score the simulator gives the ring; `i64::MAX` when the devices cannot hold the demand.
+/// paper's simulator does ([`TargetWorkload::quantised_score`]), then the
+/// [`unfed_growth`](DeviceFragmentScore::unfed_growth), ranked by [`fgd_rank`] (lower is
+/// better): the same score the simulator gives the ring; `i64::MAX` when the devices cannot hold
+/// the demand.
 impl AgentScore for DeviceFragmentScore<'_> {
     fn score(&self, agent: AgentKey, demand: &Resources) -> i64 {
         match self.growth(agent, demand) {
             i64::MAX => i64::MAX,
-            growth => -self.target.quantised_score(growth),
+            growth => fgd_rank(
+                self.target.quantised_score(growth),
+                self.unfed_growth(agent, demand),
+            ),
         }
     }
 }
@@ -455,6 +601,7 @@ mod tests {
             num_gpu,
             gpu_milli,
             models: 0,
+            memory_mib: 0,
         }
     }
 
@@ -562,7 +709,10 @@ mod tests {
     fn shapes_of_demands() {
         assert_eq!(
             TaskShape::of_demand(&demand("cpus:1.5;gpu_milli:300;mem:10")),
-            Some(gpu_shape(1500, 1, 300))
+            Some(TaskShape {
+                memory_mib: 10,
+                ..gpu_shape(1500, 1, 300)
+            })
         );
         assert_eq!(
             TaskShape::of_demand(&demand("cpus:2;gpus:2")),
@@ -737,14 +887,18 @@ mod tests {
         }
         book.take(1, &DeviceBinding::parse("gpu:1:300:0").unwrap())
             .unwrap();
-        let cpu_free: HashMap<AgentKey, u64> = [(1, 8000), (2, 8000), (3, 8000)].into();
+        let free = CpuMemFree {
+            cpu_milli: 8000,
+            memory_mib: 1 << 20,
+        };
+        let free: HashMap<AgentKey, CpuMemFree> = [(1, free), (2, free), (3, free)].into();
         let pack = DeviceFragmentScore::new(
             &target,
             &book,
-            cpu_free.clone(),
+            free.clone(),
             DeviceSelection::MostUsedThatFits,
         );
-        let spread = DeviceFragmentScore::new(&target, &book, cpu_free, DeviceSelection::LeastUsed);
+        let spread = DeviceFragmentScore::new(&target, &book, free, DeviceSelection::LeastUsed);
         let d3 = demand("cpus:1;gpu_milli:300");
         // Packing puts 0.3 on the 700 GPU of agent 1: 400 left, stranded for a half GPU.
         assert_eq!(pack.growth(1, &d3), 400);
@@ -765,11 +919,103 @@ mod tests {
         assert_eq!(pack.growth(1, &demand("gpus:2")), i64::MAX);
         assert_eq!(pack.growth(1, &demand("gpus:1;gpu_milli:5")), i64::MAX);
         // The ring's score is the growth quantised like the FGD paper's simulator (target
-        // weight 1, so ΔF = −growth): 100·σ(−0.4) = 40.1, σ(0) = 50, 100·σ(−1.7) = 15.4.
-        assert_eq!(pack.score(1, &d3), -40);
-        assert_eq!(spread.score(1, &d3), -50);
-        assert_eq!(pack.score(3, &d3), -50, "no devices");
-        assert_eq!(pack.score(1, &demand("cpus:7.5")), -15);
+        // weight 1, so ΔF = −growth): 100·σ(−0.4) = 40.1, σ(0) = 50, 100·σ(−1.7) = 15.4; then
+        // the unfed growth. The target brings 2 cpus per GPU (1 cpu per half GPU), no memory.
+        assert_eq!(pack.target.feed().cpu_milli_per_gpu, 2000);
+        // 0.3 GPU and 1 cpu off agent 1: 7 cpus feed 3.5 GPUs, 1.4 are free: nothing unfed.
+        assert_eq!(pack.unfed_growth(1, &d3), 0);
+        assert_eq!(pack.score(1, &d3), fgd_rank(40, 0));
+        assert_eq!(spread.score(1, &d3), fgd_rank(50, 0));
+        assert_eq!(pack.score(3, &d3), fgd_rank(50, 0), "no devices");
+        // 7.5 cpus off agent 1: 0.5 cpu feeds 250 milli-GPU of the 1700 free.
+        assert_eq!(pack.unfed_growth(1, &demand("cpus:7.5")), 1450);
+        assert_eq!(pack.score(1, &demand("cpus:7.5")), fgd_rank(15, 1450));
         assert_eq!(pack.score(1, &demand("gpus:2")), i64::MAX);
+    }
+
+    /// The feed of a target: Σ cpu ÷ Σ GPU and Σ memory ÷ Σ GPU over its GPU tasks, weighted
+    /// by count, every counted task (kept shape or not); CPU-only tasks do not count.
+    #[test]
+    fn feed_of_a_target() {
+        let with_memory = |s: TaskShape, memory_mib| TaskShape { memory_mib, ..s };
+        let target = TargetWorkload::from_counts([
+            // 2 × (8 cpus, 32 GiB, 1 GPU) + 1 × (4 cpus, 8 GiB, half a GPU) + CPU-only.
+            (with_memory(gpu_shape(8000, 1, 1000), 32_768), 2),
+            (with_memory(gpu_shape(4000, 1, 500), 8_192), 1),
+            (with_memory(gpu_shape(32_000, 0, 0), 65_536), 5),
+        ]);
+        // GPU 2.5, cpu 20, memory 73,728 MiB: 8 cpus and 29,491 MiB per GPU.
+        assert_eq!(
+            target.feed(),
+            GpuFeed {
+                cpu_milli_per_gpu: 8000,
+                memory_mib_per_gpu: 29_491,
+            }
+        );
+        // Shapes differing only in memory are one shape of the fragment measure.
+        let merged = TargetWorkload::from_counts([
+            (with_memory(gpu_shape(8000, 1, 1000), 1), 1),
+            (with_memory(gpu_shape(8000, 1, 1000), 2), 1),
+        ]);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged.total_weight(), 2);
+        // No GPU task: nothing limits.
+        let cpu_only = TargetWorkload::from_tasks([gpu_shape(1000, 0, 0)]);
+        assert_eq!(cpu_only.feed(), GpuFeed::default());
+        assert_eq!(GpuFeed::default().unfed(0, 0, 8000), 0);
+    }
+
+    /// Unfed GPU by hand, at its edges, and its growth.
+    #[test]
+    fn unfed_gpu_by_hand() {
+        let feed = GpuFeed {
+            cpu_milli_per_gpu: 10_000,
+            memory_mib_per_gpu: 40_000,
+        };
+        // 8 free GPUs need 80 cpus and 320,000 MiB.
+        assert_eq!(feed.unfed(80_000, 320_000, 8000), 0);
+        assert_eq!(feed.unfed(96_000, 384_000, 8000), 0, "more than enough");
+        // 79 cpus feed 7.9 GPUs: 100 milli-GPU unfed; memory the scarcer: 7.5 GPUs fed.
+        assert_eq!(feed.unfed(79_000, 320_000, 8000), 100);
+        assert_eq!(feed.unfed(96_000, 300_000, 8000), 500);
+        assert_eq!(feed.unfed(0, 0, 1500), 1500);
+        assert_eq!(feed.unfed(0, 0, 0), 0);
+        // A cpu-only task of 20 cpus on an idle 8-GPU node with 96 cpus: 76 cpus feed 7.6 of
+        // the 8 GPUs, so 400 milli-GPU go unfed; the same on a node with no free GPU: nothing.
+        let cpu_only = TaskShape {
+            memory_mib: 1024,
+            ..gpu_shape(20_000, 0, 0)
+        };
+        assert_eq!(
+            feed.unfed_growth(96_000, 384_000, 8000, &cpu_only),
+            Some(400)
+        );
+        assert_eq!(feed.unfed_growth(96_000, 384_000, 0, &cpu_only), Some(0));
+        // A whole-GPU task with 12 cpus on a node whose 2 free GPUs had 15 cpus (500 unfed):
+        // 3 cpus feed 0.3 of the last GPU, 700 unfed: the growth is 200.
+        let whole = gpu_shape(12_000, 1, 1000);
+        assert_eq!(feed.unfed(15_000, 80_000, 2000), 500);
+        assert_eq!(feed.unfed_growth(15_000, 80_000, 2000, &whole), Some(200));
+        // It shrinks when a light task takes GPU the node could not feed: 14 cpus feed the
+        // one GPU left.
+        let light = gpu_shape(1000, 1, 1000);
+        assert_eq!(feed.unfed_growth(15_000, 80_000, 2000, &light), Some(-500));
+        // Does not fit: None.
+        assert_eq!(feed.unfed_growth(10_000, 80_000, 2000, &whole), None);
+    }
+
+    /// The rank orders by the score first (higher better), the unfed growth only between equal
+    /// scores, and stays ordered at the extremes.
+    #[test]
+    fn rank_is_score_then_unfed() {
+        assert!(fgd_rank(51, 1_000_000) < fgd_rank(50, -1_000_000));
+        assert!(fgd_rank(50, -100) < fgd_rank(50, 0));
+        assert!(fgd_rank(50, 0) < fgd_rank(50, 100));
+        assert!(fgd_rank(99, i64::MAX) < fgd_rank(98, i64::MIN));
+        assert!(
+            fgd_rank(0, i64::MAX) < i64::MAX,
+            "below the does-not-fit score"
+        );
+        assert!(fgd_rank(0, 0) > fgd_rank(1, 0));
     }
 }
