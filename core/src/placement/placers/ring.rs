@@ -11,9 +11,11 @@
 //! - **scored tie-break** ([`RingSearch::candidates`]): in the bucket where the search finds its
 //!   first fitting agent, the first K fitting agents in the phase's order (best fit, or largest
 //!   in the downward phase) are ranked by an [`AgentScore`] the caller supplies through the
-//!   [`PlacementContext`] (equal scores: the lowest agent key) — the simulator and the master
-//!   supply FGD's score as the paper's simulator quantises it, from per-GPU state
-//!   ([`crate::placement::fragmentation`]); without a score, or with K ≤ 1, the first is
+//!   [`PlacementContext`] (equal scores: the least cpu left, then the lowest agent key) — the
+//!   simulator and the master supply FGD's score as the paper's simulator quantises it, from
+//!   per-GPU state, with equal quantised scores ranked by how much GPU the placement leaves
+//!   without the cpu and memory to use it ([`crate::placement::fragmentation::GpuFeed`],
+//!   [`crate::placement::fragmentation::fgd_rank`]); without a score, or with K ≤ 1, the first is
 //!   chosen, which is exactly the seed's search. The cost is O(K log n) for a fixed, small K.
 
 use super::context::{AgentScore, PlacementContext};
@@ -226,10 +228,14 @@ fn ring_search(
         note: PlacerNote::None,
     };
     if let Some(score) = score.filter(|_| k > 1) {
-        let cpu_left = |key: AgentKey| {
-            cluster.agent(key).map_or(u64::MAX, |agent| {
-                agent.free.milli(CPUS).saturating_sub(demand.milli(CPUS))
-            })
+        // By the cpus ring's per-agent index when there is one (O(1)); by name otherwise.
+        let cpus = cluster.dimension_of(CPUS);
+        let cpu_need = demand.milli(CPUS);
+        let cpu_left = |key: AgentKey| match cpus {
+            Some(d) => cluster.free_in(key, d).saturating_sub(cpu_need),
+            None => cluster.agent(key).map_or(u64::MAX, |agent| {
+                agent.free.milli(CPUS).saturating_sub(cpu_need)
+            }),
         };
         return scored_search(ring, need, &fitting, k, demand, score, &cpu_left)
             .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
