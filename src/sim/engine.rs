@@ -851,4 +851,45 @@ mod tests {
             (first(0), first(1))
         );
     }
+
+    /// The ring ranks equal FGD scores by the growth of unfed GPU. Target: whole-GPU tasks with
+    /// 10 cpus each (the feed: 10 cpus per GPU) and 5-cpu CPU-only tasks. Node 0 has 2 GPUs
+    /// and 20 cpus, node 1 2 GPUs and 40 cpus; neither fragment grows by a CPU-only task (the
+    /// GPU shape still fits both), so FGD's quantised scores tie. On node 0 it leaves 15 cpus
+    /// for 2 GPUs (500 milli-GPU unfed), on node 1 35 cpus (none): the ring takes node 1,
+    /// although the lowest key and the least cpu left would both take node 0.
+    #[test]
+    fn ring_breaks_equal_fgd_scores_by_unfed_gpu() {
+        let node = |name: &str, cpu_milli| Node {
+            cpu_milli,
+            gpus: 2,
+            ..gpu_node(name)
+        };
+        let cpu_only = Task {
+            cpu_milli: 5000,
+            num_gpu: 0,
+            gpu_milli: 0,
+            ..task("cpu", 0)
+        };
+        let whole = Task {
+            cpu_milli: 10_000,
+            ..task("whole", 1000)
+        };
+        let w = Workload::new(
+            vec![node("node-0000", 20_000), node("node-0001", 40_000)],
+            vec![whole, cpu_only],
+        )
+        .unwrap();
+        let target = w.target();
+        assert_eq!(target.feed().cpu_milli_per_gpu, 10_000);
+        let rings = RingsConfig::default();
+        let ring = SimPolicy::Allocator(PlacerKind::Ring);
+        let mut c = SimCluster::new(&w, &target, &[0, 1], ring, &rings, Ties::First, 7);
+        let cpu = w.task_shape[1];
+        assert_eq!(c.decide(cpu).unwrap(), Some(Placement { node: 1, gpus: 0 }));
+        // FGD itself ties and takes the lowest index.
+        let fgd = SimPolicy::Paper(PaperPolicy::Fgd);
+        let mut f = SimCluster::new(&w, &target, &[0, 1], fgd, &rings, Ties::First, 7);
+        assert_eq!(f.decide(cpu).unwrap(), Some(Placement { node: 0, gpus: 0 }));
+    }
 }
