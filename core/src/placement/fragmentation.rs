@@ -565,10 +565,15 @@ impl DeviceFragmentScore<'_> {
         ) else {
             return 0;
         };
+        self.unfed_on(state, free, &shape)
+    }
+
+    /// The unfed growth for one agent's device state and free amounts (0 when it does not fit).
+    fn unfed_on(&self, state: &DeviceState, free: &CpuMemFree, shape: &TaskShape) -> i64 {
         let gpu_free: u64 = state.free_share().iter().map(|&g| u64::from(g)).sum();
         self.target
             .feed()
-            .unfed_growth(free.cpu_milli, free.memory_mib, gpu_free, &shape)
+            .unfed_growth(free.cpu_milli, free.memory_mib, gpu_free, shape)
             .unwrap_or(0)
     }
 }
@@ -580,13 +585,15 @@ impl DeviceFragmentScore<'_> {
 /// the demand.
 impl AgentScore for DeviceFragmentScore<'_> {
     fn score(&self, agent: AgentKey, demand: &Resources) -> i64 {
-        match self.growth(agent, demand) {
-            i64::MAX => i64::MAX,
-            growth => fgd_rank(
-                self.target.quantised_score(growth),
-                self.unfed_growth(agent, demand),
-            ),
-        }
+        // The agent's state and free amounts looked up once for both parts (K calls a decision).
+        let (Some(state), Some(free)) = (self.devices.state(agent), self.free.get(&agent)) else {
+            return fgd_rank(self.target.quantised_score(0), 0);
+        };
+        let Some(growth) = self.growth_on(state, free.cpu_milli, demand) else {
+            return i64::MAX;
+        };
+        let unfed = TaskShape::of_demand(demand).map_or(0, |s| self.unfed_on(state, free, &s));
+        fgd_rank(self.target.quantised_score(growth), unfed)
     }
 }
 
