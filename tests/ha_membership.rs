@@ -5,8 +5,10 @@
 //! from a snapshot of the leader's compacted log; bad membership requests are refused with
 //! clear errors.
 
+mod cluster;
 mod common;
 
+use cluster::free_ports;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,16 +21,6 @@ use ringmaster_proto::{ErrorCode, Message, Subscribe};
 
 /// How long a condition may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// `n` free loopback ports (bound, then released for the masters to take).
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
 
 fn address(ports: &[u16], id: u64) -> String {
     format!("127.0.0.1:{}", ports[id as usize - 1])
@@ -117,26 +109,9 @@ async fn start_group(n: u64, spare: usize, extra: &str) -> Group {
     group
 }
 
-/// Polls every running master's state until one reports it leads (not `not`); returns its id
-/// and state.
+/// The master that leads among the running ones (not `not`), and its state.
 async fn leader(group: &Group, not: Option<u64>) -> (u64, Snapshot) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        for (id, master) in &group.masters {
-            let Ok(s) = master.snapshot().await else {
-                continue;
-            };
-            let cluster = s.cluster.clone().expect("a cluster view");
-            if cluster.role == "leader" && cluster.leader == Some(*id) && Some(*id) != not {
-                return (*id, s);
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no leader elected in time"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    cluster::leader_among(&group.masters, not, PATIENCE).await
 }
 
 /// Master `id`'s own state (a follower's is empty but for its `cluster` view), once `what`

@@ -44,9 +44,18 @@ impl Group {
 /// Polls every master's state until one reports it leads (not `not`); returns its id and
 /// state.
 pub async fn leader(group: &Group, not: Option<u64>) -> (u64, Snapshot) {
-    let deadline = tokio::time::Instant::now() + ELECTION_PATIENCE;
+    leader_among(&group.masters, not, ELECTION_PATIENCE).await
+}
+
+/// [`leader`] among `masters`, failing after `patience`.
+pub async fn leader_among(
+    masters: &BTreeMap<u64, Master>,
+    not: Option<u64>,
+    patience: Duration,
+) -> (u64, Snapshot) {
+    let deadline = tokio::time::Instant::now() + patience;
     loop {
-        for (id, master) in &group.masters {
+        for (id, master) in masters {
             // A master stopped by the test, or a leader deposed while answering, gives no
             // answer: ask again.
             let Ok(s) = master.snapshot().await else {
