@@ -479,7 +479,7 @@ async fn metrics_parse_and_counters_move_with_events() {
         ),
         rejected + 1.0
     );
-    let placed: f64 = ["bucket", "up", "down"]
+    let placed: f64 = ["bucket", "up", "down", "leftover"]
         .iter()
         .map(|p| value(&after, "ringmaster_placements_total", &[("phase", p)]))
         .sum();

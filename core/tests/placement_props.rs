@@ -143,6 +143,7 @@ proptest! {
                         match ring.phase.unwrap() {
                             Phase::Bucket | Phase::Up => prop_assert_eq!(leftover(ring.agent), leftover(linear.agent)),
                             Phase::Down => prop_assert!(leftover(ring.agent) >= leftover(linear.agent)),
+                            Phase::Leftover => prop_assert!(false, "no leftover pass without a score"),
                         }
                         let ring_set = cluster.ring(&dim).unwrap();
                         let k = ring_set.bucket_of(demand.milli(&dim));
@@ -152,6 +153,7 @@ proptest! {
                             Phase::Bucket => bucket == k,
                             Phase::Up => bucket > k && bucket <= n,
                             Phase::Down => bucket > n,
+                            Phase::Leftover => false,
                         };
                         prop_assert!(in_window, "phase {:?} bucket {} k {} n {}", ring.phase, bucket, k, n);
                     }

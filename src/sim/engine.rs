@@ -295,6 +295,11 @@ pub struct SimCluster<'w> {
     usage: Usage,
     rng: ChaCha8Rng,
     random_ties: bool,
+    /// The grant (shape, agent) the last decision's cycle took from the allocator, held until
+    /// the task starts there ([`commit`](Self::commit)) or the next decision gives it back: the
+    /// master's offer likewise holds what its cycle granted until the framework launches on it
+    /// or declines.
+    held: Option<(usize, AgentKey)>,
 }
 
 impl<'w> SimCluster<'w> {
@@ -377,6 +382,7 @@ impl<'w> SimCluster<'w> {
             usage,
             rng: ChaCha8Rng::seed_from_u64(seed),
             random_ties: ties == Ties::Random || policy == SimPolicy::Paper(PaperPolicy::Random),
+            held: None,
         }
     }
 
@@ -406,8 +412,10 @@ impl<'w> SimCluster<'w> {
     }
 
     /// Picks a node and GPUs for a task of shape `shape`, changing nothing but the random
-    /// generator and score cache. `None` when nothing fits; an error only if the allocator's
-    /// accounting disagrees with itself (a bug).
+    /// generator, the score cache and the grant Ringmaster's allocator holds (its cycle takes
+    /// the grant, as the master's does for an offer; the next decision gives it back unless
+    /// [`commit`](Self::commit) starts the task there). `None` when nothing fits; an error
+    /// only if the allocator's accounting disagrees with itself (a bug).
     pub fn decide(&mut self, shape: usize) -> Result<Option<Placement>, SimError> {
         let workload = self.workload;
         let s = &workload.shapes[shape];
@@ -422,6 +430,7 @@ impl<'w> SimCluster<'w> {
             node_fragment,
             rng,
             random_ties,
+            held,
             ..
         } = self;
         match *policy {
@@ -429,6 +438,9 @@ impl<'w> SimCluster<'w> {
                 let Some(allocator) = allocator.as_mut() else {
                     return Ok(None);
                 };
+                if let Some((shape, agent)) = held.take() {
+                    allocator.give_back(shape, agent)?;
+                }
                 // The ring's tie-break score: FGD's score as the paper's simulator quantises it
                 // (the growth of the node's expected GPU fragment, `fgd_quantised_score`), then
                 // the growth of the node's unfed GPU (`GpuFeed`), ranked by `fgd_rank`, and the
@@ -485,7 +497,9 @@ impl<'w> SimCluster<'w> {
                         .map(|decision| decision.agent),
                     _ => {
                         let feasible = |_: FrameworkKey, key: AgentKey| feasibility(&nodes[key], s);
-                        allocator.decide(shape, &feasible, &mut context)?
+                        let agent = allocator.decide(shape, &feasible, &mut context)?;
+                        *held = agent.map(|agent| (shape, agent));
+                        agent
                     }
                 };
                 let Some((agent, node)) = agent.and_then(|a| Some((a, nodes.get(a)?))) else {
@@ -496,6 +510,11 @@ impl<'w> SimCluster<'w> {
                     true => fgd(agent).map(|(_, pick)| pick),
                     false => node.best_fit_gpus(s),
                 };
+                if gpus.is_none() {
+                    if let Some((shape, agent)) = held.take() {
+                        allocator.give_back(shape, agent)?;
+                    }
+                }
                 Ok(gpus.map(|gpus| Placement { node: agent, gpus }))
             }
             SimPolicy::Paper(policy) => {
@@ -556,9 +575,16 @@ impl<'w> SimCluster<'w> {
         let s = &workload.shapes[shape];
         self.nodes[placement.node].take(s, placement.gpus)?;
         if let Some(allocator) = self.allocator.as_mut() {
-            allocator
-                .cluster
-                .take(placement.node, &allocator.demands[shape])?;
+            match self.held.take() {
+                // The decision's cycle took it already.
+                Some(held) if held == (shape, placement.node) => {}
+                other => {
+                    if let Some((shape, agent)) = other {
+                        allocator.give_back(shape, agent)?;
+                    }
+                    allocator.take(shape, placement.node)?;
+                }
+            }
         }
         self.kinds[placement.node][kind(s)] += 1;
         self.usage.cpu_used += s.cpu_milli;
@@ -574,9 +600,7 @@ impl<'w> SimCluster<'w> {
         let s = &workload.shapes[shape];
         self.nodes[placement.node].give_back(s, placement.gpus)?;
         if let Some(allocator) = self.allocator.as_mut() {
-            allocator
-                .cluster
-                .give_back(placement.node, &allocator.demands[shape])?;
+            allocator.give_back(shape, placement.node)?;
         }
         let count = &mut self.kinds[placement.node][kind(s)];
         *count = count.saturating_sub(1);
@@ -611,8 +635,8 @@ impl Allocator {
     /// One allocation cycle of the core ([`run_cycle`]) for one task of `shape`: one request of
     /// count 1 at the base priority, granted exactly its demand, `feasible` the per-agent
     /// verdict, nothing running (no priorities in a trace, so nothing preempts). The cycle takes
-    /// the grant from the cluster and records it in DRF; both are given back here, so the
-    /// allocator changes only when the task starts ([`SimCluster::commit`]).
+    /// the grant from the cluster and records it in DRF, and the grant stays taken: the caller
+    /// holds it ([`SimCluster::held`]) until the task starts or [`give_back`](Self::give_back).
     fn cycle(
         &mut self,
         shape: usize,
@@ -635,11 +659,24 @@ impl Allocator {
             &input,
             context,
         );
-        for grant in &outcome.grants {
-            self.cluster.give_back(grant.agent, &grant.resources)?;
-            self.drf.unallocated(grant.framework, &grant.resources);
-        }
         Ok(outcome)
+    }
+
+    /// A task of `shape` starts on `agent` without a cycle's grant: taken from the cluster and
+    /// recorded in DRF, as the cycle does.
+    fn take(&mut self, shape: usize, agent: AgentKey) -> Result<(), SimError> {
+        let demand = &self.demands[shape];
+        self.cluster.take(agent, demand)?;
+        self.drf.allocated(FRAMEWORK, demand);
+        Ok(())
+    }
+
+    /// A task of `shape` ended on `agent`, or a held grant was not used.
+    fn give_back(&mut self, shape: usize, agent: AgentKey) -> Result<(), SimError> {
+        let demand = &self.demands[shape];
+        self.cluster.give_back(agent, demand)?;
+        self.drf.unallocated(FRAMEWORK, demand);
+        Ok(())
     }
 
     /// The agent [`cycle`](Self::cycle) grants a task of `shape`, if any.
@@ -714,7 +751,8 @@ mod tests {
     /// first-fit's scalars alone would take it); node 1 one idle GPU. A whole-GPU task fails the
     /// cycle's filter on node 0 for device reasons ([`Filter::Devices`]) and goes to node 1; the
     /// cycle grants exactly its demand, at base priority (a demand nothing holds stays unserved
-    /// `AtBase`, never preempting), and deciding leaves the allocator as it was.
+    /// `AtBase`, never preempting), and deciding holds exactly that grant, once however often
+    /// it decides.
     #[test]
     fn allocator_places_through_the_cycle() {
         let two_gpus = Node {
@@ -774,16 +812,28 @@ mod tests {
                 let plain = allocator.cluster.place(&demand, &|_| true).unwrap();
                 assert_eq!(plain.agent, 0);
             }
-            assert_eq!(
-                c.decide(whole).unwrap(),
-                Some(Placement { node: 1, gpus: 1 }),
-                "{policy}"
-            );
-            assert_eq!(
-                (free(&c, 0), free(&c, 1)),
-                before,
-                "{policy}: decide takes nothing"
-            );
+            let granted = before.1.checked_sub(&demand).unwrap();
+            // Deciding twice holds one grant: the second decision gives the first back.
+            for _ in 0..2 {
+                assert_eq!(
+                    c.decide(whole).unwrap(),
+                    Some(Placement { node: 1, gpus: 1 }),
+                    "{policy}"
+                );
+                assert_eq!(
+                    (free(&c, 0), free(&c, 1)),
+                    (before.0.clone(), granted.clone()),
+                    "{policy}: decide holds exactly the grant"
+                );
+            }
+            // Giving the held grant back restores the allocator.
+            let (held_shape, held_agent) = c.held.take().unwrap();
+            c.allocator
+                .as_mut()
+                .unwrap()
+                .give_back(held_shape, held_agent)
+                .unwrap();
+            assert_eq!((free(&c, 0), free(&c, 1)), before, "{policy}");
             // The cycle itself: one grant of exactly the demand on node 1, nothing unserved.
             let nodes = &c.nodes;
             let feasible = |_: FrameworkKey, key: AgentKey| feasibility(&nodes[key], shape);
@@ -805,6 +855,46 @@ mod tests {
             let reasons: Vec<_> = out.unserved.iter().map(|u| (u.count, u.reason)).collect();
             assert_eq!(reasons, [(1, UnservedReason::AtBase)], "{policy}");
         }
+    }
+
+    /// The grant a decision holds is the one its task starts with: committing there takes the
+    /// demand once, committing elsewhere gives the held grant back first, and releasing
+    /// restores the allocator. Two one-GPU nodes, whole-GPU tasks, the default ring.
+    #[test]
+    fn commit_starts_the_task_with_the_held_grant() {
+        let w = Workload::new(
+            vec![gpu_node("node-0000"), gpu_node("node-0001")],
+            vec![task("whole", 1000)],
+        )
+        .unwrap();
+        let whole = w.task_shape[0];
+        let target = w.target();
+        let rings = RingsConfig::default();
+        let policy = SimPolicy::Allocator(PlacerKind::Ring);
+        let mut c = SimCluster::new(&w, &target, &[0, 1], policy, &rings, Ties::First, 7);
+        let free = |c: &SimCluster| -> Vec<Resources> {
+            let cluster = &c.allocator.as_ref().unwrap().cluster;
+            (0..2)
+                .map(|key| cluster.agent(key).unwrap().free.clone())
+                .collect()
+        };
+        let idle = free(&c);
+        let demand = c.allocator.as_ref().unwrap().demands[whole].clone();
+        let taken = idle[0].checked_sub(&demand).unwrap();
+
+        let first = c.decide(whole).unwrap().unwrap();
+        assert_eq!(first.node, 0);
+        c.commit(whole, first).unwrap();
+        assert_eq!(free(&c), [taken.clone(), idle[1].clone()], "taken once");
+
+        // After a release, held on node 0 but started on node 1: node 0 gets the grant back.
+        c.release(whole, first).unwrap();
+        let held = c.decide(whole).unwrap().unwrap();
+        assert_eq!(held.node, 0);
+        c.commit(whole, Placement { node: 1, gpus: 1 }).unwrap();
+        assert_eq!(free(&c), [idle[0].clone(), taken.clone()]);
+        c.release(whole, Placement { node: 1, gpus: 1 }).unwrap();
+        assert_eq!(free(&c), idle);
     }
 
     /// Equal node scores go to the lowest node index (the smallest node name). Target: 0.1-GPU

@@ -221,6 +221,11 @@ impl RingSet {
         keys.into_iter().flatten().map(|key| (0, key))
     }
 
+    /// Every agent with more than 0 free, smallest free first (across buckets).
+    pub fn ascending_positive(&self) -> impl Iterator<Item = (u64, AgentKey)> + '_ {
+        self.buckets.iter().flatten().copied()
+    }
+
     /// The (free, agent) pairs of one bucket, smallest free first.
     pub fn members(&self, bucket: usize) -> impl DoubleEndedIterator<Item = (u64, AgentKey)> + '_ {
         let filed = self.buckets.get(bucket).into_iter().flatten().copied();

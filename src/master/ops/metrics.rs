@@ -353,7 +353,7 @@ impl Metrics {
                 .tls_handshake_failures
                 .get_or_create(&[("reason", reason)]);
         }
-        for phase in ["bucket", "up", "down"] {
+        for phase in ["bucket", "up", "down", "leftover"] {
             let _ = m.placements.get_or_create(&[("phase", phase)]);
         }
         for why in [
@@ -470,6 +470,7 @@ impl Metrics {
             Some(Phase::Bucket) => "bucket",
             Some(Phase::Up) => "up",
             Some(Phase::Down) => "down",
+            Some(Phase::Leftover) => "leftover",
             None => "none",
         };
         self.placements.get_or_create(&[("phase", label)]).inc();

@@ -44,6 +44,9 @@ pub enum Phase {
     Up,
     /// From the top bucket down to K+search_up+1, the largest agent of the first with one.
     Down,
+    /// The ring search's leftover pass: a demand asking for none of a spared dimension, among
+    /// the agents with the least of it free ([`ring::RingSearch::spare`]).
+    Leftover,
 }
 
 impl fmt::Display for Phase {
@@ -52,6 +55,7 @@ impl fmt::Display for Phase {
             Phase::Bucket => "bucket",
             Phase::Up => "up",
             Phase::Down => "down",
+            Phase::Leftover => "leftover",
         })
     }
 }

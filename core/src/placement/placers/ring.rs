@@ -7,7 +7,9 @@
 //! free amount in the dominant dimension it cannot tell *which* are left usable. Two bounded
 //! additions close the gap while keeping the search a few ordered-set range queries:
 //! - **sparing** ([`RingSearch::spare`]): a demand that asks for none of a scarce dimension
-//!   (`gpus` by default) is first searched among agents with none of it free, then among all;
+//!   (`gpus` by default) is first searched among agents with none of it free; with a score,
+//!   then among the agents with the least of it free (the *leftover pass*: what is left there
+//!   is mostly leftovers), then among all;
 //! - **scored tie-break** ([`RingSearch::candidates`]): in the bucket where the search finds its
 //!   first fitting agent, the first K fitting agents in the phase's order (best fit, or largest
 //!   in the downward phase) are ranked by an [`AgentScore`] the caller supplies through the
@@ -31,6 +33,12 @@ pub const MAX_CANDIDATES: usize = 64;
 /// Default number of candidates the caller's score ranks (measured: docs/results.md, "Closing
 /// the gap to FGD").
 pub const DEFAULT_CANDIDATES: usize = 40;
+
+/// The leftover pass examines at most this many agents per candidate it ranks (640 for the
+/// default 40), so a decision stays O(K log n) however many agents hold a little of the spared
+/// dimension without room for the demand (measured: docs/results.md, "Stop 29": 160 strands
+/// more on the CPU-heavy traces, 640 as much as an unbounded walk).
+pub const LEFTOVER_SCAN_PER_CANDIDATE: usize = 16;
 
 /// How the ring placer searches, beyond each dimension's layout and `search_up`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,6 +162,12 @@ impl Placer for RingPlacer {
             if found.is_some() {
                 return found;
             }
+            if let Some(score) = score.filter(|_| k > 1) {
+                let found = leftover_search(cluster, spared[0], demand, eligible, k, score);
+                if found.is_some() {
+                    return found;
+                }
+            }
         }
         ring_search(cluster, Rings::All, demand, eligible, k, score)
     }
@@ -228,15 +242,7 @@ fn ring_search(
         note: PlacerNote::None,
     };
     if let Some(score) = score.filter(|_| k > 1) {
-        // By the cpus ring's per-agent index when there is one (O(1)); by name otherwise.
-        let cpus = cluster.dimension_of(CPUS);
-        let cpu_need = demand.milli(CPUS);
-        let cpu_left = |key: AgentKey| match cpus {
-            Some(d) => cluster.free_in(key, d).saturating_sub(cpu_need),
-            None => cluster.agent(key).map_or(u64::MAX, |agent| {
-                agent.free.milli(CPUS).saturating_sub(cpu_need)
-            }),
-        };
+        let cpu_left = cpu_left(cluster, demand);
         return scored_search(ring, need, &fitting, k, demand, score, &cpu_left)
             .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
     }
@@ -257,6 +263,56 @@ fn ring_search(
         }
     }
     None
+}
+
+/// An agent's free cpu after `demand`, the scored tie-break's rule for equal scores: by the cpus
+/// ring's per-agent index when there is one (O(1)); by name otherwise.
+fn cpu_left<'c>(cluster: &'c Cluster, demand: &Resources) -> impl Fn(AgentKey) -> u64 + 'c {
+    let cpus = cluster.dimension_of(CPUS);
+    let cpu_need = demand.milli(CPUS);
+    move |key: AgentKey| match cpus {
+        Some(d) => cluster.free_in(key, d).saturating_sub(cpu_need),
+        None => cluster.agent(key).map_or(u64::MAX, |agent| {
+            agent.free.milli(CPUS).saturating_sub(cpu_need)
+        }),
+    }
+}
+
+/// The leftover pass, for a demand asking for none of the spared dimension `spared` when no
+/// agent with none of it free fits: the agents with some of it free, least first — there, what
+/// is left of it is mostly leftovers no demand can use, so taking the other dimensions beside
+/// it strands little (FGD puts its CPU-only tasks there too) — the first `k` that fit, ranked
+/// like the scored tie-break (score, then least cpu left, then lowest key). Examines at most
+/// [`LEFTOVER_SCAN_PER_CANDIDATE`] × `k` agents; `None` when none of those fits.
+///
+/// Measured on the openb trace family (docs/results.md, "Stop 29"): without it, CPU-only tasks
+/// took the cpu beside idle GPUs and `ring` lost to FGD on every file with 20 % or more CPU-only
+/// tasks or 40 % or more GPU-sharing tasks.
+fn leftover_search(
+    cluster: &Cluster,
+    spared: usize,
+    demand: &Resources,
+    eligible: &dyn Fn(AgentKey) -> bool,
+    k: usize,
+    score: &dyn AgentScore,
+) -> Option<Decision> {
+    let name = cluster.dimension_name(spared);
+    let ring = cluster.ring(name)?;
+    let resolved = cluster.resolve(demand);
+    let cpu_left = cpu_left(cluster, demand);
+    let (free, agent) = ring
+        .ascending_positive()
+        .take(LEFTOVER_SCAN_PER_CANDIDATE.saturating_mul(k))
+        .filter(|&(_, key)| cluster.fits(key, &resolved) && eligible(key))
+        .take(k)
+        .min_by_key(|&(_, key)| (score.score(key, demand), cpu_left(key), key))?;
+    Some(Decision {
+        agent,
+        phase: Some(Phase::Leftover),
+        bucket: Some(ring.bucket_of(free)),
+        dimension: Some(name.to_string()),
+        note: PlacerNote::None,
+    })
 }
 
 /// The scored tie-break: the first `k` fitting agents in the seed search's order — bucket K and
@@ -549,6 +605,56 @@ mod tests {
         assert_eq!(place(["16", "4", "8"], &prefers_0), 0);
     }
 
+    /// The leftover pass: a CPU-only demand no agent without free GPU can hold goes, with a
+    /// score, to the first K fitting agents by least GPU free (their free GPU is leftovers),
+    /// ranked like the tie-break, not to the best fit on cpu beside idle GPUs; past the scan
+    /// bound, or without a score, to the best fit on cpu as before.
+    #[test]
+    fn leftover_pass_ranks_the_least_spared_free_that_fit() {
+        let flat = |_: AgentKey, _: &Resources| 0;
+        let demand = r("cpus:4;mem:1");
+        let place = |agents: &[&str], candidates: usize, score: Option<&dyn AgentScore>| {
+            let mut rings = RingsConfig::default();
+            rings.set_search(RingSearch::new(vec!["gpus".into()], candidates).unwrap());
+            let mut cluster = ring_cluster(rings);
+            for a in agents {
+                cluster.add_agent(r(a));
+            }
+            let mut context = PlacementContext::default();
+            if let Some(score) = score {
+                context = context.with_score(score);
+            }
+            let d = cluster.place_in(&demand, &|_| true, &mut context).unwrap();
+            (d.agent, d.phase.unwrap())
+        };
+        let agents = [
+            "cpus:2;mem:100",           // 0: no GPU, too little cpu
+            "cpus:4;mem:100;gpus:2",    // 1: idle GPUs, the best fit on cpu
+            "cpus:16;mem:100;gpus:0.2", // 2: a little GPU left
+            "cpus:1;mem:100;gpus:0.1",  // 3: less GPU left, no room
+            "cpus:8;mem:100;gpus:0.5",  // 4: more GPU left
+        ];
+        // K = 2: candidates 2 and 4 (least GPU free that fit); equal scores, least cpu left.
+        assert_eq!(place(&agents, 2, Some(&flat)), (4, Phase::Leftover));
+        let prefers_2 = |agent: AgentKey, _: &Resources| if agent == 2 { -1 } else { 0 };
+        assert_eq!(place(&agents, 2, Some(&prefers_2)), (2, Phase::Leftover));
+        // K = 8 reaches agent 1 too, and it leaves the least cpu.
+        assert_eq!(place(&agents, 8, Some(&flat)), (1, Phase::Leftover));
+        // Without a score, or with K = 1, the full rings' best fit on cpu.
+        assert_eq!(place(&agents, 2, None), (1, Phase::Bucket));
+        assert_eq!(place(&agents, 1, Some(&flat)), (1, Phase::Bucket));
+        // The pass examines 16 × K agents: with K = 2, 32 agents holding less GPU and no room
+        // fill the scan, so the full search takes agent 1; with 30, the scan reaches agent 3
+        // and agent 2, the one candidate.
+        let crowded: Vec<&str> = agents
+            .iter()
+            .copied()
+            .chain(std::iter::repeat_n("cpus:1;mem:100;gpus:0.05", 32))
+            .collect();
+        assert_eq!(place(&crowded, 2, Some(&flat)), (1, Phase::Bucket));
+        assert_eq!(place(&crowded[..35], 2, Some(&flat)), (2, Phase::Leftover));
+    }
+
     /// A demand asking for a spared dimension is searched in that dimension's ring even when
     /// another dimension dominates it; without sparing (the seed's search), in the dominant one.
     #[test]
@@ -608,6 +714,37 @@ mod tests {
             };
             if let Some(found) = ring_search(cluster, Rings::All, demand, &without, k, score) {
                 return Some(found);
+            }
+            // The leftover pass, by a sort of every agent instead of the ring.
+            if let Some(score) = score.filter(|_| k > 1) {
+                let name = cluster.dimension_name(spared[0]);
+                let mut holding: Vec<(u64, AgentKey)> = cluster
+                    .agents()
+                    .map(|(key, agent)| (agent.free.milli(name), key))
+                    .filter(|&(free, _)| free > 0)
+                    .collect();
+                holding.sort_unstable();
+                let cpu_left = |key: AgentKey| {
+                    let free = cluster.agent(key).unwrap().free.milli(CPUS);
+                    free.saturating_sub(demand.milli(CPUS))
+                };
+                let best = holding
+                    .into_iter()
+                    .take(LEFTOVER_SCAN_PER_CANDIDATE * k)
+                    .filter(|&(_, key)| {
+                        cluster.agent(key).unwrap().free.contains(demand) && eligible(key)
+                    })
+                    .take(k)
+                    .min_by_key(|&(_, key)| (score.score(key, demand), cpu_left(key), key));
+                if let Some((free, agent)) = best {
+                    return Some(Decision {
+                        agent,
+                        phase: Some(Phase::Leftover),
+                        bucket: Some(cluster.ring(name).unwrap().bucket_of(free)),
+                        dimension: Some(name.to_string()),
+                        note: PlacerNote::None,
+                    });
+                }
             }
         }
         ring_search(cluster, Rings::All, demand, eligible, k, score)
