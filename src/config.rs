@@ -117,6 +117,7 @@ pub struct RawRings {
     dimensions: BTreeMap<String, RawRing>,
     spare: Option<Vec<String>>,
     candidates: Option<serde_yaml::Value>,
+    largest: Option<serde_yaml::Value>,
 }
 
 /// The name under `rings:` that sets the ring of every dimension not named.
@@ -125,6 +126,8 @@ pub const FALLBACK_RING: &str = "*";
 pub const SPARE_KEY: &str = "spare";
 /// The name under `rings:` giving how many candidates the caller's score ranks.
 pub const CANDIDATES_KEY: &str = "candidates";
+/// The name under `rings:` giving how many of the largest fitting agents it ranks beside them.
+pub const LARGEST_KEY: &str = "largest";
 
 impl<'de> Deserialize<'de> for RawRings {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -139,7 +142,7 @@ struct RawRingsVisitor;
 impl<'de> Visitor<'de> for RawRingsVisitor {
     type Value = RawRings;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a mapping of dimension names to rings, `spare` and `candidates`")
+        f.write_str("a mapping of dimension names to rings, `spare`, `candidates` and `largest`")
     }
     fn visit_unit<E: de::Error>(self) -> Result<RawRings, E> {
         Ok(RawRings::default())
@@ -150,6 +153,7 @@ impl<'de> Visitor<'de> for RawRingsVisitor {
             match key.as_str() {
                 SPARE_KEY => rings.spare = Some(map.next_value()?),
                 CANDIDATES_KEY => rings.candidates = Some(map.next_value()?),
+                LARGEST_KEY => rings.largest = Some(map.next_value()?),
                 _ => {
                     let ring: RawRing = map.next_value()?;
                     rings.dimensions.insert(key, ring);
@@ -172,7 +176,7 @@ pub fn apply_rings(
         p.push(Seg::Key(k.to_string()));
         p
     };
-    if raw.spare.is_some() || raw.candidates.is_some() {
+    if raw.spare.is_some() || raw.candidates.is_some() || raw.largest.is_some() {
         let spare = match &raw.spare {
             None => rings.search().spare().to_vec(),
             Some(names) => {
@@ -193,13 +197,23 @@ pub fn apply_rings(
                 usize::try_from(n).unwrap_or(usize::MAX)
             }
         };
-        let search = RingSearch::new(spare, candidates).map_err(|e| {
-            let at = match e {
-                RingSearchError::TooManyCandidates(_) => CANDIDATES_KEY,
-                RingSearchError::DuplicateSpare(_) => SPARE_KEY,
-            };
-            source.error(&key(at), e.to_string())
-        })?;
+        let largest = match &raw.largest {
+            None => rings.search().largest(),
+            Some(v) => {
+                let n = whole_number(v).map_err(|m| source.error(&key(LARGEST_KEY), m))?;
+                usize::try_from(n).unwrap_or(usize::MAX)
+            }
+        };
+        let search = RingSearch::new(spare, candidates)
+            .and_then(|search| search.with_largest(largest))
+            .map_err(|e| {
+                let at = match e {
+                    RingSearchError::TooManyCandidates(_) => CANDIDATES_KEY,
+                    RingSearchError::TooManyLargest(_) => LARGEST_KEY,
+                    RingSearchError::DuplicateSpare(_) => SPARE_KEY,
+                };
+                source.error(&key(at), e.to_string())
+            })?;
         rings.set_search(search);
     }
     for (name, ring) in &raw.dimensions {
@@ -1259,6 +1273,8 @@ matching: { a: 0.7, d: -1 }
         );
         assert_eq!(config.rings.search().spare(), ["gpus", "fpgas"]);
         assert_eq!(config.rings.search().candidates(), 4);
+        // Not given: the default number of largest candidates.
+        assert_eq!(config.rings.search().largest(), 24);
         // Untouched dimensions keep their defaults.
         assert_eq!(
             config.rings.spec_for("gpus"),
@@ -1369,6 +1385,14 @@ matching: { a: 0.7, d: -1 }
             (
                 "rings:\n  candidates: -1\n",
                 "cluster.yaml:2: rings.candidates: -1 is negative",
+            ),
+            (
+                "rings:\n  candidates: 8\n  largest: 65\n",
+                "cluster.yaml:3: rings.largest: at most 64 largest candidates are allowed, not 65",
+            ),
+            (
+                "rings:\n  largest: many\n",
+                "cluster.yaml:2: rings.largest: expected a whole number, found the string `many`",
             ),
             (
                 "rings:\n  spare: [gpus, gpus]\n",

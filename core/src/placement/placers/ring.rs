@@ -36,39 +36,56 @@ pub const DEFAULT_CANDIDATES: usize = 40;
 
 /// The leftover pass examines at most this many agents per candidate it ranks (640 for the
 /// default 40), so a decision stays O(K log n) however many agents hold a little of the spared
-/// dimension without room for the demand (measured: docs/results.md, "Stop 29": 160 strands
-/// more on the CPU-heavy traces, 640 as much as an unbounded walk).
+/// dimension without room for the demand (measured: docs/results.md, "Stop 29": 160 stranded
+/// more on the CPU-heavy traces, 640 as little as an unbounded walk).
 pub const LEFTOVER_SCAN_PER_CANDIDATE: usize = 16;
+
+/// The largest candidates come from at most this many buckets (the topmost with fitting
+/// agents).
+const LARGEST_BUCKETS: usize = 2;
+
+/// The leftover pass takes only agents with less than one whole unit (1000 milli) of the spared
+/// dimension free: less than one GPU, all of it on GPUs partly in use.
+const LEFTOVER_BELOW: u64 = 1000;
 
 /// How the ring placer searches, beyond each dimension's layout and `search_up`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RingSearch {
     spare: Vec<String>,
     candidates: usize,
+    largest: usize,
 }
+
+/// Default number of the largest fitting agents the caller's score ranks beside the
+/// `candidates` (measured: docs/results.md, "Stop 29").
+pub const DEFAULT_LARGEST: usize = 24;
 
 /// Why ring search options were refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RingSearchError {
     #[error("at most {MAX_CANDIDATES} candidates are allowed, not {0}")]
     TooManyCandidates(usize),
+    #[error("at most {MAX_CANDIDATES} largest candidates are allowed, not {0}")]
+    TooManyLargest(usize),
     #[error("`{0}` is listed twice")]
     DuplicateSpare(String),
 }
 
 impl Default for RingSearch {
-    /// Spare `gpus`, rank 40 candidates (when the caller supplies a score).
+    /// Spare `gpus`, rank 40 candidates and the 24 largest (when the caller supplies a score).
     fn default() -> Self {
         RingSearch {
             spare: vec!["gpus".to_string()],
             candidates: DEFAULT_CANDIDATES,
+            largest: DEFAULT_LARGEST,
         }
     }
 }
 
 impl RingSearch {
     /// Checked options: `spare` without repeats, `candidates` ≤ [`MAX_CANDIDATES`] (0 and 1 both
-    /// mean "no tie-break").
+    /// mean "no tie-break"); no largest candidates ([`with_largest`](Self::with_largest) adds
+    /// them).
     pub fn new(spare: Vec<String>, candidates: usize) -> Result<Self, RingSearchError> {
         if candidates > MAX_CANDIDATES {
             return Err(RingSearchError::TooManyCandidates(candidates));
@@ -78,7 +95,21 @@ impl RingSearch {
                 return Err(RingSearchError::DuplicateSpare(name.clone()));
             }
         }
-        Ok(RingSearch { spare, candidates })
+        Ok(RingSearch {
+            spare,
+            candidates,
+            largest: 0,
+        })
+    }
+
+    /// The same search ranking also up to `largest` (≤ [`MAX_CANDIDATES`]) of the largest
+    /// fitting agents, from the top bucket down, beside the `candidates` in the search's order
+    /// (only when those stay within the upward window).
+    pub fn with_largest(self, largest: usize) -> Result<Self, RingSearchError> {
+        if largest > MAX_CANDIDATES {
+            return Err(RingSearchError::TooManyLargest(largest));
+        }
+        Ok(RingSearch { largest, ..self })
     }
 
     /// The search exactly as SPEC seed 001 states it: no sparing, no tie-break.
@@ -86,6 +117,7 @@ impl RingSearch {
         RingSearch {
             spare: Vec::new(),
             candidates: 1,
+            largest: 0,
         }
     }
 
@@ -97,6 +129,11 @@ impl RingSearch {
     /// How many fitting agents, in the search's order, the caller's score ranks.
     pub fn candidates(&self) -> usize {
         self.candidates
+    }
+
+    /// How many of the largest fitting agents the caller's score ranks beside them.
+    pub fn largest(&self) -> usize {
+        self.largest
     }
 }
 
@@ -243,7 +280,8 @@ fn ring_search(
     };
     if let Some(score) = score.filter(|_| k > 1) {
         let cpu_left = cpu_left(cluster, demand);
-        return scored_search(ring, need, &fitting, k, demand, score, &cpu_left)
+        let largest = cluster.rings_config().search().largest();
+        return scored_search(ring, need, &fitting, (k, largest), demand, score, &cpu_left)
             .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
     }
     let k = ring.bucket_of(need);
@@ -279,7 +317,8 @@ fn cpu_left<'c>(cluster: &'c Cluster, demand: &Resources) -> impl Fn(AgentKey) -
 }
 
 /// The leftover pass, for a demand asking for none of the spared dimension `spared` when no
-/// agent with none of it free fits: the agents with some of it free, least first — there, what
+/// agent with none of it free fits: the agents with some but less than one whole unit of it
+/// free ([`LEFTOVER_BELOW`]), least first — there, what
 /// is left of it is mostly leftovers no demand can use, so taking the other dimensions beside
 /// it strands little (FGD puts its CPU-only tasks there too) — the first `k` that fit, ranked
 /// like the scored tie-break (score, then least cpu left, then lowest key). Examines at most
@@ -302,6 +341,7 @@ fn leftover_search(
     let cpu_left = cpu_left(cluster, demand);
     let (free, agent) = ring
         .ascending_positive()
+        .take_while(|&(free, _)| free < LEFTOVER_BELOW)
         .take(LEFTOVER_SCAN_PER_CANDIDATE.saturating_mul(k))
         .filter(|&(_, key)| cluster.fits(key, &resolved) && eligible(key))
         .take(k)
@@ -327,7 +367,7 @@ fn scored_search(
     ring: &RingSet,
     need: u64,
     fitting: &dyn Fn(AgentKey) -> bool,
-    k: usize,
+    (k, largest): (usize, usize),
     demand: &Resources,
     score: &dyn AgentScore,
     cpu_left: &dyn Fn(AgentKey) -> u64,
@@ -335,9 +375,11 @@ fn scored_search(
     let kf = ring.bucket_of(need);
     let top = ring.len() - 1;
     let n = kf.saturating_add(ring.search_up()).min(top);
-    let mut all: Vec<(AgentKey, Phase, usize)> = Vec::with_capacity(k);
-    let mut some = Vec::with_capacity(k);
+    let mut all: Vec<(AgentKey, Phase, usize)> = Vec::with_capacity(k + largest);
+    let mut some = Vec::with_capacity(k.max(largest));
+    let mut last = kf;
     for bucket in kf..=n {
+        last = bucket;
         ring.best_fits(bucket, need, fitting, k - all.len(), &mut some);
         let phase = if bucket == kf {
             Phase::Bucket
@@ -356,6 +398,23 @@ fn scored_search(
             if all.len() >= k {
                 break;
             }
+        }
+    } else {
+        // The largest: best fit alone never offers the score an agent of another kind (on the
+        // openb trace with GPU-model constraints, the small T4 nodes fill every candidate
+        // place while larger nodes of models few tasks need stay idle). From the top bucket
+        // down to the one above the last the search took, so no agent is ranked twice.
+        // At most LARGEST_BUCKETS buckets with fitting agents are taken, so rings of many
+        // buckets stay as cheap as rings of few.
+        let wanted = k + largest;
+        let mut taken = 0;
+        for bucket in (last + 1..=top).rev() {
+            if all.len() >= wanted || taken == LARGEST_BUCKETS {
+                break;
+            }
+            ring.largest_fits(bucket, need, fitting, wanted - all.len(), &mut some);
+            taken += usize::from(!some.is_empty());
+            all.extend(some.iter().map(|&(_, a)| (a, Phase::Down, bucket)));
         }
     }
     // The cpu rule, measured on the openb trace (docs/results.md, "Stop 25"): the `sharing40`
@@ -576,6 +635,43 @@ mod tests {
         assert_eq!((place_flat(2), place_flat(3), place_flat(4)), (1, 0, 0));
     }
 
+    /// The largest candidates: beside the first K in best-fit order, the score also ranks up
+    /// to `largest` of the largest fitting agents from the top bucket down (above the last
+    /// bucket the search took, so none twice). Five 2-GPU agents fill K = 2; the 8-GPU agent 5,
+    /// which the score prefers, is ranked only with `largest` ≥ 1.
+    #[test]
+    fn largest_candidates_reach_past_the_best_fits() {
+        let score = |agent: AgentKey, _: &Resources| if agent == 5 { -1 } else { 0 };
+        let demand = r("cpus:1;mem:1;gpus:1");
+        let place = |largest: usize, candidates: usize| {
+            let mut rings = RingsConfig::default();
+            let search = RingSearch::new(vec!["gpus".into()], candidates)
+                .and_then(|s| s.with_largest(largest))
+                .unwrap();
+            rings.set_search(search);
+            let mut cluster = ring_cluster(rings);
+            for _ in 0..5 {
+                cluster.add_agent(r("cpus:8;mem:100;gpus:2"));
+            }
+            cluster.add_agent(r("cpus:8;mem:100;gpus:8"));
+            let mut context = PlacementContext::default().with_score(&score);
+            let d = cluster.place_in(&demand, &|_| true, &mut context).unwrap();
+            (d.agent, d.phase.unwrap())
+        };
+        assert_eq!(place(0, 2), (0, Phase::Up));
+        assert_eq!(place(1, 2), (5, Phase::Down));
+        assert_eq!(RingSearch::default().largest(), DEFAULT_LARGEST);
+        assert_eq!(
+            RingSearch::default()
+                .with_largest(65)
+                .unwrap_err()
+                .to_string(),
+            "at most 64 largest candidates are allowed, not 65"
+        );
+        // K = 8 runs out of the five and reaches agent 5 in the upward window itself.
+        assert_eq!(place(0, 8), (5, Phase::Up));
+    }
+
     /// Equal scores go to the candidate with the least cpu left after the placement, before the
     /// lowest key; a better score still wins whatever the cpu.
     #[test]
@@ -606,7 +702,8 @@ mod tests {
     }
 
     /// The leftover pass: a CPU-only demand no agent without free GPU can hold goes, with a
-    /// score, to the first K fitting agents by least GPU free (their free GPU is leftovers),
+    /// score, to the first K fitting agents by least GPU free, below one whole GPU (their free
+    /// GPU is leftovers),
     /// ranked like the tie-break, not to the best fit on cpu beside idle GPUs; past the scan
     /// bound, or without a score, to the best fit on cpu as before.
     #[test]
@@ -638,8 +735,8 @@ mod tests {
         assert_eq!(place(&agents, 2, Some(&flat)), (4, Phase::Leftover));
         let prefers_2 = |agent: AgentKey, _: &Resources| if agent == 2 { -1 } else { 0 };
         assert_eq!(place(&agents, 2, Some(&prefers_2)), (2, Phase::Leftover));
-        // K = 8 reaches agent 1 too, and it leaves the least cpu.
-        assert_eq!(place(&agents, 8, Some(&flat)), (1, Phase::Leftover));
+        // Agent 1's two whole GPUs free are no leftovers: K = 8 still ranks only 2 and 4.
+        assert_eq!(place(&agents, 8, Some(&flat)), (4, Phase::Leftover));
         // Without a score, or with K = 1, the full rings' best fit on cpu.
         assert_eq!(place(&agents, 2, None), (1, Phase::Bucket));
         assert_eq!(place(&agents, 1, Some(&flat)), (1, Phase::Bucket));
@@ -721,7 +818,7 @@ mod tests {
                 let mut holding: Vec<(u64, AgentKey)> = cluster
                     .agents()
                     .map(|(key, agent)| (agent.free.milli(name), key))
-                    .filter(|&(free, _)| free > 0)
+                    .filter(|&(free, _)| free > 0 && free < LEFTOVER_BELOW)
                     .collect();
                 holding.sort_unstable();
                 let cpu_left = |key: AgentKey| {
