@@ -10,7 +10,8 @@
 //! keeps this part testable on its own.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Write as _};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
@@ -40,7 +41,7 @@ pub const EXIT_STATUS_FILE: &str = ".ringmaster-exit";
 /// exactly what the command did. The wrapper outlives a SIGTERM sent to the group (the trap
 /// has a handler, so the command itself gets the default action), so a killed task's status
 /// is recorded too; only SIGKILL ends the wrapper without a record.
-const WRAPPER: &str = r#"trap : TERM INT HUP; sh -c "$1"; c=$?; printf '%s\n' "$c" > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; if [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then trap - TERM INT HUP; kill -$((c - 128)) $$ 2>/dev/null; fi; exit "$c""#;
+const WRAPPER: &str = r#"IFS= read -r gate <&3; exec 3<&-; [ "$gate" = go ] || exit 125; trap : TERM INT HUP; sh -c "$1"; c=$?; printf '%s\n' "$c" > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; if [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then trap - TERM INT HUP; kill -$((c - 128)) $$ 2>/dev/null; fi; exit "$c""#;
 
 /// Everything needed to start one task.
 #[derive(Debug, Clone)]
@@ -91,9 +92,21 @@ pub struct ProcessHandle {
     pid: u32,
     /// A kill request: `None` uses the task's grace, `Some(d)` at most `d`.
     kill: mpsc::UnboundedSender<Option<Duration>>,
+    /// The write end of the launch gate ([`launch_gated`]) until [`start`](Self::start).
+    gate: Option<File>,
 }
 
 impl ProcessHandle {
+    /// Lets a gated task run its command ([`launch_gated`]). Harmless when it already runs,
+    /// ended or was not gated.
+    pub fn start(&mut self) {
+        if let Some(mut gate) = self.gate.take() {
+            if let Err(e) = gate.write_all(b"go\n") {
+                tracing::warn!(pid = self.pid, "cannot open the launch gate: {e}");
+            }
+        }
+    }
+
     /// The main process id, which is also the process group id.
     pub fn pid(&self) -> u32 {
         self.pid
@@ -186,6 +199,38 @@ pub fn launch<T: Send + 'static>(
     tag: T,
     exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
 ) -> Result<ProcessHandle, LaunchError> {
+    let mut handle = launch_gated(spec, tag, exits)?;
+    handle.start();
+    Ok(handle)
+}
+
+/// The file descriptor on which a task's wrapper waits for its launch gate.
+const GATE_FD: i32 = 3;
+
+/// A close-on-exec pipe: (read end, write end).
+fn gate_pipe() -> io::Result<(OwnedFd, File)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded: both are open descriptors that nothing else owns.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((read, File::from(write)))
+}
+
+/// As [`launch`], but the task's command does not run until [`ProcessHandle::start`]: its
+/// wrapper waits for the word `go` on a pipe whose write end only the handle holds. If the
+/// agent dies before starting it, the pipe closes and the wrapper exits (125) without running
+/// the command. So the agent can record the pid first and then start the task: a task that ran
+/// is always one whose pid the agent recorded (and adopts after a restart), never one it would
+/// take for "never ran" (found by tests/ha_history.rs: a short task killed the agent's record
+/// race, ran, and was reported LOST).
+pub fn launch_gated<T: Send + 'static>(
+    spec: &LaunchSpec,
+    tag: T,
+    exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
+) -> Result<ProcessHandle, LaunchError> {
     for (name, _) in &spec.env {
         if name.is_empty() || name.contains('=') || name.contains('\0') {
             return Err(LaunchError::BadEnv { name: name.clone() });
@@ -224,6 +269,24 @@ pub fn launch<T: Send + 'static>(
         .process_group(0)
         .kill_on_drop(false);
     set_environment(&mut command, &spec.env);
+    // Both ends are close-on-exec; the child gets the read end as GATE_FD, which is not.
+    let (gate_read, gate_write) = gate_pipe().map_err(LaunchError::Spawn)?;
+    let gate_fd = gate_read.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2 or fcntl
+    // (async-signal-safe) on a descriptor number it owns; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            let done = if gate_fd == GATE_FD {
+                libc::fcntl(GATE_FD, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(gate_fd, GATE_FD)
+            };
+            if done < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     confine(&mut command, switch_user, spec.cgroup.as_deref());
     let child = command.spawn().map_err(|source| match &spec.cgroup {
         Some(cgroup) => LaunchError::SpawnInCgroup {
@@ -240,8 +303,13 @@ pub fn launch<T: Send + 'static>(
         pgid: pid,
         cgroup: spec.cgroup.clone(),
     };
+    drop(gate_read);
     tokio::spawn(watch(child, tree, spec.kill_grace, kill_rx, tag, exits));
-    Ok(ProcessHandle { pid, kill: kill_tx })
+    Ok(ProcessHandle {
+        pid,
+        kill: kill_tx,
+        gate: Some(gate_write),
+    })
 }
 
 /// Makes `command` start where a task's processes run: in the task's cgroup (joined first,
@@ -375,7 +443,11 @@ pub fn adopt<T: Send + 'static>(
         tag,
         exits,
     ));
-    ProcessHandle { pid, kill: kill_tx }
+    ProcessHandle {
+        pid,
+        kill: kill_tx,
+        gate: None,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -675,6 +747,35 @@ mod tests {
         let (tag, outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
         assert_eq!(tag, 7);
         outcome
+    }
+
+    /// A gated task runs its command only once started; when the handle goes without starting
+    /// it (the agent died before recording its pid), the wrapper exits 125 and the command never
+    /// ran. The command writes a file; the task's fd 3 (the gate) is closed for the command.
+    #[tokio::test]
+    async fn a_gated_task_runs_only_once_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let command = "touch ran; if true >&3; then echo fd3-open; fi 2>/dev/null";
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let never = spec(dir.path(), command);
+        drop(launch_gated(&never, 1u32, tx.clone()).unwrap());
+        let (_, outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(outcome, ExitOutcome::Code(125));
+        assert!(!never.sandbox.join("ran").exists(), "ran without the gate");
+
+        let started = LaunchSpec {
+            sandbox: dir.path().join("started"),
+            ..spec(dir.path(), command)
+        };
+        let mut handle = launch_gated(&started, 2u32, tx).unwrap();
+        assert!(!started.sandbox.join("ran").exists());
+        handle.start();
+        handle.start();
+        let (_, outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(outcome, ExitOutcome::Code(0));
+        assert!(started.sandbox.join("ran").exists());
+        let stdout = std::fs::read_to_string(started.sandbox.join("stdout")).unwrap();
+        assert_eq!(stdout, "", "the gate leaked into the command");
     }
 
     #[tokio::test]

@@ -606,7 +606,8 @@ impl AgentState {
             tracing::warn!(task = %key.task_id, sandbox = %sandbox.display(),
                 "cannot record the task before starting it: {e}");
         }
-        match process::launch(&spec, key.clone(), self.exits_tx.clone()) {
+        // Gated: the command runs only once the pid is recorded below (`launch_gated`).
+        match process::launch_gated(&spec, key.clone(), self.exits_tx.clone()) {
             Ok(handle) => {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,
                     pid = handle.pid(), resources = %resources, devices = %devices, sandbox = %sandbox.display(),
@@ -646,6 +647,13 @@ impl AgentState {
                     },
                 );
                 self.save_task_file(&key);
+                if let Some(process) = self
+                    .tasks
+                    .get_mut(&key)
+                    .and_then(|record| record.process.as_mut())
+                {
+                    process.start();
+                }
             }
             Err(e) => {
                 if let Some(cgroup) = &cgroup {
