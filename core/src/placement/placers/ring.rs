@@ -18,7 +18,10 @@
 //!   per-GPU state, with equal quantised scores ranked by how much GPU the placement leaves
 //!   without the cpu and memory to use it ([`crate::placement::fragmentation::GpuFeed`],
 //!   [`crate::placement::fragmentation::fgd_rank`]); without a score, or with K ≤ 1, the first is
-//!   chosen, which is exactly the seed's search. The cost is O(K log n) for a fixed, small K.
+//!   chosen, which is exactly the seed's search. The cost is O(K log n) for a fixed, small K;
+//! - **largest candidates** ([`RingSearch::largest`]): beside the K, the score also ranks the
+//!   largest fitting agents of the topmost buckets, so it can choose an agent of another kind
+//!   than the best fits (on openb, a larger node of a GPU model few tasks need).
 
 use super::context::{AgentScore, PlacementContext};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
@@ -147,8 +150,10 @@ impl RingSearch {
 /// Beyond the seed ([`RingsConfig::search`]): a demand asking for
 /// none of a spared dimension is first searched among agents with none of it free; and when the
 /// [`PlacementContext`] carries an [`AgentScore`], the first `candidates` fitting agents in the
-/// search's order (across buckets) are ranked by it (equal scores: the lowest agent key).
-/// [`RingsConfig::seed_001`] turns both off.
+/// search's order (across buckets) and up to `largest` of the largest are ranked by it (equal
+/// scores: the least cpu left, then the lowest agent key), and a demand asking for none of a
+/// spared dimension that no agent without it fits gets the leftover pass before the search of
+/// all agents. [`RingsConfig::seed_001`] turns all of them off.
 ///
 /// [`RingsConfig::search`]: crate::placement::RingsConfig::search
 /// [`RingsConfig::seed_001`]: crate::placement::RingsConfig::seed_001
@@ -361,8 +366,10 @@ fn leftover_search(
 /// go to the least `cpu_left` (the agent's free cpu after the demand: best fit on cpu keeps
 /// cpu where GPUs are idle), then to the lowest agent key (the rule of the FGD
 /// paper's simulator, whose quantised score ties often). The first candidate is the seed
-/// search's answer. O(k log n) ordered-set steps plus the buckets visited, and `k` calls of
-/// `score` and `cpu_left`.
+/// search's answer. When the `k` were found within the upward window, up to `largest` more:
+/// the largest fitting agents of at most [`LARGEST_BUCKETS`] buckets from the top down, all
+/// above the last bucket taken. O((k + largest) log n) ordered-set steps plus the buckets
+/// visited, and `k + largest` calls of `score` and `cpu_left`.
 fn scored_search(
     ring: &RingSet,
     need: u64,
