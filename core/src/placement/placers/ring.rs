@@ -350,7 +350,7 @@ fn leftover_search(
         .take(LEFTOVER_SCAN_PER_CANDIDATE.saturating_mul(k))
         .filter(|&(_, key)| cluster.fits(key, &resolved) && eligible(key))
         .take(k)
-        .min_by_key(|&(_, key)| (score.score(key, demand), cpu_left(key), key))?;
+        .min_by_key(|&(_, key)| rank(score, demand, &cpu_left, key))?;
     Some(Decision {
         agent,
         phase: Some(Phase::Leftover),
@@ -427,7 +427,18 @@ fn scored_search(
     // The cpu rule, measured on the openb trace (docs/results.md, "Stop 25"): the `sharing40`
     // mix 5.27 → 5.08 % unallocated (median of seeds 42–71), the default mix unchanged.
     all.into_iter()
-        .min_by_key(|c| (score.score(c.0, demand), cpu_left(c.0), c.0))
+        .min_by_key(|c| rank(score, demand, cpu_left, c.0))
+}
+
+/// A candidate's rank in the scored tie-break and the leftover pass (lower first): the score,
+/// then the least cpu left, then the lowest key.
+fn rank(
+    score: &dyn AgentScore,
+    demand: &Resources,
+    cpu_left: &dyn Fn(AgentKey) -> u64,
+    key: AgentKey,
+) -> (i64, u64, AgentKey) {
+    (score.score(key, demand), cpu_left(key), key)
 }
 
 #[cfg(test)]
