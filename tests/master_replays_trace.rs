@@ -308,7 +308,10 @@ async fn whole_gpu_tasks_land_where_the_simulator_places_them() {
 /// from the top). With the master's `gpu_milli` ring laid out as the simulator's `gpus` ring,
 /// `gpu_milli` spared like `gpus` (since issue 18 a demand asking for a spared dimension
 /// searches that dimension's ring, and the simulator's shares ask for `gpus`), and without the
-/// scored tie-break, the master's agents and GPUs are the simulator's.
+/// scored tie-break, the master's agents are the simulator's; so are its GPUs when the
+/// simulator's target is the master's (each share takes the GPU of the target's share fill,
+/// [`simulate_master_target`]). With the simulator's own target (the slice's shapes) some
+/// shares take the other GPU of the same node: the share fill is at work.
 #[tokio::test]
 async fn gpu_shares_land_where_the_simulator_places_them() {
     let (nodes, tasks) = slice();
@@ -319,6 +322,26 @@ async fn gpu_shares_land_where_the_simulator_places_them() {
         "rings:\n  gpu_milli: { base: 0, step: 1000, buckets: 16, search_up: 16 }\n  candidates: 1\n  \
          spare: [gpus, gpu_milli]\n",
     );
+    let with_master_target = simulate_master_target(&nodes, &tasks, &config);
     let (simulated, placed) = replay(&nodes, &tasks, config).await;
-    assert_eq!(compare("shares", &nodes, &tasks, &simulated, &placed), 0);
+    assert_eq!(
+        compare(
+            "shares, master's target",
+            &nodes,
+            &tasks,
+            &with_master_target,
+            &placed
+        ),
+        0
+    );
+    let own_target = compare("shares, own target", &nodes, &tasks, &simulated, &placed);
+    let same_nodes = simulated
+        .iter()
+        .zip(&placed)
+        .all(|(s, m)| s.map(|p| p.node) == m.map(|p| p.node));
+    assert!(
+        same_nodes,
+        "the agents are the simulator's whatever the target"
+    );
+    assert!(own_target > 0, "the two targets lead to the same GPUs");
 }

@@ -22,6 +22,7 @@
 //! conversation (messages, records, timers, logs) and call these methods for the books.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ringmaster_core::placement::devices::DeviceBook;
 use ringmaster_core::placement::fragmentation::{
@@ -31,7 +32,7 @@ use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, CycleInput, DrfSorter, Filter, FrameworkKey, Grant, Outcome,
     PlacementContext, PlacementError, QuotaLedger, RunningTask, TieredRequest,
 };
-use ringmaster_proto::devices::{Device, DeviceBinding, DeviceError};
+use ringmaster_proto::devices::{Device, DeviceBinding, DeviceError, ShareFill};
 use ringmaster_proto::resources::{Resources, MILLI};
 
 use crate::config::Config;
@@ -70,6 +71,9 @@ pub(crate) struct Allocator {
     /// The shapes of recent launches: the target workload of the ring's fragmentation
     /// tie-break (docs/placement.md).
     launched_shapes: ShapeWindow,
+    /// The popular slice sizes of the last cycle's target: which GPU a slice is bound to under
+    /// `devices.selection: most-used-that-fits` (docs/devices.md).
+    share_fill: Arc<ShareFill>,
     agent_by_key: HashMap<AgentKey, String>,
     framework_by_key: HashMap<FrameworkKey, String>,
     next_framework_key: FrameworkKey,
@@ -83,6 +87,7 @@ impl Allocator {
             ledger: QuotaLedger::default(),
             devices: DeviceBook::default(),
             launched_shapes: ShapeWindow::default(),
+            share_fill: Arc::default(),
             agent_by_key: HashMap::new(),
             framework_by_key: HashMap::new(),
             next_framework_key: 0,
@@ -256,6 +261,7 @@ impl Allocator {
             drf,
             devices,
             launched_shapes,
+            share_fill,
             agent_by_key,
             framework_by_key,
             ..
@@ -266,6 +272,10 @@ impl Allocator {
                 u64::from(r.request.count),
             ))
         }));
+        let fill = target.as_ref().map(|t| t.share_fill());
+        if fill != Some(&**share_fill) {
+            *share_fill = Arc::new(fill.cloned().unwrap_or_default());
+        }
         let devices: &DeviceBook = devices;
         let agent_by_key: &HashMap<AgentKey, String> = agent_by_key;
         let framework_by_key: &HashMap<FrameworkKey, String> = framework_by_key;
@@ -334,6 +344,12 @@ impl Allocator {
 
     pub fn devices(&self) -> &DeviceBook {
         &self.devices
+    }
+
+    /// Which GPU a slice is bound to when devices are packed: the last cycle's target's
+    /// [`ShareFill`] (the one its ring score assumed); each offer keeps the one it was made with.
+    pub fn share_fill(&self) -> Arc<ShareFill> {
+        Arc::clone(&self.share_fill)
     }
 
     /// The id of the agent admitted under `key`.

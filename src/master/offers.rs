@@ -5,7 +5,9 @@ use ringmaster_proto::convert::{BindingWire, DeviceStateWire, ResourcesWire};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use ringmaster_proto::devices::{DeviceBinding, DeviceRequest, GpuDemand, GPU_MEM, GPU_MILLI};
+use ringmaster_proto::devices::{
+    DeviceBinding, DeviceRequest, DeviceSelection, GpuDemand, ShareFill, GPU_MEM, GPU_MILLI,
+};
 use ringmaster_proto::resources::{Resources, MILLI};
 use ringmaster_proto::{
     Accept, Decline, ErrorCode, KillTask, Message, Offer, Offers, Placement, Rescind, RunTasks,
@@ -227,6 +229,7 @@ impl MasterState {
                 agent: agent_id.to_string(),
                 resources,
                 expires: now + self.config.master.offer_timeout,
+                fill: self.alloc.share_fill(),
             },
         );
         if let Some(fw) = self.frameworks.get_mut(framework_id) {
@@ -496,7 +499,7 @@ impl MasterState {
             .iter()
             .filter_map(|(_, resources)| TaskShape::of_demand(resources))
             .collect();
-        let tasks = match self.bind_task_devices(&agent_id, tasks) {
+        let tasks = match self.bind_task_devices(&agent_id, tasks, &offer.fill) {
             Ok(tasks) => tasks,
             Err(problem) => {
                 self.request_allocation(now);
@@ -594,10 +597,14 @@ impl MasterState {
         &self,
         agent_id: &str,
         tasks: Vec<(TaskInfo, Resources)>,
+        fill: &ShareFill,
     ) -> Result<Vec<(TaskInfo, Resources, DeviceBinding)>, String> {
         let key = self.agents.get(agent_id).and_then(|a| a.key);
         let mut state = key.and_then(|k| self.alloc.devices().state(k)).cloned();
         let policy = self.config.devices.selection;
+        // Packed, a slice takes the GPU the expected slices leave least unfillable, as the
+        // ring's score assumed (docs/devices.md).
+        let fill = (policy == DeviceSelection::MostUsedThatFits).then_some(fill);
         let mut out = Vec::with_capacity(tasks.len());
         for (mut info, mut resources) in tasks {
             let id = info.task_id.clone();
@@ -618,9 +625,11 @@ impl MasterState {
             let state = state.as_mut().ok_or_else(|| {
                 format!("task {id} asks for a GPU slice but agent {agent_id} has no devices")
             })?;
-            let binding = state.select(&request, policy).ok_or_else(|| {
-                format!("task {id}: no GPU of agent {agent_id} can hold {request:?}")
-            })?;
+            let binding = state
+                .select_filling(&request, policy, fill)
+                .ok_or_else(|| {
+                    format!("task {id}: no GPU of agent {agent_id} can hold {request:?}")
+                })?;
             state
                 .bind(&binding)
                 .map_err(|e| format!("task {id}: {e}"))?;

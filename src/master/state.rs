@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use compact_str::CompactString;
 
+use ringmaster_proto::devices::ShareFill;
 use ringmaster_proto::resources::Resources;
 use ringmaster_proto::{Error as ProtoError, ErrorCode, Message, TaskState, TaskStatus};
 use tokio::sync::{mpsc, watch};
@@ -123,6 +124,9 @@ pub(crate) struct OfferRecord {
     pub agent: String,
     pub resources: Resources,
     pub expires: Instant,
+    /// The share fill of the cycle that made the offer: how its Accept binds GPU slices when
+    /// devices are packed (the binding the cycle's score assumed).
+    pub fill: Arc<ShareFill>,
 }
 
 /// Who a framework's tasks run for, and where: one allocation per framework, shared by its

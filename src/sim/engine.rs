@@ -33,7 +33,7 @@ use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape};
 use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
 use super::trace::{Node, Task, GPU_MILLI};
 use crate::dry_run::exact_cycle_input;
-use ringmaster_core::placement::fragmentation::fgd_rank;
+use ringmaster_core::placement::fragmentation::{fgd_rank, slice_rank};
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
     PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
@@ -443,12 +443,15 @@ impl<'w> SimCluster<'w> {
                 }
                 // The ring's tie-break score: FGD's score as the paper's simulator quantises it
                 // (the growth of the node's expected GPU fragment, `fgd_quantised_score`), then
-                // the growth of the node's unfed GPU (`GpuFeed`), ranked by `fgd_rank`, and the
-                // GPUs that score assumes, cached per (node, shape) like the paper's. The
-                // master's score is the same (`DeviceFragmentScore`).
+                // the growth of the node's unfed GPU (`GpuFeed`), ranked by `fgd_rank`; for a
+                // slice of one GPU first the growth of what the expected slices cannot fill
+                // (`ShareFill`, `slice_rank`). With the GPUs that score assumes, cached per
+                // (node, shape) like the paper's. The master's score is the same
+                // (`DeviceFragmentScore`).
                 let shapes = workload.shapes.len();
                 let cache = RefCell::new(cache.as_mut());
                 let feed = target.feed();
+                let fill = target.share_fill();
                 let fgd = |node: usize| -> Option<(i64, GpuPick)> {
                     let compute = || {
                         let state = &nodes[node];
@@ -457,7 +460,6 @@ impl<'w> SimCluster<'w> {
                             kinds: &kinds[node],
                             fragment: node_fragment[node],
                         };
-                        let (negated, pick) = score(PaperPolicy::Fgd, &view, s, target)?;
                         let unfed = feed
                             .unfed_growth(
                                 state.cpu_free,
@@ -466,7 +468,25 @@ impl<'w> SimCluster<'w> {
                                 &s.into(),
                             )
                             .unwrap_or(0);
-                        Some((fgd_rank(-negated, unfed), pick))
+                        if !s.is_shared() {
+                            let (negated, pick) = score(PaperPolicy::Fgd, &view, s, target)?;
+                            return Some((fgd_rank(-negated, unfed), pick));
+                        }
+                        // A slice takes the GPU the target's popular slices leave least
+                        // unfillable (`ShareFill`, as the master binds it), and the node is
+                        // ranked by that growth, the unfed growth, then FGD's score there.
+                        let gpu = fill.pick(&state.gpu_free, s.gpu_milli)?;
+                        let fill_growth = fill.growth(state.gpu_free[gpu], s.gpu_milli)?;
+                        let growth = target.growth(
+                            state.cpu_free,
+                            &state.gpu_free,
+                            state.model,
+                            &s.into(),
+                            &[gpu],
+                            view.fragment,
+                        )?;
+                        let score = target.quantised_score(growth);
+                        Some((slice_rank(fill_growth, unfed, score), 1u64 << gpu))
                     };
                     let mut cache = cache.borrow_mut();
                     match cache.as_mut() {
@@ -508,6 +528,15 @@ impl<'w> SimCluster<'w> {
                 // A node chosen by FGD's score gets the GPUs that score assumed.
                 let gpus = match ranked.get() {
                     true => fgd(agent).map(|(_, pick)| pick),
+                    // Unranked, the master's placers bind a slice by the target's ShareFill
+                    // too; the historical ring variants keep the best fit.
+                    false if s.is_shared() && matches!(policy, SimPolicy::Allocator(_)) => {
+                        let fill = target.share_fill();
+                        node.fits(s)
+                            .then(|| fill.pick(&node.gpu_free, s.gpu_milli))
+                            .flatten()
+                            .map(|i| 1u64 << i)
+                    }
                     false => node.best_fit_gpus(s),
                 };
                 if gpus.is_none() {

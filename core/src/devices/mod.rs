@@ -23,6 +23,7 @@
 //! memory). They are necessary, not sufficient: the per-device fit here is the exact test. On an
 //! agent without a device list, `gpus` stays the plain scalar it was before this module.
 
+mod fill;
 mod model;
 mod packed;
 mod request;
@@ -31,6 +32,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+pub use fill::*;
 pub use model::*;
 pub use packed::*;
 pub use request::*;

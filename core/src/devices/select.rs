@@ -98,6 +98,18 @@ impl DeviceState {
         request: &DeviceRequest,
         policy: DeviceSelection,
     ) -> Option<DeviceBinding> {
+        self.select_filling(request, policy, None)
+    }
+
+    /// [`select`](Self::select) looking ahead at the expected slices: with `fill`, a slice goes to
+    /// the fitting device whose unfillable share grows least ([`ShareFill::growth`]), then by
+    /// `policy`, then the lowest index. Whole devices are taken as `select` takes them.
+    pub fn select_filling(
+        &self,
+        request: &DeviceRequest,
+        policy: DeviceSelection,
+        fill: Option<&ShareFill>,
+    ) -> Option<DeviceBinding> {
         let mut fitting: Vec<usize> = (0..self.devices.len())
             .filter(|&i| self.device_fits(i, request))
             .collect();
@@ -119,9 +131,11 @@ impl DeviceState {
             }
             GpuDemand::Slice { share, memory_mib } => {
                 let key = |i: usize| (self.free_share[i], self.free_memory[i]);
+                let growth = |i: usize| fill.and_then(|f| f.growth(self.free_share[i], share));
                 let best = fitting.iter().copied().min_by(|&a, &b| {
-                    policy
-                        .prefer(key(a), key(b))
+                    growth(a)
+                        .cmp(&growth(b))
+                        .then(policy.prefer(key(a), key(b)))
                         .then(self.devices[a].index.cmp(&self.devices[b].index))
                 })?;
                 Some(DeviceBinding {

@@ -14,7 +14,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::devices::{
-    select_shares_by_cost, DeviceRequest, DeviceSelection, DeviceState, GpuDemand, MAX_PICK_DEVICES,
+    select_shares_by_cost, DeviceRequest, DeviceSelection, DeviceState, GpuDemand, ShareFill,
+    MAX_PICK_DEVICES,
 };
 use crate::resources::Resources;
 
@@ -92,6 +93,7 @@ pub struct TargetWorkload {
     shapes: Vec<TargetShape>,
     total_weight: u64,
     feed: GpuFeed,
+    fill: ShareFill,
 }
 
 impl TargetWorkload {
@@ -106,12 +108,17 @@ impl TargetWorkload {
 
     /// From shapes with their task counts (a shape may repeat; counts add up). Shapes that
     /// differ only in memory are one shape of the fragment measure; every counted task, kept
-    /// shape or not, goes into the [`GpuFeed`].
+    /// shape or not, goes into the [`GpuFeed`] and, if it is a slice of one GPU, the
+    /// [`ShareFill`].
     pub fn from_counts(counts: impl IntoIterator<Item = (TaskShape, u64)>) -> Self {
         let mut merged: HashMap<TaskShape, u64> = HashMap::new();
         let mut feed = FeedSums::default();
+        let mut slices: Vec<(u32, u64)> = Vec::new();
         for (shape, count) in counts {
             feed.add(&shape, count);
+            if shape.num_gpu == 1 && shape.gpu_milli < WHOLE_GPU_MILLI {
+                slices.push((shape.gpu_milli, count));
+            }
             let shape = TaskShape {
                 memory_mib: 0,
                 ..shape
@@ -136,7 +143,13 @@ impl TargetWorkload {
             shapes,
             total_weight: covered,
             feed: feed.ratio(),
+            fill: ShareFill::from_counts(slices),
         }
+    }
+
+    /// Which GPU a slice should take, from the target's popular slice sizes ([`ShareFill`]).
+    pub fn share_fill(&self) -> &ShareFill {
+        &self.fill
     }
 
     /// What the target's GPU tasks bring per GPU ([`GpuFeed`]).
@@ -409,11 +422,26 @@ impl FeedSums {
 /// the [`GpuFeed::unfed_growth`] of placing there: lower is better, the score first, the unfed
 /// growth only between equal scores.
 pub fn fgd_rank(quantised_score: i64, unfed_growth: i64) -> i64 {
-    const SCORE_UNIT: i64 = 1 << 32;
-    let unfed = unfed_growth.clamp(-(SCORE_UNIT / 2), SCORE_UNIT / 2 - 1);
-    (-quantised_score)
-        .saturating_mul(SCORE_UNIT)
-        .saturating_add(unfed)
+    rank(-quantised_score, unfed_growth, 0)
+}
+
+/// The ring's ranking of one candidate for a slice of one GPU: the [`ShareFill::growth`] of the
+/// GPU the slice would take there (milli-GPU), then the [`GpuFeed::unfed_growth`], then FGD's
+/// [`fgd_quantised_score`] (higher better); lower is better. FGD's score does not come first
+/// for slices: its 40 milli-GPU steps call most slice placements equal, and it prefers the slice
+/// that shrinks the fragment now (a 0.23 into a 0.35 gap) over the one that leaves a gap the
+/// expected slices can fill (docs/placement.md).
+pub fn slice_rank(fill_growth: i64, unfed_growth: i64, quantised_score: i64) -> i64 {
+    rank(fill_growth, unfed_growth, -quantised_score)
+}
+
+/// `first`, then `second`, then `third`, lower better, in one integer: `second` and `third`
+/// clamped to ±(2¹⁹ − 1), `first` to ±2²².
+fn rank(first: i64, second: i64, third: i64) -> i64 {
+    const PART: i64 = 1 << 20;
+    let part = |v: i64| v.clamp(-(PART / 2) + 1, PART / 2 - 1);
+    let first = first.clamp(-(1 << 22), 1 << 22);
+    first * PART * PART + part(second) * PART + part(third)
 }
 
 // ------------------------------------------------------------------ the master's view
@@ -524,23 +552,47 @@ impl<'a> DeviceFragmentScore<'a> {
 
     /// The growth for one agent's device state and free cpu.
     pub fn growth_on(&self, state: &DeviceState, cpu_free: u64, demand: &Resources) -> Option<i64> {
+        self.placed_on(state, cpu_free, demand)
+            .map(|(growth, _)| growth)
+    }
+
+    /// The growth for one agent's device state and free cpu, and for a slice of one GPU the
+    /// [`ShareFill::growth`] of the device it would take ([`DeviceState::select_filling`] with
+    /// the target's fill, the call the master makes at accept time).
+    fn placed_on(
+        &self,
+        state: &DeviceState,
+        cpu_free: u64,
+        demand: &Resources,
+    ) -> Option<(i64, Option<i64>)> {
         let shape = TaskShape::of_demand(demand)?;
         let gpu_free = state.free_share();
         let before = self.target.fragment(cpu_free, gpu_free);
         let request = DeviceRequest::from_scalars(demand, Vec::new()).ok()?;
         let Some(request) = request else {
-            return self
+            let growth = self
                 .target
-                .growth(cpu_free, gpu_free, None, &shape, &[], before);
+                .growth(cpu_free, gpu_free, None, &shape, &[], before)?;
+            return Some((growth, None));
         };
-        let binding = state.select(&request, self.selection)?;
+        let fill =
+            (self.selection == DeviceSelection::MostUsedThatFits).then(|| self.target.share_fill());
+        let binding = state.select_filling(&request, self.selection, fill)?;
         let positions: Vec<usize> = binding
             .devices
             .iter()
             .map(|bound| state.devices().iter().position(|d| d.index == bound.index))
             .collect::<Option<_>>()?;
-        self.target
-            .growth(cpu_free, gpu_free, None, &shape, &positions, before)
+        let growth = self
+            .target
+            .growth(cpu_free, gpu_free, None, &shape, &positions, before)?;
+        let fill_growth = match (request.demand, fill) {
+            (GpuDemand::Slice { share, .. }, Some(fill)) => positions
+                .first()
+                .and_then(|&i| fill.growth(gpu_free[i], share)),
+            _ => None,
+        };
+        Some((growth, fill_growth))
     }
 }
 
@@ -589,11 +641,15 @@ impl AgentScore for DeviceFragmentScore<'_> {
         let (Some(state), Some(free)) = (self.devices.state(agent), self.free.get(&agent)) else {
             return fgd_rank(self.target.quantised_score(0), 0);
         };
-        let Some(growth) = self.growth_on(state, free.cpu_milli, demand) else {
+        let Some((growth, fill_growth)) = self.placed_on(state, free.cpu_milli, demand) else {
             return i64::MAX;
         };
         let unfed = TaskShape::of_demand(demand).map_or(0, |s| self.unfed_on(state, free, &s));
-        fgd_rank(self.target.quantised_score(growth), unfed)
+        let score = self.target.quantised_score(growth);
+        match fill_growth {
+            Some(fill_growth) => slice_rank(fill_growth, unfed, score),
+            None => fgd_rank(score, unfed),
+        }
     }
 }
 
@@ -931,13 +987,77 @@ mod tests {
         assert_eq!(pack.target.feed().cpu_milli_per_gpu, 2000);
         // 0.3 GPU and 1 cpu off agent 1: 7 cpus feed 3.5 GPUs, 1.4 are free: nothing unfed.
         assert_eq!(pack.unfed_growth(1, &d3), 0);
-        assert_eq!(pack.score(1, &d3), fgd_rank(40, 0));
+        // Packed, a slice is ranked by its fill growth first: the target's one slice size is
+        // 500, so 400 free leaves 400 − 0 unfillable against 700's 200: +200 (the whole GPU
+        // would grow as much, 700 = 500 + 200, and the pack takes the 700).
+        assert_eq!(pack.score(1, &d3), slice_rank(200, 0, 40));
         assert_eq!(spread.score(1, &d3), fgd_rank(50, 0));
         assert_eq!(pack.score(3, &d3), fgd_rank(50, 0), "no devices");
         // 7.5 cpus off agent 1: 0.5 cpu feeds 250 milli-GPU of the 1700 free.
         assert_eq!(pack.unfed_growth(1, &demand("cpus:7.5")), 1450);
         assert_eq!(pack.score(1, &demand("cpus:7.5")), fgd_rank(15, 1450));
         assert_eq!(pack.score(1, &demand("gpus:2")), i64::MAX);
+    }
+
+    /// Packed, a slice goes to the GPU the target's popular slices leave least unfillable, not
+    /// the best fit, and the score ranks by that fill growth first.
+    #[test]
+    fn packed_slices_take_the_gpu_expected_slices_can_fill() {
+        let sizes = [230, 320, 460, 470, 650, 810];
+        let target = TargetWorkload::from_tasks(sizes.map(|m| gpu_shape(1000, 1, m)));
+        assert_eq!(target.share_fill().sizes(), &sizes);
+        let mut book = DeviceBook::new();
+        let (_, devices) = parse_agent_resources("gpus:2x16384").unwrap();
+        book.set_agent(1, devices).unwrap();
+        // A 0.65 on GPU 0: free [350, 1000].
+        book.take(1, &DeviceBinding::parse("gpu:0:650:0").unwrap())
+            .unwrap();
+        let free = CpuMemFree {
+            cpu_milli: 64_000,
+            memory_mib: 1 << 20,
+        };
+        let pack = DeviceFragmentScore::new(
+            &target,
+            &book,
+            [(1, free)].into(),
+            DeviceSelection::MostUsedThatFits,
+        );
+        let d = demand("cpus:1;gpu_milli:230");
+        // 0.23 on the 350 leaves 120, none of it fillable (30 was: 350 = 320 + 30): +90; on
+        // the whole GPU it leaves 770 = 230 + 470 + 70: +70. The best fit would take GPU 0.
+        let fill = target.share_fill();
+        assert_eq!(fill.growth(350, 230), Some(90));
+        assert_eq!(fill.growth(1000, 230), Some(70));
+        let state = book.state(1).unwrap();
+        let request = DeviceRequest::from_scalars(&d, Vec::new())
+            .unwrap()
+            .unwrap();
+        let bound = |fill| {
+            state
+                .select_filling(&request, DeviceSelection::MostUsedThatFits, fill)
+                .unwrap()
+                .devices[0]
+                .index
+        };
+        assert_eq!(bound(Some(fill)), 1);
+        assert_eq!(bound(None), 0);
+        // The score assumes GPU 1 and ranks by +70 first.
+        let gpu_free = state.free_share();
+        let before = target.fragment(free.cpu_milli, gpu_free);
+        let shape = TaskShape::of_demand(&d).unwrap();
+        let growth = target
+            .growth(free.cpu_milli, gpu_free, None, &shape, &[1], before)
+            .unwrap();
+        assert_eq!(pack.growth(1, &d), growth);
+        let score = target.quantised_score(growth);
+        assert_eq!(
+            pack.score(1, &d),
+            slice_rank(70, pack.unfed_growth(1, &d), score)
+        );
+        // A fill growth one milli-GPU lower outranks any unfed growth and score.
+        assert!(slice_rank(69, 500_000, 0) < slice_rank(70, -500_000, 99));
+        assert!(slice_rank(70, -1, 0) < slice_rank(70, 0, 99));
+        assert!(slice_rank(70, 0, 51) < slice_rank(70, 0, 50));
     }
 
     /// The feed of a target: Σ cpu ÷ Σ GPU and Σ memory ÷ Σ GPU over its GPU tasks, weighted
