@@ -115,20 +115,24 @@ fn tiny_trace_by_hand() {
     let last = ring.timeline.last().unwrap();
     assert_eq!((last.cpu_pct, last.gpu_pct, last.pending), (0.0, 0.0, 0));
 
-    // The default ring ranks its candidates by FGD's fragment growth: t1 goes to a's free T4
-    // (less growth than on b), t2 then to b, and t3 waits only until t2 leaves at 5.
+    // The default ring ranks a slice's candidates by the share fill first (t0's 0.5 leaves 0.5
+    // on either node, a popular size: no growth), then by unfed GPU: on a, 2 cpus would be left
+    // for 1.5 free GPUs, which at the trace's 7 cpus per 3.1 GPUs feed 0.88 (+0.39 unfed), on b
+    // 6 cpus for 0.5 GPU (none). FGD's score, which sees that t3 needs b's V100 whole, only
+    // comes third: t0 → b, t1 and t2 → a, and t3 waits until t0 leaves at 10 (as under
+    // best-fit). Before the share fill (FGD's score first) t0 went to a and t3 waited 2 s.
     let ring = run_replay(&w, &target, "ring".parse().unwrap(), &rings, Ties::First).unwrap();
     assert_eq!(
         starts(&ring.outcomes),
         [
-            (Some(0), Some(0)),
+            (Some(1), Some(0)),
             (Some(0), Some(1)),
-            (Some(1), Some(2)),
-            (Some(1), Some(5)),
+            (Some(0), Some(2)),
+            (Some(1), Some(10)),
             (Some(1), Some(4)),
         ]
     );
-    assert_eq!((ring.wait_mean_s, ring.wait_p99_s), (0.4, 2.0));
+    assert_eq!((ring.wait_mean_s, ring.wait_p99_s), (1.4, 7.0));
 }
 
 /// A slice of openb small enough for a debug-build test.
