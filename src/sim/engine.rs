@@ -274,6 +274,9 @@ pub struct Usage {
     pub gpu_total: u64,
 }
 
+/// One cached score; the cache is shape-major (entry `shape × nodes + node`), so the scores one
+/// decision reads, all for one shape, lie together: a scan reads them in order and the ring's
+/// candidates within a few tens of KiB (node-major, each candidate was a cache miss).
 #[derive(Clone, Copy, Default)]
 struct CacheEntry {
     generation: u32,
@@ -448,7 +451,6 @@ impl<'w> SimCluster<'w> {
                 // (`ShareFill`, `slice_rank`). With the GPUs that score assumes, cached per
                 // (node, shape) like the paper's. The master's score is the same
                 // (`DeviceFragmentScore`).
-                let shapes = workload.shapes.len();
                 let cache = RefCell::new(cache.as_mut());
                 let feed = target.feed();
                 let fill = target.share_fill();
@@ -491,7 +493,7 @@ impl<'w> SimCluster<'w> {
                     let mut cache = cache.borrow_mut();
                     match cache.as_mut() {
                         Some(cache) => {
-                            let entry = &mut cache[node * shapes + shape];
+                            let entry = &mut cache[shape * nodes.len() + node];
                             if entry.generation != generation[node] {
                                 entry.value = compute();
                                 entry.generation = generation[node];
@@ -547,7 +549,6 @@ impl<'w> SimCluster<'w> {
                 Ok(gpus.map(|gpus| Placement { node: agent, gpus }))
             }
             SimPolicy::Paper(policy) => {
-                let shapes = workload.shapes.len();
                 let mut best: Option<(i64, Placement)> = None;
                 let mut ties = 0u32;
                 for node in 0..nodes.len() {
@@ -565,7 +566,7 @@ impl<'w> SimCluster<'w> {
                     };
                     let value = match cache.as_mut() {
                         Some(cache) => {
-                            let entry = &mut cache[node * shapes + shape];
+                            let entry = &mut cache[shape * nodes.len() + node];
                             if entry.generation != generation[node] {
                                 entry.value = compute();
                                 entry.generation = generation[node];
