@@ -536,3 +536,38 @@ fn a_plan_honors_constraints_distinct_hosts_and_the_partition_and_says_why_not()
     // Nothing was taken for real.
     assert_eq!(h.snapshot().free, "cpus:16;mem:4096");
 }
+
+/// A GPU agent registered with its device list (`gpus:NxMEM`).
+fn gpu_agent(h: &mut Harness, id: &str, resources: &str) {
+    let (total, devices) = ringmaster_proto::devices::parse_agent_resources(resources).unwrap();
+    h.agent_with(ringmaster_proto::RegisterAgent {
+        devices: devices.iter().map(Into::into).collect(),
+        ..super::super::harness::register(id, &total.to_string())
+    });
+}
+
+/// Packed devices: an Accept binds a GPU slice where the slices the master expects can still
+/// fill what it leaves (the share fill of the cycle that made the offer), not by best fit. The
+/// master learns 0.32 and 0.47 (on g2, whose cpu they use up) and 0.65 (on g1: GPUs free
+/// [350, 1000]); a 0.23 on the 350 leaves 120 no sum of those sizes fills (+90 unfillable), on
+/// the whole GPU 770 = 230 + 470 + 70 (+70): GPU 1, where best fit takes GPU 0.
+#[test]
+fn a_packed_slice_is_bound_where_the_expected_slices_can_fill_the_rest() {
+    let mut h = Harness::configured(|c| {
+        c.devices.selection = ringmaster_proto::devices::DeviceSelection::MostUsedThatFits;
+    });
+    gpu_agent(&mut h, "g2", "cpus:2;mem:1024;gpus:1x16384");
+    let fw = h.framework("gpu");
+    assert_eq!(h.launch(&fw, "s320", "cpus:1;mem:128;gpu_milli:320"), "g2");
+    assert_eq!(h.launch(&fw, "s470", "cpus:1;mem:128;gpu_milli:470"), "g2");
+    gpu_agent(&mut h, "g1", "cpus:8;mem:4096;gpus:2x16384");
+    assert_eq!(h.launch(&fw, "s650", "cpus:1;mem:128;gpu_milli:650"), "g1");
+    assert_eq!(h.launch(&fw, "s230", "cpus:1;mem:128;gpu_milli:230"), "g1");
+    let bound = |h: &Harness, t: &str| {
+        h.state.tasks[&crate::master::state::make_task_key(&fw.id, t)]
+            .devices
+            .to_string()
+    };
+    assert_eq!(bound(&h, "s650"), "gpu:0:650:0");
+    assert_eq!(bound(&h, "s230"), "gpu:1:230:0");
+}
