@@ -275,8 +275,8 @@ pub struct Usage {
 }
 
 /// One cached score; the cache is shape-major (entry `shape × nodes + node`), so the scores one
-/// decision reads, all for one shape, lie together: a scan reads them in order and the ring's
-/// candidates within a few tens of KiB (node-major, each candidate was a cache miss).
+/// decision reads, all for one shape, lie together and a scan reads them in order (node-major,
+/// `fgd`'s decision median on openb was ≈ 5 µs, shape-major ≈ 4; the ring's did not change).
 #[derive(Clone, Copy, Default)]
 struct CacheEntry {
     generation: u32,
