@@ -147,6 +147,24 @@ async fn whole_gpus_hold_their_memory_and_pack_policy_shares_devices() {
     assert!(e.message.contains("no GPU of agent a"), "{}", e.message);
 }
 
+/// The id of the first offer of agent `want`; offers of other agents are declined (refused for
+/// a minute).
+async fn offer_of(fw: &mut Client, want: &str) -> String {
+    loop {
+        let mut chosen = None;
+        for offer in fw.expect_offers().await {
+            if offer.agent_id == want && chosen.is_none() {
+                chosen = Some(offer.offer_id.clone());
+            } else {
+                fw.decline(&offer.offer_id, 60.0).await;
+            }
+        }
+        if let Some(id) = chosen {
+            return id;
+        }
+    }
+}
+
 /// Launches `tasks` on agent `want` through a fresh framework: offers of other agents are
 /// declined (refused for a minute) until one of `want` comes; the demand is withdrawn before
 /// the Accept so no further offer holds an agent.
@@ -158,19 +176,7 @@ async fn launch_on(
 ) {
     let mut fw = Client::framework(master.addr(), &format!("setup-{want}")).await;
     fw.demand(tasks[0], 1).await;
-    let offer_id = loop {
-        let mut chosen = None;
-        for offer in fw.expect_offers().await {
-            if offer.agent_id == want && chosen.is_none() {
-                chosen = Some(offer.offer_id.clone());
-            } else {
-                fw.decline(&offer.offer_id, 60.0).await;
-            }
-        }
-        if let Some(id) = chosen {
-            break id;
-        }
-    };
+    let offer_id = offer_of(&mut fw, want).await;
     fw.demand(tasks[0], 0).await;
     let infos = tasks
         .iter()
@@ -266,19 +272,7 @@ async fn packed_slices_go_where_the_learned_slices_can_fill_the_rest() {
     let slice = "cpus:1;gpu_milli:230";
     let mut fw = Client::framework(master.addr(), "slice").await;
     fw.demand(slice, 1).await;
-    let offer_id = loop {
-        let mut chosen = None;
-        for offer in fw.expect_offers().await {
-            if offer.agent_id == "a" && chosen.is_none() {
-                chosen = Some(offer.offer_id.clone());
-            } else {
-                fw.decline(&offer.offer_id, 60.0).await;
-            }
-        }
-        if let Some(id) = chosen {
-            break id;
-        }
-    };
+    let offer_id = offer_of(&mut fw, "a").await;
     fw.demand(slice, 0).await;
     fw.accept(&offer_id, vec![task("s", slice, "true")]).await;
     let run = a.expect_run().await;
