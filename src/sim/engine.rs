@@ -29,10 +29,11 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use ringmaster_proto::resources::{Resources, MILLI};
 
-use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape};
+use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape, SIM_SELECTION};
 use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
 use super::trace::{Node, Task, GPU_MILLI};
 use crate::dry_run::exact_cycle_input;
+use ringmaster_core::devices::select_shares_filling;
 use ringmaster_core::placement::fragmentation::{fgd_rank, slice_rank};
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
@@ -477,7 +478,14 @@ impl<'w> SimCluster<'w> {
                         // A slice takes the GPU the target's popular slices leave least
                         // unfillable (`ShareFill`, as the master binds it), and the node is
                         // ranked by that growth, the unfed growth, then FGD's score there.
-                        let gpu = fill.pick(&state.gpu_free, s.gpu_milli)?;
+                        let pick = select_shares_filling(
+                            &state.gpu_free,
+                            1,
+                            s.gpu_milli,
+                            SIM_SELECTION,
+                            Some(fill),
+                        )?;
+                        let gpu = pick.trailing_zeros() as usize;
                         let fill_growth = fill.growth(state.gpu_free[gpu], s.gpu_milli)?;
                         let growth = target.growth(
                             state.cpu_free,
@@ -488,7 +496,7 @@ impl<'w> SimCluster<'w> {
                             view.fragment,
                         )?;
                         let score = target.quantised_score(growth);
-                        Some((slice_rank(fill_growth, unfed, score), 1u64 << gpu))
+                        Some((slice_rank(fill_growth, unfed, score), pick))
                     };
                     let mut cache = cache.borrow_mut();
                     match cache.as_mut() {
@@ -532,13 +540,18 @@ impl<'w> SimCluster<'w> {
                     true => fgd(agent).map(|(_, pick)| pick),
                     // Unranked, the master's placers bind a slice by the target's ShareFill
                     // too; the historical ring variants keep the best fit.
-                    false if s.is_shared() && matches!(policy, SimPolicy::Allocator(_)) => {
-                        let fill = target.share_fill();
-                        node.fits(s)
-                            .then(|| fill.pick(&node.gpu_free, s.gpu_milli))
-                            .flatten()
-                            .map(|i| 1u64 << i)
-                    }
+                    false if s.is_shared() && matches!(policy, SimPolicy::Allocator(_)) => node
+                        .fits(s)
+                        .then(|| {
+                            select_shares_filling(
+                                &node.gpu_free,
+                                1,
+                                s.gpu_milli,
+                                SIM_SELECTION,
+                                Some(target.share_fill()),
+                            )
+                        })
+                        .flatten(),
                     false => node.best_fit_gpus(s),
                 };
                 if gpus.is_none() {

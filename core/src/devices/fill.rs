@@ -8,7 +8,9 @@
 //! its **unfillable part**: `v` minus the largest sum of popular sizes (each any number of times)
 //! that is ≤ `v`. A fully free GPU counts 0 (whole-GPU tasks use it). Placing a slice of `s` on a
 //! GPU with `g` free changes that GPU's unfillable part by `waste(g − s) − waste(g)`; the GPU
-//! with the least change goes first ([`ShareFill::growth`], [`ShareFill::pick`]).
+//! with the least change goes first ([`ShareFill::growth`]; the choice itself is
+//! [`DeviceState::select_filling`](super::DeviceState::select_filling) and its free-share form
+//! [`select_shares_filling`](super::select_shares_filling)).
 //!
 //! Only popular sizes count because a size that arrives rarely does not fill the gaps it could
 //! fill in theory (openb has 74 slices of 0.16 for about 1,100 gaps of 0.19): counting every
@@ -103,28 +105,6 @@ impl ShareFill {
         let after = free.checked_sub(share)?;
         Some(i64::from(self.waste(after)) - i64::from(self.waste(free)))
     }
-
-    /// The sort key of a GPU with `free` milli-GPU free for a slice of `share` (lower first): its
-    /// [`growth`](Self::growth) (`i64::MAX` when the slice does not fit), then what is left
-    /// after (best fit). Equal keys are for the caller (lowest index).
-    pub fn key(&self, free: u32, share: u32) -> (i64, u32) {
-        (
-            self.growth(free, share).unwrap_or(i64::MAX),
-            free.saturating_sub(share),
-        )
-    }
-
-    /// The GPU (position in `free_share`, up to 64) for a slice of `share`: the least
-    /// [`key`](Self::key), then the lowest position; `None` when no GPU holds it.
-    pub fn pick(&self, free_share: &[u32], share: u32) -> Option<usize> {
-        free_share
-            .iter()
-            .take(super::MAX_PICK_DEVICES)
-            .enumerate()
-            .filter(|&(_, &g)| g >= share)
-            .min_by_key(|&(i, &g)| (self.key(g, share), i))
-            .map(|(i, _)| i)
-    }
 }
 
 #[cfg(test)]
@@ -172,17 +152,27 @@ mod tests {
         assert_eq!(f.growth(1000, 230), Some(70));
     }
 
+    fn pick(fill: &ShareFill, free: &[u32], share: u32) -> Option<u64> {
+        super::super::select_shares_filling(
+            free,
+            1,
+            share,
+            super::super::DeviceSelection::MostUsedThatFits,
+            Some(fill),
+        )
+    }
+
     #[test]
     fn pick_takes_least_growth_then_best_fit_then_lowest() {
         let f = openb();
         // A 0.47: the whole GPU grows by 60; the 530 and the 940 by 0 (60 → 60, 0 → 0), and of
         // those the 530 fits best.
-        assert_eq!(f.pick(&[1000, 530, 940], 470), Some(1));
+        assert_eq!(pick(&f, &[1000, 530, 940], 470), Some(0b010));
         // Equal growth and equal fit: the lowest position.
-        assert_eq!(f.pick(&[530, 530], 470), Some(0));
+        assert_eq!(pick(&f, &[530, 530], 470), Some(0b01));
         // Nothing fits.
-        assert_eq!(f.pick(&[100, 200], 470), None);
-        assert_eq!(f.pick(&[], 470), None);
+        assert_eq!(pick(&f, &[100, 200], 470), None);
+        assert_eq!(pick(&f, &[], 470), None);
     }
 
     #[test]
@@ -238,6 +228,6 @@ mod tests {
         assert_eq!(f.waste(999), 999);
         assert_eq!(f.waste(1000), 0);
         // Then a partly used GPU goes before a whole one (its share shrinks the waste).
-        assert_eq!(f.pick(&[1000, 600], 300), Some(1));
+        assert_eq!(pick(&f, &[1000, 600], 300), Some(0b10));
     }
 }

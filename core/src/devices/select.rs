@@ -186,6 +186,19 @@ pub fn select_shares(
     share: u32,
     policy: DeviceSelection,
 ) -> Option<u64> {
+    select_shares_filling(free_share, count, share, policy, None)
+}
+
+/// [`select_shares`] looking ahead at the expected slices, the free-share form of
+/// [`DeviceState::select_filling`]: with `fill`, slices are ranked by [`ShareFill::growth`]
+/// first, then by `policy`, then by position.
+pub fn select_shares_filling(
+    free_share: &[u32],
+    count: u32,
+    share: u32,
+    policy: DeviceSelection,
+    fill: Option<&ShareFill>,
+) -> Option<u64> {
     let need = count as usize;
     if need == 0 {
         return Some(0);
@@ -202,7 +215,13 @@ pub fn select_shares(
     }
     // Whole devices: every fitting device is fully free, so the order is by position alone.
     if share < SHARE_CAPACITY {
-        fitting.sort_unstable_by(|a, b| policy.prefer((a.0, 0), (b.0, 0)).then(a.1.cmp(&b.1)));
+        let growth = |g: u32| fill.and_then(|f| f.growth(g, share));
+        fitting.sort_unstable_by(|a, b| {
+            growth(a.0)
+                .cmp(&growth(b.0))
+                .then(policy.prefer((a.0, 0), (b.0, 0)))
+                .then(a.1.cmp(&b.1))
+        });
     }
     Some(
         fitting[..need]
@@ -271,9 +290,11 @@ mod tests {
     }
 
     /// Every state of three devices with free shares from {0, 250, 500, 750, 1000}: the
-    /// free-share form picks what `DeviceState::select` binds, for both policies.
+    /// free-share form picks what `DeviceState::select` binds, for both policies, with and
+    /// without a share fill.
     #[test]
     fn select_shares_is_select_on_free_shares() {
+        let fill = ShareFill::from_sizes([250, 300]);
         let steps = [0, 250, 500, 750, 1000];
         let requests = [
             GpuDemand::Slice {
@@ -309,6 +330,14 @@ mod tests {
                                 select_shares(&free, count, share, policy),
                                 state.select(&request, policy).as_ref().map(mask),
                                 "{free:?} {demand:?} {policy}"
+                            );
+                            assert_eq!(
+                                select_shares_filling(&free, count, share, policy, Some(&fill)),
+                                state
+                                    .select_filling(&request, policy, Some(&fill))
+                                    .as_ref()
+                                    .map(mask),
+                                "{free:?} {demand:?} {policy} filled"
                             );
                         }
                     }
