@@ -188,8 +188,11 @@ async fn dashboard_shows_usage_against_allocation_in_a_browser() {
             ))
             .await;
     }
-    wait_for_state(&master, "the agent's usage", |s| {
-        s.agents.iter().any(|a| a.usage.is_some())
+    // Both samples in (the cores in use need two): what the page is asserted to show.
+    wait_for_state(&master, "the agent's usage over two samples", |s| {
+        s.agents
+            .iter()
+            .any(|a| a.usage.as_ref().is_some_and(|u| u.cpus > 0.0))
     })
     .await;
     let url = format!("http://{}/", master.http_addr().unwrap());
