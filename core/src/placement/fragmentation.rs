@@ -32,6 +32,11 @@ pub const LAUNCH_WINDOW: usize = 1000;
 /// GPUs a pick mask can name (bit i = GPU i).
 const MAX_PICK_GPUS: usize = MAX_PICK_DEVICES;
 
+/// Nodes of up to this many GPUs get the fragment and its growth from small arrays on the
+/// stack (the simulator's and the scored tie-break's hot path); larger ones from the heap or a
+/// pass per shape.
+const SORTED_GPUS: usize = 16;
+
 /// A task as the fragment measure sees it: cpu, GPU count, share per GPU and allowed models
 /// (memory is not part of the fragment, as in the paper: a target workload groups shapes
 /// without it), and memory, for the [`GpuFeed`] the target learns. Field order is the tie order
@@ -94,6 +99,56 @@ pub struct TargetWorkload {
     total_weight: u64,
     feed: GpuFeed,
     fill: ShareFill,
+    /// The GPU shapes grouped for [`node_fragment`](Self::node_fragment).
+    groups: Vec<FragmentGroup>,
+}
+
+/// The kept GPU shapes that ask for the same GPUs (count, per-GPU share, models), by cpu: a
+/// node either holds that GPU request or not, and then each of them that also gets its cpu
+/// strands the same free GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FragmentGroup {
+    /// The GPU request (cpu 0, memory 0).
+    gpus: TaskShape,
+    /// (cpu milli, the summed weight of the group's shapes asking for at most that much cpu),
+    /// cpu ascending.
+    by_cpu: Vec<(u64, u64)>,
+}
+
+impl FragmentGroup {
+    /// Groups the GPU shapes among `shapes`, in a fixed order.
+    fn of(shapes: &[TargetShape]) -> Vec<FragmentGroup> {
+        let mut gpu: Vec<(TaskShape, u64, u64)> = shapes
+            .iter()
+            .filter(|t| t.shape.num_gpu > 0)
+            .map(|t| {
+                let gpus = TaskShape {
+                    cpu_milli: 0,
+                    memory_mib: 0,
+                    ..t.shape
+                };
+                (gpus, t.shape.cpu_milli, t.weight)
+            })
+            .collect();
+        gpu.sort();
+        let mut groups: Vec<FragmentGroup> = Vec::new();
+        for (gpus, cpu, weight) in gpu {
+            match groups.last_mut() {
+                Some(g) if g.gpus == gpus => {
+                    let sum = g.by_cpu.last().map_or(0, |&(_, w)| w) + weight;
+                    match g.by_cpu.last_mut() {
+                        Some(last) if last.0 == cpu => last.1 = sum,
+                        _ => g.by_cpu.push((cpu, sum)),
+                    }
+                }
+                _ => groups.push(FragmentGroup {
+                    gpus,
+                    by_cpu: vec![(cpu, weight)],
+                }),
+            }
+        }
+        groups
+    }
 }
 
 impl TargetWorkload {
@@ -140,6 +195,7 @@ impl TargetWorkload {
             shapes.push(TargetShape { shape, weight });
         }
         TargetWorkload {
+            groups: FragmentGroup::of(&shapes),
             shapes,
             total_weight: covered,
             feed: feed.ratio(),
@@ -184,9 +240,45 @@ impl TargetWorkload {
     ///
     /// Divide by [`total_weight`](Self::total_weight) for milli-GPU.
     pub fn node_fragment(&self, cpu_free: u64, gpu_free: &[u32], model: Option<u32>) -> u64 {
-        if gpu_free.is_empty() {
+        if gpu_free.len() > SORTED_GPUS {
+            return self.node_fragment_scan(cpu_free, gpu_free, model);
+        }
+        // The free amounts largest first, with running sums: the GPUs that hold a per-GPU
+        // share are a prefix, found by a binary search instead of a pass over the GPUs.
+        let mut sorted = [0u32; SORTED_GPUS];
+        let sorted = &mut sorted[..gpu_free.len()];
+        sorted.copy_from_slice(gpu_free);
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut prefix = [0u64; SORTED_GPUS + 1];
+        for (i, &g) in sorted.iter().enumerate() {
+            prefix[i + 1] = prefix[i] + u64::from(g);
+        }
+        let total = prefix[sorted.len()];
+        if total == 0 {
             return 0;
         }
+        // Every shape strands all free GPU but those that fit, which strand all but the free
+        // GPU on the GPUs holding their share: subtract that part, by group.
+        let mut kept = 0u64;
+        for FragmentGroup { gpus, by_cpu } in &self.groups {
+            if !gpus.model_allowed(model) {
+                continue;
+            }
+            let usable = sorted.partition_point(|&g| g >= gpus.gpu_milli);
+            if usable < gpus.num_gpu as usize {
+                continue;
+            }
+            let fed = by_cpu.partition_point(|&(cpu, _)| cpu <= cpu_free);
+            if let Some(&(_, weight)) = fed.checked_sub(1).and_then(|i| by_cpu.get(i)) {
+                kept += weight * prefix[usable];
+            }
+        }
+        self.total_weight * total - kept
+    }
+
+    /// [`node_fragment`](Self::node_fragment) by a pass over the GPUs per shape: for nodes of
+    /// more than [`SORTED_GPUS`] GPUs, and the reference the fast form is tested against.
+    fn node_fragment_scan(&self, cpu_free: u64, gpu_free: &[u32], model: Option<u32>) -> u64 {
         let total: u64 = gpu_free.iter().map(|&g| u64::from(g)).sum();
         if total == 0 {
             return 0;
@@ -240,10 +332,10 @@ impl TargetWorkload {
         {
             return None;
         }
-        // On the stack for nodes of up to 64 GPUs (the simulator's hot path).
-        let mut stack = [0u32; MAX_PICK_GPUS];
+        // On the stack for nodes of up to SORTED_GPUS GPUs (the simulator's hot path).
+        let mut stack = [0u32; SORTED_GPUS];
         let mut heap = Vec::new();
-        let after: &mut [u32] = if gpu_free.len() <= MAX_PICK_GPUS {
+        let after: &mut [u32] = if gpu_free.len() <= SORTED_GPUS {
             &mut stack[..gpu_free.len()]
         } else {
             heap.resize(gpu_free.len(), 0);
@@ -288,11 +380,17 @@ impl TargetWorkload {
         if gpu_free.len() > MAX_PICK_GPUS {
             return None;
         }
-        let mut positions = Vec::with_capacity(shape.num_gpu as usize);
+        let mut positions = [0usize; MAX_PICK_GPUS];
         select_shares_by_cost(gpu_free, shape.num_gpu, shape.gpu_milli, |pick| {
-            positions.clear();
-            positions.extend((0..MAX_PICK_GPUS).filter(|&i| pick & (1 << i) != 0));
-            self.growth(cpu_free, gpu_free, model, shape, &positions, before)
+            let mut len = 0;
+            for (i, slot) in (0..MAX_PICK_GPUS)
+                .filter(|&i| pick & (1 << i) != 0)
+                .zip(&mut positions)
+            {
+                *slot = i;
+                len += 1;
+            }
+            self.growth(cpu_free, gpu_free, model, shape, &positions[..len], before)
                 .map(&cost)
         })
     }
@@ -1144,5 +1242,37 @@ mod tests {
             "below the does-not-fit score"
         );
         assert!(fgd_rank(0, 0) > fgd_rank(1, 0));
+    }
+
+    proptest::proptest! {
+        /// The sorted form of `node_fragment` equals the pass over the GPUs per shape, for any
+        /// target (shared, whole, multi-GPU, model-bound, cpu-only shapes) and any node.
+        #[test]
+        fn node_fragment_equals_the_scan(
+            shapes in proptest::collection::vec(
+                // Few cpu amounts and shares, so shapes share a GPU request and a cpu.
+                (0u64..9, 0u32..9, 0usize..5, 0u64..4, 1u64..50),
+                1..40,
+            ),
+            gpus in proptest::collection::vec(0u32..1_001, 0..17),
+            // On and between the shapes' cpu amounts.
+            cpu_free in proptest::strategy::Strategy::prop_map(0u64..20, |c| c * 500),
+            model in proptest::option::of(0u32..3),
+        ) {
+            let target = TargetWorkload::from_counts(shapes.iter().map(
+                |&(cpu, num_gpu, share, models, count)| {
+                    let gpu_milli = if num_gpu > 1 { 1000 } else { [0, 100, 250, 500, 1000][share] };
+                    let shape = TaskShape {
+                        models,
+                        ..gpu_shape(cpu * 1000, num_gpu, gpu_milli)
+                    };
+                    (shape, count)
+                },
+            ));
+            proptest::prop_assert_eq!(
+                target.node_fragment(cpu_free, &gpus, model),
+                target.node_fragment_scan(cpu_free, &gpus, model)
+            );
+        }
     }
 }
