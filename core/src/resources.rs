@@ -14,6 +14,17 @@ use compact_str::CompactString;
 /// Scalars carry three decimal places.
 pub const MILLI: u64 = 1000;
 
+/// `a.cmp(b)`, decided by the first byte when the first bytes differ (names of the usual
+/// dimensions do: `cpus`, `gpus`, `mem`) without the `memcmp` call of the full comparison,
+/// which for names of a few bytes costs more than the comparison: bundles are searched by name
+/// on every placement.
+fn name_order(a: &str, b: &str) -> std::cmp::Ordering {
+    match (a.as_bytes().first(), b.as_bytes().first()) {
+        (Some(x), Some(y)) if x != y => x.cmp(y),
+        _ => a.cmp(b),
+    }
+}
+
 /// A bundle of named scalar resources, each at most once, sorted by name, none zero.
 ///
 /// Names are short (`cpus`, `mem`, `gpu_milli`) and kept inline ([`CompactString`] holds up
@@ -111,7 +122,7 @@ impl Resources {
 
     /// The amount of `name` in thousandths (0 when absent).
     pub fn milli(&self, name: &str) -> u64 {
-        match self.entries.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+        match self.entries.binary_search_by(|(n, _)| name_order(n, name)) {
             Ok(i) => self.entries[i].1,
             Err(_) => 0,
         }
@@ -124,7 +135,7 @@ impl Resources {
 
     /// Sets one dimension (0 removes it).
     pub fn set_milli(&mut self, name: &str, milli: u64) {
-        match self.entries.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+        match self.entries.binary_search_by(|(n, _)| name_order(n, name)) {
             Ok(i) if milli == 0 => {
                 self.entries.remove(i);
             }
@@ -532,5 +543,13 @@ mod tests {
         sum.set_milli("mem", u64::MAX - 1);
         sum.saturating_add_assign(&r("mem:1"));
         assert_eq!(sum.milli("mem"), u64::MAX);
+    }
+
+    proptest::proptest! {
+        /// The name order is `str`'s, on names that share first bytes or not, and the empty one.
+        #[test]
+        fn name_order_is_str_order(a in "[a-c_]{0,6}", b in "[a-c_]{0,6}") {
+            proptest::prop_assert_eq!(name_order(&a, &b), a.cmp(&b));
+        }
     }
 }
