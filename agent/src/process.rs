@@ -40,8 +40,13 @@ pub const EXIT_STATUS_FILE: &str = ".ringmaster-exit";
 /// then ends the same way the command did (re-raising a signal), so a waiting parent sees
 /// exactly what the command did. The wrapper outlives a SIGTERM sent to the group (the trap
 /// has a handler, so the command itself gets the default action), so a killed task's status
-/// is recorded too; only SIGKILL ends the wrapper without a record.
-const WRAPPER: &str = r#"IFS= read -r gate <&3; exec 3<&-; [ "$gate" = go ] || exit 125; trap : TERM INT HUP; sh -c "$1"; c=$?; printf '%s\n' "$c" > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; if [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then trap - TERM INT HUP; kill -$((c - 128)) $$ 2>/dev/null; fi; exit "$c""#;
+/// is recorded too; only SIGKILL ends the wrapper without a record. When its launch gate
+/// closes without opening (the agent stopped before starting the task) it records
+/// [`NOT_STARTED_MARK`] instead and exits 125 without running the command.
+const WRAPPER: &str = r#"IFS= read -r gate <&3; exec 3<&-; [ "$gate" = go ] || { printf 'not-started\n' > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; exit 125; }; trap : TERM INT HUP; sh -c "$1"; c=$?; printf '%s\n' "$c" > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; if [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then trap - TERM INT HUP; kill -$((c - 128)) $$ 2>/dev/null; fi; exit "$c""#;
+
+/// What the wrapper writes to [`EXIT_STATUS_FILE`] when its command never ran.
+pub const NOT_STARTED_MARK: &str = "not-started";
 
 /// Everything needed to start one task.
 #[derive(Debug, Clone)]
@@ -70,6 +75,10 @@ pub enum ExitOutcome {
     Signal(i32),
     /// Waiting for the process failed; it is not known how it ended.
     WaitFailed(String),
+    /// The command never ran: the launch gate closed before the agent started the task (it
+    /// stopped in between), so the wrapper exited without running it. Read from the
+    /// sandbox ([`NOT_STARTED_MARK`]) for a task adopted after a restart.
+    NotStarted,
     /// The kernel killed a process of the task for exceeding the task's memory limit (its
     /// cgroup counted an OOM kill); the task then ended as `then` says.
     MemoryLimit(Box<ExitOutcome>),
@@ -498,6 +507,7 @@ async fn watch_adopted<T>(
 pub fn recorded_outcome(sandbox: &Path) -> ExitOutcome {
     let path = sandbox.join(EXIT_STATUS_FILE);
     match std::fs::read_to_string(&path) {
+        Ok(text) if text.trim() == NOT_STARTED_MARK => ExitOutcome::NotStarted,
         Ok(text) => match text.trim().parse::<i32>() {
             Ok(code) if (129..193).contains(&code) => ExitOutcome::Signal(code - 128),
             Ok(code) => ExitOutcome::Code(code),
@@ -750,8 +760,8 @@ mod tests {
     }
 
     /// A gated task runs its command only once started; when the handle goes without starting
-    /// it (the agent died before recording its pid), the wrapper exits 125 and the command never
-    /// ran. The command writes a file; the task's fd 3 (the gate) is closed for the command.
+    /// it (the agent stopped first), the wrapper records that it never ran, exits 125 and the
+    /// command never ran. The command writes a file; the task's fd 3 (the gate) is closed for the command.
     #[tokio::test]
     async fn a_gated_task_runs_only_once_started() {
         let dir = tempfile::tempdir().unwrap();
@@ -762,6 +772,8 @@ mod tests {
         let (_, outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
         assert_eq!(outcome, ExitOutcome::Code(125));
         assert!(!never.sandbox.join("ran").exists(), "ran without the gate");
+        // An agent that restarts and adopts it learns from the sandbox that it never ran.
+        assert_eq!(recorded_outcome(&never.sandbox), ExitOutcome::NotStarted);
 
         let started = LaunchSpec {
             sandbox: dir.path().join("started"),

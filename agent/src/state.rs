@@ -41,6 +41,9 @@ pub mod reason {
     pub const SIGNAL: &str = "signal";
     /// The agent lost track of the process (waiting for it failed).
     pub const WAIT_FAILED: &str = "wait_failed";
+    /// The agent stopped after recording the task and before starting its command, which
+    /// never ran: the task is reported LOST (launching it again is safe).
+    pub const NOT_STARTED: &str = "not_started";
     /// KillTask without a reason.
     pub const KILLED: &str = "killed";
     /// The agent itself is shutting down.
@@ -924,6 +927,10 @@ impl AgentState {
                 status.reason = reason::WAIT_FAILED.to_string();
                 TaskState::TaskFailed
             }
+            (None, ExitOutcome::NotStarted) => {
+                status.reason = reason::NOT_STARTED.to_string();
+                TaskState::TaskLost
+            }
             (None, ExitOutcome::MemoryLimit(_)) => {
                 status.reason = reason::MEMORY_LIMIT.to_string();
                 TaskState::TaskFailed
@@ -1244,6 +1251,9 @@ fn describe(outcome: &ExitOutcome) -> String {
             format!("killed by {} ({signal})", process::signal_name(*signal))
         }
         ExitOutcome::WaitFailed(e) => format!("waiting for the process failed: {e}"),
+        ExitOutcome::NotStarted => {
+            "the command never ran: the agent stopped before starting it".to_string()
+        }
         ExitOutcome::MemoryLimit(then) => describe(then),
     }
 }

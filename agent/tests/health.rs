@@ -7,44 +7,19 @@ use std::path::Path;
 use std::time::Duration;
 
 use ringmaster_agent::state::{reason, AgentState};
-use ringmaster_agent::users::default_task_user;
 use ringmaster_agent::AgentConfig;
 use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::resources::Resources;
-use ringmaster_proto::{
-    HealthCheck, Message, RunTasks, TaskHealth, TaskInfo, TaskState, TaskStatus,
-};
+use ringmaster_proto::{HealthCheck, RunTasks, TaskHealth, TaskInfo, TaskState};
 use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn config(work_dir: &Path) -> AgentConfig {
-    AgentConfig {
-        master: "127.0.0.1:1".into(),
-        id: None,
-        hostname: "health-host".into(),
-        resources: Resources::parse("cpus:8;mem:1024").unwrap(),
-        devices: Vec::new(),
-        device_selection: Default::default(),
-        attributes: Vec::new(),
-        work_dir: work_dir.to_path_buf(),
-        kill_grace: Duration::from_millis(500),
-        reconnect_max_backoff: Duration::from_millis(200),
-        security: Default::default(),
-        task_user: default_task_user(),
-        allow_root_tasks: false,
-        gpu_sharing: Default::default(),
-        usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
-    }
-}
+mod common;
+use common::statuses;
 
-fn statuses(out: &[Message]) -> Vec<TaskStatus> {
-    out.iter()
-        .filter_map(|m| match m {
-            Message::StatusUpdate(u) => u.status.clone(),
-            _ => None,
-        })
-        .collect()
+fn config(work_dir: &Path) -> AgentConfig {
+    common::config(work_dir, "health-host")
 }
 
 #[tokio::test]

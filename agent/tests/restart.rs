@@ -1,0 +1,76 @@
+//! An agent that stops between recording a task and starting its command, then restarts.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ringmaster_agent::process::{EXIT_STATUS_FILE, NOT_STARTED_MARK};
+use ringmaster_agent::state::{reason, AgentState};
+use ringmaster_agent::AgentConfig;
+use ringmaster_proto::convert::ResourcesWire;
+use ringmaster_proto::resources::Resources;
+use ringmaster_proto::{RunTasks, TaskInfo, TaskState};
+use tokio::time::timeout;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+mod common;
+use common::statuses;
+
+fn config(work_dir: &Path) -> AgentConfig {
+    common::config(work_dir, "restart-host")
+}
+
+/// The agent recorded the task (with its wrapper's pid) and stopped before opening the launch
+/// gate: the wrapper saw the gate close, recorded that its command never ran, and exited. The
+/// restarted agent adopts the recorded task and must report it LOST (`not_started`: it never
+/// ran, launching it again is safe), not FAILED as a task that ran and vanished. (Found by the
+/// replicated-masters history test, whose checker counts a FAILED task that never ran as a
+/// violation.)
+#[tokio::test]
+async fn a_task_whose_command_never_started_is_lost_after_a_restart_not_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut first, mut first_exits) = AgentState::new(config(dir.path()), "a1".into());
+    let out = first.run_tasks(RunTasks {
+        tasks: vec![TaskInfo {
+            task_id: "t1".into(),
+            name: "t1".into(),
+            command: "sleep 300".into(),
+            resources: Some(Resources::parse("cpus:1").unwrap().to_wire()),
+            framework_id: "fw".into(),
+            ..Default::default()
+        }],
+        leader_term: 0,
+    });
+    assert_eq!(statuses(&out)[0].state(), TaskState::TaskRunning);
+    // What the stop leaves behind: the task file with the wrapper's pid, the wrapper gone, and
+    // in the sandbox the mark the wrapper writes when its gate closes unopened.
+    let sandbox = ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "t1");
+    let task_file = std::fs::read_to_string(sandbox.join(".ringmaster-task")).unwrap();
+    let pid: i32 = task_file
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: kill has no memory preconditions; -pid is the task's own process group.
+    assert_eq!(unsafe { libc::kill(-pid, libc::SIGKILL) }, 0);
+    timeout(WAIT, first_exits.recv()).await.unwrap().unwrap();
+    std::fs::write(
+        sandbox.join(EXIT_STATUS_FILE),
+        format!("{NOT_STARTED_MARK}\n"),
+    )
+    .unwrap();
+    drop(first);
+
+    let (mut second, mut exits) = AgentState::new(config(dir.path()), "a1".into());
+    assert_eq!(second.recover_tasks(), 1);
+    let (key, outcome) = timeout(WAIT, exits.recv()).await.unwrap().unwrap();
+    let out = second.process_exited(key, outcome);
+    let s = &statuses(&out)[0];
+    assert_eq!(s.state(), TaskState::TaskLost, "{s:?}");
+    assert_eq!(s.reason, reason::NOT_STARTED);
+    assert_eq!(
+        s.message,
+        "the command never ran: the agent stopped before starting it"
+    );
+}
