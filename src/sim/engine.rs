@@ -284,6 +284,27 @@ struct CacheEntry {
     value: Option<(i64, GpuPick)>,
 }
 
+/// The score of `shape` on `node` from the cache, computed when the node changed since it was
+/// cached (its `generation` moved), or every time without a cache.
+fn cached(
+    cache: Option<&mut [CacheEntry]>,
+    shape: usize,
+    nodes: usize,
+    node: usize,
+    generation: &[u32],
+    compute: impl FnOnce() -> Option<(i64, GpuPick)>,
+) -> Option<(i64, GpuPick)> {
+    let Some(cache) = cache else {
+        return compute();
+    };
+    let entry = &mut cache[shape * nodes + node];
+    if entry.generation != generation[node] {
+        entry.value = compute();
+        entry.generation = generation[node];
+    }
+    entry.value
+}
+
 /// A simulated cluster running one policy.
 pub struct SimCluster<'w> {
     workload: &'w Workload,
@@ -499,17 +520,8 @@ impl<'w> SimCluster<'w> {
                         Some((slice_rank(fill_growth, unfed, score), pick))
                     };
                     let mut cache = cache.borrow_mut();
-                    match cache.as_mut() {
-                        Some(cache) => {
-                            let entry = &mut cache[shape * nodes.len() + node];
-                            if entry.generation != generation[node] {
-                                entry.value = compute();
-                                entry.generation = generation[node];
-                            }
-                            entry.value
-                        }
-                        None => compute(),
-                    }
+                    let cache = cache.as_deref_mut().map(Vec::as_mut_slice);
+                    cached(cache, shape, nodes.len(), node, generation, compute)
                 };
                 let ranked = Cell::new(false);
                 let fragment_score = |agent: usize, _: &Resources| {
@@ -577,17 +589,14 @@ impl<'w> SimCluster<'w> {
                             target,
                         )
                     };
-                    let value = match cache.as_mut() {
-                        Some(cache) => {
-                            let entry = &mut cache[shape * nodes.len() + node];
-                            if entry.generation != generation[node] {
-                                entry.value = compute();
-                                entry.generation = generation[node];
-                            }
-                            entry.value
-                        }
-                        None => compute(),
-                    };
+                    let value = cached(
+                        cache.as_deref_mut(),
+                        shape,
+                        nodes.len(),
+                        node,
+                        generation,
+                        compute,
+                    );
                     let Some((value, gpus)) = value else { continue };
                     let here = Placement { node, gpus };
                     match best {

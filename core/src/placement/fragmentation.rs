@@ -32,9 +32,8 @@ pub const LAUNCH_WINDOW: usize = 1000;
 /// GPUs a pick mask can name (bit i = GPU i).
 const MAX_PICK_GPUS: usize = MAX_PICK_DEVICES;
 
-/// Nodes of up to this many GPUs get the fragment and its growth from small arrays on the
-/// stack (the simulator's and the scored tie-break's hot path); larger ones from the heap or a
-/// pass per shape.
+/// Nodes of up to this many GPUs get their fragment from small sorted arrays on the stack (the
+/// simulator's and the scored tie-break's hot path); larger ones by a pass per shape.
 const SORTED_GPUS: usize = 16;
 
 /// A task as the fragment measure sees it: cpu, GPU count, share per GPU and allowed models
@@ -332,10 +331,10 @@ impl TargetWorkload {
         {
             return None;
         }
-        // On the stack for nodes of up to SORTED_GPUS GPUs (the simulator's hot path).
-        let mut stack = [0u32; SORTED_GPUS];
+        // On the stack for nodes of up to 64 GPUs (the simulator's hot path).
+        let mut stack = [0u32; MAX_PICK_GPUS];
         let mut heap = Vec::new();
-        let after: &mut [u32] = if gpu_free.len() <= SORTED_GPUS {
+        let after: &mut [u32] = if gpu_free.len() <= MAX_PICK_GPUS {
             &mut stack[..gpu_free.len()]
         } else {
             heap.resize(gpu_free.len(), 0);
@@ -383,11 +382,8 @@ impl TargetWorkload {
         let mut positions = [0usize; MAX_PICK_GPUS];
         select_shares_by_cost(gpu_free, shape.num_gpu, shape.gpu_milli, |pick| {
             let mut len = 0;
-            for (i, slot) in (0..MAX_PICK_GPUS)
-                .filter(|&i| pick & (1 << i) != 0)
-                .zip(&mut positions)
-            {
-                *slot = i;
+            for i in (0..MAX_PICK_GPUS).filter(|&i| pick & (1 << i) != 0) {
+                positions[len] = i;
                 len += 1;
             }
             self.growth(cpu_free, gpu_free, model, shape, &positions[..len], before)
