@@ -13,8 +13,9 @@
 //! to the cycle (then the node's GPUs are the ones that score assumed). `PLACER+spare-gpus` is
 //! the exception: a direct [`Cluster::place_sparing`] call, since the cycle has no such
 //! two-pass step (see [`SimPolicy::SparingGpus`]). The paper's
-//! policies ([`PaperPolicy`]) score nodes from the same state; their scores are cached per
-//! (node, task shape) and recomputed only when the node changed.
+//! policies ([`PaperPolicy`]) score nodes from the same state; their scores, and the ring's, are
+//! cached per (node, task shape) and recomputed only when the node changed ([`ScoreCache`]; the
+//! ring's idle nodes share one entry per node type).
 //!
 //! The cluster also keeps, per node, its expected GPU fragment against the target workload
 //! ([`TargetWorkload::node_fragment`]), updated on every change, so the fragmented share of the
@@ -29,6 +30,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use ringmaster_proto::resources::{Resources, MILLI};
 
+use super::cache::{CacheRow, NodeType, ScoreCache, Scored};
 use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape, SIM_SELECTION};
 use super::policies::{kind, score, NodeView, PaperPolicy, TargetWorkload};
 use super::trace::{Node, Task, GPU_MILLI};
@@ -275,34 +277,19 @@ pub struct Usage {
     pub gpu_total: u64,
 }
 
-/// One cached score; the cache is shape-major (entry `shape × nodes + node`), so the scores one
-/// decision reads, all for one shape, lie together and a scan reads them in order (node-major,
-/// `fgd`'s decision median on openb was ≈ 5 µs, shape-major ≈ 4; the ring's did not change).
-#[derive(Clone, Copy, Default)]
-struct CacheEntry {
-    generation: u32,
-    value: Option<(i64, GpuPick)>,
-}
-
-/// The score of `shape` on `node` from the cache, computed when the node changed since it was
-/// cached (its `generation` moved), or every time without a cache.
+/// The score on `node` from one shape's cache row (see [`ScoreCache`]), or computed every time
+/// without a cache.
 fn cached(
-    cache: Option<&mut [CacheEntry]>,
-    shape: usize,
-    nodes: usize,
+    row: Option<&mut CacheRow>,
     node: usize,
     generation: &[u32],
-    compute: impl FnOnce() -> Option<(i64, GpuPick)>,
-) -> Option<(i64, GpuPick)> {
-    let Some(cache) = cache else {
-        return compute();
-    };
-    let entry = &mut cache[shape * nodes + node];
-    if entry.generation != generation[node] {
-        entry.value = compute();
-        entry.generation = generation[node];
+    running: &[u32],
+    compute: impl FnOnce() -> Scored,
+) -> Scored {
+    match row {
+        Some(row) => row.get(node, generation[node], running, compute),
+        None => compute(),
     }
-    entry.value
 }
 
 /// A simulated cluster running one policy.
@@ -313,7 +300,9 @@ pub struct SimCluster<'w> {
     nodes: Vec<NodeState>,
     kinds: Vec<Vec<u32>>,
     generation: Vec<u32>,
-    cache: Option<Vec<CacheEntry>>,
+    /// Tasks running on each node.
+    running: Vec<u32>,
+    cache: Option<ScoreCache>,
     allocator: Option<Allocator>,
     node_fragment: Vec<u64>,
     fragment_total: u64,
@@ -377,12 +366,20 @@ impl<'w> SimCluster<'w> {
             }
             SimPolicy::Paper(_) => None,
         };
-        let entries = states.len().saturating_mul(workload.shapes.len());
+        let entries = ScoreCache::entries(workload.shapes.len(), states.len());
         // The paper's policies cache their scores; the ring caches the FGD growth it ranks its
         // candidates by (see `decide`).
         let scored = matches!(policy, SimPolicy::Paper(_) | SimPolicy::Allocator(_));
-        let cache =
-            (scored && entries <= MAX_CACHE_ENTRIES).then(|| vec![CacheEntry::default(); entries]);
+        let cache = (scored && entries <= MAX_CACHE_ENTRIES).then(|| {
+            let types: Vec<NodeType> = states
+                .iter()
+                .map(|s| (s.cpu_total, s.memory_total, s.gpu_free.len(), s.model))
+                .collect();
+            // The ring ranks a few nodes, often idle ones: the idle table serves those from
+            // the processor's cache. A paper policy scans every node: the per-node table alone.
+            let by_type = matches!(policy, SimPolicy::Allocator(_));
+            ScoreCache::new(workload.shapes.len(), &types, by_type)
+        });
         let node_fragment: Vec<u64> = states
             .iter()
             .map(|s| target.node_fragment(s.cpu_free, &s.gpu_free, s.model))
@@ -398,6 +395,7 @@ impl<'w> SimCluster<'w> {
             target,
             policy,
             generation: vec![1; states.len()],
+            running: vec![0; states.len()],
             nodes: states,
             kinds,
             cache,
@@ -450,6 +448,7 @@ impl<'w> SimCluster<'w> {
             nodes,
             kinds,
             generation,
+            running,
             cache,
             allocator,
             node_fragment,
@@ -473,10 +472,10 @@ impl<'w> SimCluster<'w> {
                 // (`ShareFill`, `slice_rank`). With the GPUs that score assumes, cached per
                 // (node, shape) like the paper's. The master's score is the same
                 // (`DeviceFragmentScore`).
-                let cache = RefCell::new(cache.as_mut());
+                let row = RefCell::new(cache.as_mut().map(|c| c.row(shape)));
                 let feed = target.feed();
                 let fill = target.share_fill();
-                let fgd = |node: usize| -> Option<(i64, GpuPick)> {
+                let fgd = |node: usize| -> Scored {
                     let compute = || {
                         let state = &nodes[node];
                         let view = NodeView {
@@ -519,9 +518,8 @@ impl<'w> SimCluster<'w> {
                         let score = target.quantised_score(growth);
                         Some((slice_rank(fill_growth, unfed, score), pick))
                     };
-                    let mut cache = cache.borrow_mut();
-                    let cache = cache.as_deref_mut().map(Vec::as_mut_slice);
-                    cached(cache, shape, nodes.len(), node, generation, compute)
+                    let mut row = row.borrow_mut();
+                    cached(row.as_mut(), node, generation, running, compute)
                 };
                 let ranked = Cell::new(false);
                 let fragment_score = |agent: usize, _: &Resources| {
@@ -576,6 +574,7 @@ impl<'w> SimCluster<'w> {
             SimPolicy::Paper(policy) => {
                 let mut best: Option<(i64, Placement)> = None;
                 let mut ties = 0u32;
+                let mut row = cache.as_mut().map(|c| c.row(shape));
                 for node in 0..nodes.len() {
                     let compute = || {
                         score(
@@ -589,14 +588,7 @@ impl<'w> SimCluster<'w> {
                             target,
                         )
                     };
-                    let value = cached(
-                        cache.as_deref_mut(),
-                        shape,
-                        nodes.len(),
-                        node,
-                        generation,
-                        compute,
-                    );
+                    let value = cached(row.as_mut(), node, generation, running, compute);
                     let Some((value, gpus)) = value else { continue };
                     let here = Placement { node, gpus };
                     match best {
@@ -639,6 +631,7 @@ impl<'w> SimCluster<'w> {
             }
         }
         self.kinds[placement.node][kind(s)] += 1;
+        self.running[placement.node] += 1;
         self.usage.cpu_used += s.cpu_milli;
         self.usage.memory_used += s.memory_mib;
         self.usage.gpu_used += s.gpu_total();
@@ -656,6 +649,8 @@ impl<'w> SimCluster<'w> {
         }
         let count = &mut self.kinds[placement.node][kind(s)];
         *count = count.saturating_sub(1);
+        let running = &mut self.running[placement.node];
+        *running = running.saturating_sub(1);
         self.usage.cpu_used -= s.cpu_milli;
         self.usage.memory_used -= s.memory_mib;
         self.usage.gpu_used -= s.gpu_total();

@@ -8,9 +8,10 @@
 //!
 //! Pieces, one idea per file: [`trace`] reads node and task lists; [`gpu`] is a node's per-GPU
 //! state; [`policies`] the paper's policies and FGD's target workload; [`engine`] the simulated
-//! cluster and one decision; [`fill`] and [`replay`] the two modes; [`mix`] variants of the task
+//! cluster and one decision; [`cache`] the policies' score cache; [`fill`] and [`replay`] the two modes; [`mix`] variants of the task
 //! list with other workload mixes; [`report`] tables and files; [`plot`] the pictures. Definitions of every metric are in `docs/simulator.md`.
 
+pub mod cache;
 pub mod engine;
 pub mod fill;
 pub mod gpu;
