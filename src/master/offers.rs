@@ -152,7 +152,12 @@ impl MasterState {
                     .map(|p| p.to_string())
                     .unwrap_or_default(),
                 bucket: allocation.decision.bucket.unwrap_or(0) as u32,
-                dimension: allocation.decision.dimension.clone().unwrap_or_default(),
+                dimension: allocation
+                    .decision
+                    .dimension
+                    .as_deref()
+                    .unwrap_or_default()
+                    .to_string(),
             };
             let mut offer = self.book_offer(
                 &framework_id,

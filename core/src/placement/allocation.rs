@@ -6,7 +6,7 @@
 //! request that fits nowhere cannot fit later in the same step and is not tried again in it; it
 //! stays in the placement context's pending set, where it counts as blocked (SPEC seed 000).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::drf::SortKey;
 use super::placers::fitting_agents;
@@ -94,43 +94,73 @@ pub fn allocate_in(
             .filter(|r| r.count > 0)
             .map(|r| (&r.demand, u64::from(r.count))),
     );
-    allocate_pending(cluster, drf, requests, grant, eligible, context)
+    allocate_pending(cluster, drf, requests, None, grant, eligible, context)
+}
+
+/// Where a step finds its requests: plain [`Request`]s, or the cycle's tiered ones.
+pub(crate) trait HasRequest {
+    fn request(&self) -> &Request;
+    fn request_mut(&mut self) -> &mut Request;
+}
+
+impl HasRequest for Request {
+    fn request(&self) -> &Request {
+        self
+    }
+    fn request_mut(&mut self) -> &mut Request {
+        self
+    }
 }
 
 /// [`allocate_in`] on a context whose pending set the caller already filled (with these
-/// requests' remaining copies among others, e.g. every priority tier's of a cycle).
-pub(crate) fn allocate_pending(
+/// requests' remaining copies among others, e.g. every priority tier's of a cycle), serving
+/// only `requests[i]` for `i` in `serve` (in that order per framework; all when `None`).
+/// Allocations index `requests`.
+pub(crate) fn allocate_pending<R: HasRequest>(
     cluster: &mut Cluster,
     drf: &mut DrfSorter,
-    requests: &mut [Request],
+    requests: &mut [R],
+    serve: Option<&[usize]>,
     grant: Grant,
     eligible: &dyn Fn(FrameworkKey, AgentKey) -> bool,
     context: &mut PlacementContext,
 ) -> Vec<Allocation> {
-    // The cluster total does not change during a step (only free amounts do).
-    let total = cluster.total().clone();
-    let mut by_framework: BTreeMap<FrameworkKey, Vec<usize>> = BTreeMap::new();
-    for (i, req) in requests.iter().enumerate() {
-        if req.count > 0 {
-            by_framework.entry(req.framework).or_default().push(i);
-        }
-    }
-    // Per framework: its request indices and the position of the one being served. The queue
-    // carries the position in this list, so no map is searched per serve.
-    let mut pending: Vec<(Vec<usize>, usize)> = Vec::with_capacity(by_framework.len());
+    // Each framework's requests with copies left, in order: (framework, index) pairs sorted by
+    // framework (stable, so request order holds within one).
+    let mut by_framework: Vec<(FrameworkKey, usize)> = match serve {
+        Some(serve) => serve
+            .iter()
+            .map(|&i| (requests[i].request().framework, i))
+            .collect(),
+        None => requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.request().framework, i))
+            .collect(),
+    };
+    by_framework.retain(|&(_, i)| requests[i].request().count > 0);
+    by_framework.sort_by_key(|&(fw, _)| fw);
+    // Per framework: the range of its requests in `by_framework` and the position of the one
+    // being served. The queue carries the position in this list, so no map is searched per
+    // serve. The cluster total does not change during a step (only free amounts do).
+    let mut pending: Vec<(usize, usize)> = Vec::new();
     let mut queue: BTreeSet<(SortKey, usize)> = BTreeSet::new();
-    for (fw, indices) in by_framework {
-        if let Some(key) = drf.sort_key(fw, &total) {
+    let mut start = 0;
+    while start < by_framework.len() {
+        let fw = by_framework[start].0;
+        let end = start + by_framework[start..].partition_point(|&(f, _)| f == fw);
+        if let Some(key) = drf.sort_key(fw, cluster.total()) {
             queue.insert((key, pending.len()));
-            pending.push((indices, 0));
+            pending.push((start, end));
         }
+        start = end;
     }
     // A whole-agent grant empties its agent, so there are at most as many as agents.
     let mut out = match grant {
         Grant::WholeAgent => {
-            let asked = requests
-                .iter()
-                .fold(0usize, |sum, r| sum.saturating_add(r.count as usize));
+            let asked = by_framework.iter().fold(0usize, |sum, &(_, i)| {
+                sum.saturating_add(requests[i].request().count as usize)
+            });
             Vec::with_capacity(asked.min(cluster.len()))
         }
         Grant::Demand => Vec::new(),
@@ -139,9 +169,10 @@ pub(crate) fn allocate_pending(
     let mut taken = Vec::new();
     while let Some((next, slot)) = queue.pop_first() {
         let fw = next.framework;
-        let (indices, at) = &mut pending[slot];
-        while let Some(&i) = indices.get(*at) {
-            let req = &requests[i];
+        let (at, end) = &mut pending[slot];
+        while *at < *end {
+            let i = by_framework[*at].1;
+            let req = requests[i].request();
             if req.count == 0 {
                 *at += 1;
                 continue;
@@ -159,7 +190,7 @@ pub(crate) fn allocate_pending(
                 *at += 1;
                 continue;
             };
-            let (granted, copies, key) = match grant {
+            let (granted, copies) = match grant {
                 Grant::Demand => {
                     if cluster.take(decision.agent, &req.demand).is_err() {
                         // A placer chose an agent that cannot hold the grant: never serve this
@@ -168,8 +199,7 @@ pub(crate) fn allocate_pending(
                         *at += 1;
                         continue;
                     }
-                    let key = drf.allocated_and_sort_key(fw, req.demand.iter(), &total);
-                    (req.demand.clone(), 1, key)
+                    (req.demand.clone(), 1)
                 }
                 Grant::WholeAgent => {
                     // Moves the agent's free bundle out: the grant is never copied, and its
@@ -178,16 +208,20 @@ pub(crate) fn allocate_pending(
                         break;
                     };
                     let copies = copies_of(cluster, &taken, &req.demand);
-                    let copies = copies.clamp(1, u32::MAX as u64) as u32;
+                    (free, copies.clamp(1, u32::MAX as u64) as u32)
+                }
+            };
+            let key = match grant {
+                Grant::Demand => drf.allocated_and_sort_key(fw, granted.iter(), cluster.total()),
+                Grant::WholeAgent => {
                     let names = taken.iter().map(|&(d, m)| (cluster.dimension_name(d), m));
-                    let key = drf.allocated_and_sort_key(fw, names, &total);
-                    (free, copies, key)
+                    drf.allocated_and_sort_key(fw, names, cluster.total())
                 }
             };
             if let Some(key) = key {
                 queue.insert((key, slot));
             }
-            let req = &mut requests[i];
+            let req = requests[i].request_mut();
             let before = req.count;
             req.count = req.count.saturating_sub(copies);
             context.remove_pending(&req.demand, u64::from(before - req.count));

@@ -19,7 +19,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
-use super::allocation::{allocate_pending, Allocation, Grant, Request};
+use super::allocation::{allocate_pending, Allocation, Grant, HasRequest, Request};
 use super::feasible::Filter;
 use super::priority::{plan_preemption_with, DeviceCheck, PreemptionPlan, Priority, RunningTask};
 use super::{AgentKey, Cluster, DrfSorter, FrameworkKey, PlacementContext, Resources};
@@ -51,6 +51,15 @@ pub struct CycleInput<'a, T> {
 pub struct TieredRequest {
     pub request: Request,
     pub priority: Priority,
+}
+
+impl HasRequest for TieredRequest {
+    fn request(&self) -> &Request {
+        &self.request
+    }
+    fn request_mut(&mut self) -> &mut Request {
+        &mut self.request
+    }
 }
 
 /// Evict `plan.victims` so that `framework`'s demand at `priority` fits `plan.agent`.
@@ -146,18 +155,19 @@ pub fn run_cycle<T: Clone>(
     );
     let mut grants = Vec::new();
     for indices in tiers.values() {
-        let mut tier: Vec<Request> = indices
-            .iter()
-            .map(|&i| requests[i].request.clone())
-            .collect();
-        let served = allocate_pending(cluster, drf, &mut tier, input.grant, &eligible, context);
-        for (&i, r) in indices.iter().zip(&tier) {
-            requests[i].request.count = r.count;
+        let served = allocate_pending(
+            cluster,
+            drf,
+            requests,
+            Some(indices),
+            input.grant,
+            &eligible,
+            context,
+        );
+        match grants.is_empty() {
+            true => grants = served,
+            false => grants.extend(served),
         }
-        grants.extend(served.into_iter().map(|mut a| {
-            a.request = indices[a.request];
-            a
-        }));
     }
     // Preemption, highest tier first, in request order within a tier.
     let mut running: Option<Vec<RunningTask<T>>> = None;

@@ -42,7 +42,7 @@ impl Placer for LinearBestFit {
             agent,
             phase: None,
             bucket: None,
-            dimension: Some(dimension.to_string()),
+            dimension: Some(dimension.into()),
             note: PlacerNote::None,
         })
     }

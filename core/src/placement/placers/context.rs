@@ -228,7 +228,18 @@ impl<'s> PlacementContext<'s> {
 
     /// Replaces the pending set.
     pub fn set_pending<'a>(&mut self, pending: impl IntoIterator<Item = (&'a Resources, u64)>) {
-        self.pending.clear();
+        // Each dimension's map is kept (emptied) for the next cycle, so a cycle over the same
+        // dimensions allocates nothing here; only while few names were ever seen, so that
+        // demands naming ever new dimensions cannot grow it without bound.
+        if self.pending.len() <= KEPT_PENDING_DIMENSIONS {
+            // (A map emptied by removals keeps its node; `clear` would free it.)
+            self.pending
+                .values_mut()
+                .filter(|by_amount| !by_amount.is_empty())
+                .for_each(BTreeMap::clear);
+        } else {
+            self.pending.clear();
+        }
         self.cache = None;
         for (demand, copies) in pending {
             self.add_pending(demand, copies);
@@ -241,12 +252,11 @@ impl<'s> PlacementContext<'s> {
             return;
         }
         for (name, amount) in demand.iter() {
-            let slot = self
-                .pending
-                .entry(name.to_string())
-                .or_default()
-                .entry(amount)
-                .or_default();
+            let by_amount = match self.pending.get_mut(name) {
+                Some(by_amount) => by_amount,
+                None => self.pending.entry(name.to_string()).or_default(),
+            };
+            let slot = by_amount.entry(amount).or_default();
             *slot = slot.saturating_add(copies);
         }
         self.adjust_blocked(demand, |b| b.saturating_add(copies));
@@ -445,6 +455,10 @@ fn max_free(cluster: &Cluster, dim: &str) -> u64 {
             .map_or(0, |(free, _)| free)
     })
 }
+
+/// [`PlacementContext::set_pending`] keeps the emptied per-dimension maps of at most this many
+/// dimension names for the next cycle.
+const KEPT_PENDING_DIMENSIONS: usize = 16;
 
 /// The caller's cost of placing `demand` on an agent (lower is better), for the scored tie-break
 /// of the ring search ([`super::ring::RingSearch`]). It is only asked about agents that fit and

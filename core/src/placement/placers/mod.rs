@@ -29,6 +29,7 @@ pub mod kind;
 pub mod node_preference;
 pub mod ring;
 
+use compact_str::CompactString;
 use std::cmp::Ordering;
 use std::fmt;
 
@@ -91,7 +92,7 @@ pub struct Decision {
     /// Bucket index in the dominant dimension's ring (`None` for placers without rings).
     pub bucket: Option<usize>,
     /// The dominant dimension the placer ranked by, if it uses one.
-    pub dimension: Option<String>,
+    pub dimension: Option<CompactString>,
     /// The placer's own explanation, if it gives one.
     pub note: PlacerNote,
 }

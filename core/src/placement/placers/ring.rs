@@ -280,7 +280,7 @@ fn ring_search(
         agent,
         phase: Some(phase),
         bucket: Some(bucket),
-        dimension: Some(dimension.to_string()),
+        dimension: Some(dimension.into()),
         note: PlacerNote::None,
     };
     if let Some(score) = score.filter(|_| k > 1) {
@@ -355,7 +355,7 @@ fn leftover_search(
         agent,
         phase: Some(Phase::Leftover),
         bucket: Some(ring.bucket_of(free)),
-        dimension: Some(name.to_string()),
+        dimension: Some(name.into()),
         note: PlacerNote::None,
     })
 }
@@ -856,7 +856,7 @@ mod tests {
                         agent,
                         phase: Some(Phase::Leftover),
                         bucket: Some(cluster.ring(name).unwrap().bucket_of(free)),
-                        dimension: Some(name.to_string()),
+                        dimension: Some(name.into()),
                         note: PlacerNote::None,
                     });
                 }
