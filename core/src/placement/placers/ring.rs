@@ -786,8 +786,8 @@ mod tests {
             (d.agent, d.dimension.unwrap())
         };
         // The gpus ring's best fit is the agent with 1 GPU free; the cpus ring's the 8 cpus one.
-        assert_eq!(place(RingsConfig::default()), (1, "gpus".to_string()));
-        assert_eq!(place(RingsConfig::seed_001()), (0, "cpus".to_string()));
+        assert_eq!(place(RingsConfig::default()), (1, "gpus".into()));
+        assert_eq!(place(RingsConfig::seed_001()), (0, "cpus".into()));
     }
 
     /// SPEC seed 001 example: one 4 CPU / 8 GB agent takes (2, 1 GB) then (2, 2 GB).
