@@ -413,6 +413,14 @@ impl<'w> SimCluster<'w> {
         self.policy
     }
 
+    /// The same cluster with every node's scores cached per node, idle or not (no idle table).
+    #[cfg(test)]
+    fn without_idle_table(mut self) -> Self {
+        let types: Vec<NodeType> = self.nodes.iter().map(|_| (0, 0, 0, None)).collect();
+        self.cache = Some(ScoreCache::new(self.workload.shapes.len(), &types, false));
+        self
+    }
+
     pub fn nodes(&self) -> &[NodeState] {
         &self.nodes
     }
@@ -1028,5 +1036,86 @@ mod tests {
         let fgd = SimPolicy::Paper(PaperPolicy::Fgd);
         let mut f = SimCluster::new(&w, &target, &[0, 1], fgd, &rings, Ties::First, 7);
         assert_eq!(f.decide(cpu).unwrap(), Some(Placement { node: 0, gpus: 0 }));
+    }
+
+    /// The idle table is exact: the ring places a mixed workload (node types differing in cpu,
+    /// GPU count or GPU model only; slices, whole and multi-GPU tasks, CPU-only tasks, tasks
+    /// constrained to a model; nodes going idle again as tasks end) exactly as with every
+    /// score cached per node.
+    #[test]
+    fn the_idle_table_places_as_the_per_node_cache() {
+        let node = |name: String, cpu_milli, gpus, model: &str| Node {
+            name,
+            cpu_milli,
+            memory_mib: 64 * 1024,
+            gpus,
+            model: model.into(),
+        };
+        let mut nodes = Vec::new();
+        for i in 0..24 {
+            let (cpu, gpus, model) = match i % 4 {
+                0 => (32_000, 2, "A"),
+                1 => (32_000, 2, "B"),
+                2 => (64_000, 2, "A"),
+                _ => (32_000, 4, "A"),
+            };
+            nodes.push(node(format!("node-{i:04}"), cpu, gpus, model));
+        }
+        let mut tasks = Vec::new();
+        for i in 0..160u32 {
+            let (num_gpu, gpu_milli) =
+                [(1, 250), (1, 500), (1, 1000), (2, 1000), (0, 0)][i as usize % 5];
+            tasks.push(Task {
+                name: format!("task-{i}"),
+                cpu_milli: 1000 + u64::from(i % 7) * 6000,
+                memory_mib: 512 * u64::from(1 + i % 3),
+                num_gpu,
+                gpu_milli,
+                gpu_spec: match i % 6 {
+                    0 if num_gpu > 0 => vec!["B".to_string()],
+                    _ => Vec::new(),
+                },
+                priority: 0,
+                creation: 0,
+                deletion: None,
+            });
+        }
+        let w = Workload::new(nodes, tasks).unwrap();
+        let target = w.target();
+        let rings = RingsConfig::default();
+        let all: Vec<usize> = (0..w.nodes.len()).collect();
+        let ring = SimPolicy::Allocator(PlacerKind::Ring);
+        let run = |mut c: SimCluster| {
+            let mut placed = Vec::new();
+            let mut running: std::collections::VecDeque<(usize, Placement)> = Default::default();
+            for &shape in &w.task_shape {
+                let decision = c.decide(shape).unwrap();
+                if let Some(p) = decision {
+                    c.commit(shape, p).unwrap();
+                    running.push_back((shape, p));
+                }
+                placed.push(decision);
+                // Tasks end too, so nodes go idle again and are read from the idle table.
+                if running.len() > 40 {
+                    let (shape, p) = running.pop_front().unwrap();
+                    c.release(shape, p).unwrap();
+                }
+            }
+            placed
+        };
+        let with_table = run(SimCluster::new(
+            &w,
+            &target,
+            &all,
+            ring,
+            &rings,
+            Ties::First,
+            7,
+        ));
+        let per_node = run(
+            SimCluster::new(&w, &target, &all, ring, &rings, Ties::First, 7).without_idle_table(),
+        );
+        assert!(with_table.iter().filter(|p| p.is_some()).count() > 100);
+        assert_eq!(with_table, per_node);
     }
 }
