@@ -527,4 +527,37 @@ mod tests {
         let sum: f64 = ok.initial_weights().unwrap().iter().map(|(_, w)| w).sum();
         assert!((sum - 1.0).abs() < 1e-15);
     }
+
+    /// Replacing the pending set keeps its per-dimension maps for the next cycle, emptied: the
+    /// blocked counts are the new set's only, whether the old demands were served (removed) or
+    /// not, and a set over ever new names stays bounded.
+    #[test]
+    fn a_replaced_pending_set_counts_only_its_own_demands() {
+        use crate::placement::{Cluster, PlacerKind, RingsConfig};
+        let r = |text: &str| Resources::parse(text).unwrap();
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        cluster.add_agent(r("cpus:4;mem:1024"));
+        let blocked = |context: &mut PlacementContext, cluster: &Cluster| -> Vec<u64> {
+            let counts = context.blocked_counts(cluster);
+            counts.into_iter().map(|(_, c)| c).collect()
+        };
+        let mut context = PlacementContext::default();
+        let (big_cpu, big_mem) = (r("cpus:8;mem:10"), r("cpus:1;mem:2048"));
+        context.set_pending([(&big_cpu, 3), (&big_mem, 2)]);
+        assert_eq!(blocked(&mut context, &cluster), [3, 2]);
+        // One copy served: removed; the rest are replaced by a set without them.
+        context.remove_pending(&big_cpu, 1);
+        assert_eq!(blocked(&mut context, &cluster), [2, 2]);
+        context.set_pending([(&big_mem, 1)]);
+        assert_eq!(blocked(&mut context, &cluster), [0, 1]);
+        context.set_pending([]);
+        assert_eq!(blocked(&mut context, &cluster), [0, 0]);
+        // Demands naming ever new dimensions: the kept maps stay bounded.
+        for i in 0..100 {
+            let odd = r(&format!("cpus:1;extra{i}:1"));
+            context.set_pending([(&odd, 1)]);
+        }
+        assert!(context.pending.len() <= KEPT_PENDING_DIMENSIONS + 2);
+        assert_eq!(blocked(&mut context, &cluster), [0, 0]);
+    }
 }
