@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ringmaster_agent::isolation::{Isolation, IsolationConfig, IsolationMode};
 use ringmaster_agent::process::process_is_alive;
 use ringmaster_agent::state::{AgentState, ExitReceiver};
-use ringmaster_agent::users::{default_task_user, lookup_user};
+use ringmaster_agent::users::lookup_user;
 use ringmaster_agent::AgentConfig;
 use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::resources::Resources;
@@ -25,23 +25,13 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+mod common;
+
 fn config(work_dir: &Path) -> AgentConfig {
     AgentConfig {
-        master: "127.0.0.1:1".into(),
-        id: None,
-        hostname: "isolation-host".into(),
         resources: Resources::parse("cpus:2;mem:1024").unwrap(),
-        devices: Vec::new(),
-        device_selection: Default::default(),
-        attributes: Vec::new(),
-        work_dir: work_dir.to_path_buf(),
         kill_grace: Duration::from_secs(3),
-        reconnect_max_backoff: Duration::from_millis(200),
-        security: Default::default(),
-        task_user: default_task_user(),
-        allow_root_tasks: false,
-        gpu_sharing: Default::default(),
-        usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
+        ..common::config(work_dir, "isolation-host")
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ringmaster_agent::state::{AgentState, ExitReceiver};
-use ringmaster_agent::users::{default_task_user, lookup_user};
+use ringmaster_agent::users::lookup_user;
 use ringmaster_agent::AgentConfig;
 use ringmaster_proto::convert::ResourcesWire;
 use ringmaster_proto::resources::Resources;
@@ -20,23 +20,12 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+mod common;
+
 fn config(work_dir: &Path, allow_root_tasks: bool) -> AgentConfig {
     AgentConfig {
-        master: "127.0.0.1:1".into(),
-        id: None,
-        hostname: "users-host".into(),
-        resources: Resources::parse("cpus:8;mem:1024").unwrap(),
-        devices: Vec::new(),
-        device_selection: Default::default(),
-        attributes: Vec::new(),
-        work_dir: work_dir.to_path_buf(),
-        kill_grace: Duration::from_millis(500),
-        reconnect_max_backoff: Duration::from_millis(200),
-        security: Default::default(),
-        task_user: default_task_user(),
         allow_root_tasks,
-        gpu_sharing: Default::default(),
-        usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
+        ..common::config(work_dir, "users-host")
     }
 }
 

@@ -190,7 +190,7 @@ pub(crate) fn allocate_pending<R: HasRequest>(
                 *at += 1;
                 continue;
             };
-            let (granted, copies) = match grant {
+            let (granted, copies, key) = match grant {
                 Grant::Demand => {
                     if cluster.take(decision.agent, &req.demand).is_err() {
                         // A placer chose an agent that cannot hold the grant: never serve this
@@ -199,7 +199,8 @@ pub(crate) fn allocate_pending<R: HasRequest>(
                         *at += 1;
                         continue;
                     }
-                    (req.demand.clone(), 1)
+                    let key = drf.allocated_and_sort_key(fw, req.demand.iter(), cluster.total());
+                    (req.demand.clone(), 1, key)
                 }
                 Grant::WholeAgent => {
                     // Moves the agent's free bundle out: the grant is never copied, and its
@@ -208,14 +209,10 @@ pub(crate) fn allocate_pending<R: HasRequest>(
                         break;
                     };
                     let copies = copies_of(cluster, &taken, &req.demand);
-                    (free, copies.clamp(1, u32::MAX as u64) as u32)
-                }
-            };
-            let key = match grant {
-                Grant::Demand => drf.allocated_and_sort_key(fw, granted.iter(), cluster.total()),
-                Grant::WholeAgent => {
+                    let copies = copies.clamp(1, u32::MAX as u64) as u32;
                     let names = taken.iter().map(|&(d, m)| (cluster.dimension_name(d), m));
-                    drf.allocated_and_sort_key(fw, names, cluster.total())
+                    let key = drf.allocated_and_sort_key(fw, names, cluster.total());
+                    (free, copies, key)
                 }
             };
             if let Some(key) = key {
