@@ -42,11 +42,12 @@ async fn a_failing_check_reports_unhealthy_kills_the_task_and_fails_it() {
             command:
                 "id -un > whoami; test ! -e \"$MARKER\" || { echo \"$MARKER is there\"; exit 1; }"
                     .into(),
-            interval_ms: 100,
-            // Generous: the first event was once not Healthy on a loaded 2-core machine (cause
-            // not confirmed; a check slow to start as the task user is the likeliest). This
-            // test is about failing checks, not slow ones.
-            timeout_ms: 10_000,
+            // Generous: this test is about failing checks, not slow ones. The agent caps a
+            // check's timeout at its interval, so the interval is what bounds it: at 100 ms a
+            // check slowed by a loaded 2-core machine (a parallel test build, run unprivileged)
+            // timed out and the failure read "timed out after 100ms", not the check's output.
+            interval_ms: 1_000,
+            timeout_ms: 1_000,
             failures: 2,
             grace_ms: 50,
         }),
