@@ -38,8 +38,8 @@ use crate::dry_run::exact_cycle_input;
 use ringmaster_core::devices::select_shares_filling;
 use ringmaster_core::placement::fragmentation::{fgd_rank, slice_rank};
 use ringmaster_core::placement::{
-    run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
-    PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
+    run_cycle, AgentKey, AgentScore, Cluster, DrfSorter, Filter, FrameworkKey, Outcome,
+    PlacementContext, PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
 };
 
 /// Above this many (node, shape) pairs the paper's policies score without a cache.
@@ -373,7 +373,7 @@ impl<'w> SimCluster<'w> {
         let cache = (scored && entries <= MAX_CACHE_ENTRIES).then(|| {
             let types: Vec<NodeType> = states
                 .iter()
-                .map(|s| (s.cpu_total, s.memory_total, s.gpu_free.len(), s.model))
+                .map(|s| (s.cpu_total, s.memory_total, s.gpu_free().len(), s.model))
                 .collect();
             // The ring ranks a few nodes, often idle ones: the idle table serves those from
             // the processor's cache. A paper policy scans every node: the per-node table alone.
@@ -382,7 +382,7 @@ impl<'w> SimCluster<'w> {
         });
         let node_fragment: Vec<u64> = states
             .iter()
-            .map(|s| target.node_fragment(s.cpu_free, &s.gpu_free, s.model))
+            .map(|s| target.node_fragment(s.cpu_free, s.gpu_free(), s.model))
             .collect();
         let usage = Usage {
             cpu_total: states.iter().map(|s| s.cpu_total).sum(),
@@ -480,7 +480,10 @@ impl<'w> SimCluster<'w> {
                 // (`ShareFill`, `slice_rank`). With the GPUs that score assumes, cached per
                 // (node, shape) like the paper's. The master's score is the same
                 // (`DeviceFragmentScore`).
-                let row = RefCell::new(cache.as_mut().map(|c| c.row(shape)));
+                let row = cache.as_mut().map(|c| c.row(shape));
+                let idle_types = row.as_ref().and_then(|row| row.idle_types());
+                let row = RefCell::new(row);
+                let running: &[u32] = running;
                 let feed = target.feed();
                 let fill = target.share_fill();
                 let fgd = |node: usize| -> Scored {
@@ -507,17 +510,17 @@ impl<'w> SimCluster<'w> {
                         // unfillable (`ShareFill`, as the master binds it), and the node is
                         // ranked by that growth, the unfed growth, then FGD's score there.
                         let pick = select_shares_filling(
-                            &state.gpu_free,
+                            state.gpu_free(),
                             1,
                             s.gpu_milli,
                             SIM_SELECTION,
                             Some(fill),
                         )?;
                         let gpu = pick.trailing_zeros() as usize;
-                        let fill_growth = fill.growth(state.gpu_free[gpu], s.gpu_milli)?;
+                        let fill_growth = fill.growth(state.gpu_free()[gpu], s.gpu_milli)?;
                         let growth = target.growth(
                             state.cpu_free,
-                            &state.gpu_free,
+                            state.gpu_free(),
                             state.model,
                             &s.into(),
                             &[gpu],
@@ -530,9 +533,14 @@ impl<'w> SimCluster<'w> {
                     cached(row.as_mut(), node, generation, running, compute)
                 };
                 let ranked = Cell::new(false);
-                let fragment_score = |agent: usize, _: &Resources| {
-                    ranked.set(true);
-                    fgd(agent).map_or(i64::MAX, |(score, _)| score)
+                let fragment_score = RingScore {
+                    score: |agent: usize| {
+                        ranked.set(true);
+                        fgd(agent).map_or(i64::MAX, |(score, _)| score)
+                    },
+                    // With the idle table on, an idle node's score is its type's: idle nodes
+                    // of one type are interchangeable.
+                    classes: idle_types.map(|types| (types, running)),
                 };
                 let mut context = PlacementContext::default().with_score(&fragment_score);
                 let agent = match policy {
@@ -562,7 +570,7 @@ impl<'w> SimCluster<'w> {
                         .fits(s)
                         .then(|| {
                             select_shares_filling(
-                                &node.gpu_free,
+                                node.gpu_free(),
                                 1,
                                 s.gpu_milli,
                                 SIM_SELECTION,
@@ -669,9 +677,32 @@ impl<'w> SimCluster<'w> {
     fn changed(&mut self, node: usize) {
         self.generation[node] = self.generation[node].wrapping_add(1).max(1);
         let n = &self.nodes[node];
-        let fragment = self.target.node_fragment(n.cpu_free, &n.gpu_free, n.model);
+        let fragment = self.target.node_fragment(n.cpu_free, n.gpu_free(), n.model);
         self.fragment_total = self.fragment_total - self.node_fragment[node] + fragment;
         self.node_fragment[node] = fragment;
+    }
+}
+
+/// The ring's tie-break score ([`AgentScore`]): `score` per node, and idle nodes of one type
+/// (`classes`: each node's type, and the tasks running on each) in one class, interchangeable
+/// for the search (equal free amounts, feasibility, score and cpu left; the score cache's idle
+/// table rests on the same fact).
+struct RingScore<'a, F> {
+    score: F,
+    classes: Option<(&'a [u32], &'a [u32])>,
+}
+
+impl<F: Fn(usize) -> i64> AgentScore for RingScore<'_, F> {
+    fn score(&self, agent: AgentKey, _: &Resources) -> i64 {
+        (self.score)(agent)
+    }
+
+    fn class(&self, agent: AgentKey) -> Option<u32> {
+        let (types, running) = self.classes?;
+        match running.get(agent) {
+            Some(0) => types.get(agent).copied(),
+            _ => None,
+        }
     }
 }
 

@@ -149,7 +149,7 @@ pub fn score(
         }
         PaperPolicy::GpuPacking => {
             let partly_used = state
-                .gpu_free
+                .gpu_free()
                 .iter()
                 .any(|&g| g < GPU_MILLI && g >= shape.gpu_milli && shape.num_gpu > 0);
             if shape.is_shared() && partly_used {
@@ -189,7 +189,7 @@ fn fgd(node: &NodeView, shape: &Shape, target: &TargetWorkload) -> (i64, GpuPick
     target
         .best_quantised(
             state.cpu_free,
-            &state.gpu_free,
+            state.gpu_free(),
             state.model,
             &shape.into(),
             node.fragment,
@@ -205,7 +205,7 @@ fn fgd_exact(node: &NodeView, shape: &Shape, target: &TargetWorkload) -> (i64, G
     target
         .least_growth(
             state.cpu_free,
-            &state.gpu_free,
+            state.gpu_free(),
             state.model,
             &shape.into(),
             node.fragment,
@@ -230,7 +230,7 @@ mod tests {
     fn node(cpu_free: u64, gpu_free: &[u32]) -> NodeState {
         let mut n = NodeState::new(96_000, 1000, gpu_free.len() as u32, None);
         n.cpu_free = cpu_free;
-        n.gpu_free = gpu_free.to_vec();
+        n.set_gpu_free(gpu_free);
         n
     }
 
@@ -328,7 +328,7 @@ mod tests {
         let s = shape(1000, 1, 500);
         let target = TargetWorkload::from_tasks([&s]);
         let n = node(8000, &[1000, 600]);
-        let before = target.node_fragment(8000, &n.gpu_free, None);
+        let before = target.node_fragment(8000, n.gpu_free(), None);
         assert_eq!(before, 0);
         let view = NodeView {
             state: &n,

@@ -76,10 +76,14 @@ pub fn allocate(
 }
 
 /// [`allocate`] with a [`PlacementContext`] (placer settings), whose pending set this step keeps
-/// up to date: at the start every request's remaining copies; a served copy leaves it, and so
-/// does a request the placer declined although an eligible agent had room, until the next step.
-/// A request no eligible agent has room for stays in it: it is what the balance weights count as
-/// blocked (SPEC seed 000: `r_i`, pending demands no agent can satisfy because of dimension i).
+/// up to date when the cluster's placer reads it ([`PlacerKind::reads_pending`], the balance
+/// placer; for the others the set is left empty): at the start every request's remaining
+/// copies; a served copy leaves it, and so does a request the placer declined although an
+/// eligible agent had room, until the next step. A request no eligible agent has room for stays
+/// in it: it is what the balance weights count as blocked (SPEC seed 000: `r_i`, pending demands
+/// no agent can satisfy because of dimension i).
+///
+/// [`PlacerKind::reads_pending`]: crate::placement::PlacerKind::reads_pending
 pub fn allocate_in(
     cluster: &mut Cluster,
     drf: &mut DrfSorter,
@@ -88,12 +92,11 @@ pub fn allocate_in(
     eligible: &dyn Fn(FrameworkKey, AgentKey) -> bool,
     context: &mut PlacementContext,
 ) -> Vec<Allocation> {
-    context.set_pending(
-        requests
-            .iter()
-            .filter(|r| r.count > 0)
-            .map(|r| (&r.demand, u64::from(r.count))),
-    );
+    let pending = requests
+        .iter()
+        .filter(|r| r.count > 0 && cluster.placer().reads_pending())
+        .map(|r| (&r.demand, u64::from(r.count)));
+    context.set_pending(pending);
     allocate_pending(cluster, drf, requests, None, grant, eligible, context)
 }
 
@@ -145,11 +148,19 @@ pub(crate) fn allocate_pending<R: HasRequest>(
     // serve. The cluster total does not change during a step (only free amounts do).
     let mut pending: Vec<(usize, usize)> = Vec::new();
     let mut queue: BTreeSet<(SortKey, usize)> = BTreeSet::new();
+    // One framework alone has no other to be ordered against: its shares are not computed.
+    let alone = by_framework
+        .first()
+        .is_some_and(|&(first, _)| by_framework.iter().all(|&(fw, _)| fw == first));
     let mut start = 0;
     while start < by_framework.len() {
         let fw = by_framework[start].0;
         let end = start + by_framework[start..].partition_point(|&(f, _)| f == fw);
-        if let Some(key) = drf.sort_key(fw, cluster.total()) {
+        let key = match alone {
+            true => drf.alone_key(fw),
+            false => drf.sort_key(fw, cluster.total()),
+        };
+        if let Some(key) = key {
             queue.insert((key, pending.len()));
             pending.push((start, end));
         }
@@ -167,6 +178,7 @@ pub(crate) fn allocate_pending<R: HasRequest>(
     };
 
     let mut taken = Vec::new();
+    let tracks_pending = cluster.placer().reads_pending();
     while let Some((next, slot)) = queue.pop_first() {
         let fw = next.framework;
         let (at, end) = &mut pending[slot];
@@ -182,7 +194,8 @@ pub(crate) fn allocate_pending<R: HasRequest>(
                 // Declined although an agent had room: given up for this step. Room on no
                 // agent: still pending, and blocked (the balance weights count it).
                 // Only a placer that may decline needs the (linear) scan to tell the two apart.
-                if cluster.placer().may_decline()
+                if tracks_pending
+                    && cluster.placer().may_decline()
                     && fitting_agents(cluster, &req.demand, &fits).next().is_some()
                 {
                     context.remove_pending(&req.demand, u64::from(req.count));
@@ -195,11 +208,14 @@ pub(crate) fn allocate_pending<R: HasRequest>(
                     if cluster.take(decision.agent, &req.demand).is_err() {
                         // A placer chose an agent that cannot hold the grant: never serve this
                         // request.
-                        context.remove_pending(&req.demand, u64::from(req.count));
+                        if tracks_pending {
+                            context.remove_pending(&req.demand, u64::from(req.count));
+                        }
                         *at += 1;
                         continue;
                     }
-                    let key = drf.allocated_and_sort_key(fw, req.demand.iter(), cluster.total());
+                    let total = (!alone).then(|| cluster.total());
+                    let key = drf.allocated_and_sort_key(fw, req.demand.iter(), total);
                     (req.demand.clone(), 1, key)
                 }
                 Grant::WholeAgent => {
@@ -211,7 +227,8 @@ pub(crate) fn allocate_pending<R: HasRequest>(
                     let copies = copies_of(cluster, &taken, &req.demand);
                     let copies = copies.clamp(1, u32::MAX as u64) as u32;
                     let names = taken.iter().map(|&(d, m)| (cluster.dimension_name(d), m));
-                    let key = drf.allocated_and_sort_key(fw, names, cluster.total());
+                    let total = (!alone).then(|| cluster.total());
+                    let key = drf.allocated_and_sort_key(fw, names, total);
                     (free, copies, key)
                 }
             };
@@ -221,7 +238,9 @@ pub(crate) fn allocate_pending<R: HasRequest>(
             let req = requests[i].request_mut();
             let before = req.count;
             req.count = req.count.saturating_sub(copies);
-            context.remove_pending(&req.demand, u64::from(before - req.count));
+            if tracks_pending {
+                context.remove_pending(&req.demand, u64::from(before - req.count));
+            }
             out.push(Allocation {
                 framework: fw,
                 request: i,
@@ -448,5 +467,65 @@ mod tests {
             &|_, _| false
         )
         .is_empty());
+    }
+
+    /// A framework served alone (no other to be ordered against) is served without its share
+    /// being computed, and only while it is not suppressed, as when others are pending.
+    #[test]
+    fn a_framework_alone_is_served_until_suppressed() {
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        cluster.add_agent(r("cpus:4;mem:4096"));
+        let mut drf = DrfSorter::new();
+        drf.add(1, 1.0);
+        let request = || Request {
+            framework: 1,
+            demand: r("cpus:1;mem:512"),
+            count: 3,
+        };
+        // (allocations, copies left)
+        let step = |cluster: &mut Cluster, drf: &mut DrfSorter| {
+            let mut requests = [request()];
+            let out = allocate(cluster, drf, &mut requests, Grant::Demand, &|_, _| true);
+            (out.len(), requests[0].count)
+        };
+        assert_eq!(step(&mut cluster, &mut drf), (3, 0));
+        // Its books are kept all the same: DRF's share is 3/4 of the cpus.
+        let share = drf.sort_key(1, cluster.total()).unwrap().share();
+        assert_eq!(share, 0.75);
+        drf.suppress(1);
+        assert_eq!(step(&mut cluster, &mut drf), (0, 3));
+    }
+
+    /// Only a placer that reads the pending set (balance) gets it: after a ring step the set is
+    /// empty, after a balance step it holds the demand that fits nowhere.
+    #[test]
+    fn the_pending_set_is_kept_for_the_placer_that_reads_it() {
+        for kind in [PlacerKind::Ring, PlacerKind::Balance] {
+            let mut cluster = Cluster::new(RingsConfig::default(), kind);
+            cluster.add_agent(r("cpus:4;mem:4096"));
+            let mut drf = DrfSorter::new();
+            drf.add(1, 1.0);
+            let mut requests = [Request {
+                framework: 1,
+                demand: r("cpus:8;mem:512"),
+                count: 2,
+            }];
+            let mut context = PlacementContext::default();
+            let out = allocate_in(
+                &mut cluster,
+                &mut drf,
+                &mut requests,
+                Grant::Demand,
+                &|_, _| true,
+                &mut context,
+            );
+            assert!(out.is_empty());
+            let blocked = if kind.reads_pending() { 2 } else { 0 };
+            assert_eq!(
+                context.blocked_counts(&cluster),
+                [("cpus".to_string(), blocked), ("mem".to_string(), 0)],
+                "{kind}"
+            );
+        }
     }
 }

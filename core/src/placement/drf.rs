@@ -144,11 +144,13 @@ impl DrfSorter {
     /// [`allocated`](DrfSorter::allocated) of the `(name, amount)` pairs `r`, then
     /// [`sort_key`](DrfSorter::sort_key), finding the framework once (the allocation step does
     /// both for every serve).
+    /// With `total` `None` (a framework served alone, with no other to be ordered against)
+    /// the key's share is not computed: it is [`alone_key`](DrfSorter::alone_key).
     pub(crate) fn allocated_and_sort_key<'a>(
         &mut self,
         fw: FrameworkKey,
         r: impl IntoIterator<Item = (&'a str, u64)>,
-        total: &Resources,
+        total: Option<&Resources>,
     ) -> Option<SortKey> {
         let f = self.frameworks.get_mut(&fw)?;
         for (name, m) in r {
@@ -156,12 +158,30 @@ impl DrfSorter {
             f.allocation.set_milli(name, sum);
         }
         f.allocations += 1;
+        let Some(total) = total else {
+            return self.alone_key(fw);
+        };
         (!f.suppressed).then(|| SortKey {
             share_bits: (dominant_share(&f.allocation, total) / f.weight).to_bits(),
             allocations: f.allocations,
             registration: f.registration,
             framework: fw,
         })
+    }
+
+    /// The key of a framework served alone in a step (no other framework to order it
+    /// against): `None` exactly when [`sort_key`](DrfSorter::sort_key) is (unknown or
+    /// suppressed), without computing the share.
+    pub(crate) fn alone_key(&self, fw: FrameworkKey) -> Option<SortKey> {
+        self.frameworks
+            .get(&fw)
+            .filter(|f| !f.suppressed)
+            .map(|_| SortKey {
+                share_bits: 0,
+                allocations: 0,
+                registration: 0,
+                framework: fw,
+            })
     }
 
     /// Records that `fw` released `r` (never below zero).

@@ -41,6 +41,13 @@ impl PlacerKind {
         matches!(self, PlacerKind::Balance)
     }
 
+    /// Whether the placer reads the pending set of its [`PlacementContext`](super::PlacementContext)
+    /// (the balance weights count blocked pending demands). An allocation step keeps that set
+    /// only for such a placer and leaves it empty for the others, which never read it.
+    pub fn reads_pending(self) -> bool {
+        matches!(self, PlacerKind::Balance)
+    }
+
     /// The implementation of this kind.
     pub fn placer(self) -> &'static dyn Placer {
         match self {
