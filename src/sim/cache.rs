@@ -99,13 +99,7 @@ pub struct CacheRow<'c> {
     node_type: &'c [u32],
 }
 
-impl<'c> CacheRow<'c> {
-    /// Each node's type, numbered from 0 (equal numbers: equal totals and GPU model), when idle
-    /// nodes are cached by type (the idle table); `None` without it.
-    pub fn idle_types(&self) -> Option<&'c [u32]> {
-        (!self.idle.is_empty()).then_some(self.node_type)
-    }
-
+impl CacheRow<'_> {
     /// The score on `node`, from the table when known: an idle node (`running[node]` = 0 tasks)
     /// reads its type's, otherwise the node's own, recomputed by `compute` when its
     /// `generation` moved since.

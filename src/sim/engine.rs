@@ -38,8 +38,8 @@ use crate::dry_run::exact_cycle_input;
 use ringmaster_core::devices::select_shares_filling;
 use ringmaster_core::placement::fragmentation::{fgd_rank, slice_rank};
 use ringmaster_core::placement::{
-    run_cycle, AgentKey, AgentScore, Cluster, DrfSorter, Filter, FrameworkKey, Outcome,
-    PlacementContext, PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
+    run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
+    PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
 };
 
 /// Above this many (node, shape) pairs the paper's policies score without a cache.
@@ -480,10 +480,7 @@ impl<'w> SimCluster<'w> {
                 // (`ShareFill`, `slice_rank`). With the GPUs that score assumes, cached per
                 // (node, shape) like the paper's. The master's score is the same
                 // (`DeviceFragmentScore`).
-                let row = cache.as_mut().map(|c| c.row(shape));
-                let idle_types = row.as_ref().and_then(|row| row.idle_types());
-                let row = RefCell::new(row);
-                let running: &[u32] = running;
+                let row = RefCell::new(cache.as_mut().map(|c| c.row(shape)));
                 let feed = target.feed();
                 let fill = target.share_fill();
                 let fgd = |node: usize| -> Scored {
@@ -533,14 +530,9 @@ impl<'w> SimCluster<'w> {
                     cached(row.as_mut(), node, generation, running, compute)
                 };
                 let ranked = Cell::new(false);
-                let fragment_score = RingScore {
-                    score: |agent: usize| {
-                        ranked.set(true);
-                        fgd(agent).map_or(i64::MAX, |(score, _)| score)
-                    },
-                    // With the idle table on, an idle node's score is its type's: idle nodes
-                    // of one type are interchangeable.
-                    classes: idle_types.map(|types| (types, running)),
+                let fragment_score = |agent: usize, _: &Resources| {
+                    ranked.set(true);
+                    fgd(agent).map_or(i64::MAX, |(score, _)| score)
                 };
                 let mut context = PlacementContext::default().with_score(&fragment_score);
                 let agent = match policy {
@@ -680,29 +672,6 @@ impl<'w> SimCluster<'w> {
         let fragment = self.target.node_fragment(n.cpu_free, n.gpu_free(), n.model);
         self.fragment_total = self.fragment_total - self.node_fragment[node] + fragment;
         self.node_fragment[node] = fragment;
-    }
-}
-
-/// The ring's tie-break score ([`AgentScore`]): `score` per node, and idle nodes of one type
-/// (`classes`: each node's type, and the tasks running on each) in one class, interchangeable
-/// for the search (equal free amounts, feasibility, score and cpu left; the score cache's idle
-/// table rests on the same fact).
-struct RingScore<'a, F> {
-    score: F,
-    classes: Option<(&'a [u32], &'a [u32])>,
-}
-
-impl<F: Fn(usize) -> i64> AgentScore for RingScore<'_, F> {
-    fn score(&self, agent: AgentKey, _: &Resources) -> i64 {
-        (self.score)(agent)
-    }
-
-    fn class(&self, agent: AgentKey) -> Option<u32> {
-        let (types, running) = self.classes?;
-        match running.get(agent) {
-            Some(0) => types.get(agent).copied(),
-            _ => None,
-        }
     }
 }
 

@@ -465,15 +465,6 @@ const KEPT_PENDING_DIMENSIONS: usize = 16;
 /// are eligible. Closures `Fn(AgentKey, &Resources) -> i64` implement it.
 pub trait AgentScore {
     fn score(&self, agent: AgentKey, demand: &Resources) -> i64;
-
-    /// Agents the caller knows to be interchangeable for this placement share a class: the
-    /// same free and total amounts, the same eligibility and the same score (e.g. idle agents
-    /// of one hardware type). The search then checks and scores one agent per class and gives
-    /// the others its answers, so the placement is the same as without classes. `None` (the
-    /// default): the agent is checked and scored by itself.
-    fn class(&self, _agent: AgentKey) -> Option<u32> {
-        None
-    }
 }
 
 impl<F: Fn(AgentKey, &Resources) -> i64> AgentScore for F {

@@ -23,8 +23,6 @@
 //!   largest fitting agents of the topmost buckets, so it can choose an agent of another kind
 //!   than the best fits (on openb, a larger node of a GPU model few tasks need).
 
-use std::cell::RefCell;
-
 use super::context::{AgentScore, PlacementContext};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
 use crate::placement::{AgentKey, Cluster, Resources, RingSet};
@@ -381,8 +379,6 @@ fn scored_search(
     score: &dyn AgentScore,
     cpu_left: &dyn Fn(AgentKey) -> u64,
 ) -> Option<(AgentKey, Phase, usize)> {
-    let classes = Classes::new(score);
-    let fitting = &|key: AgentKey| classes.fits(key, fitting);
     let kf = ring.bucket_of(need);
     let top = ring.len() - 1;
     let n = kf.saturating_add(ring.search_up()).min(top);
@@ -431,87 +427,7 @@ fn scored_search(
     // The cpu rule, measured on the openb trace (docs/results.md, "Stop 25"): the `sharing40`
     // mix 5.27 → 5.08 % unallocated (median of seeds 42–71), the default mix unchanged.
     all.into_iter()
-        .min_by_key(|c| classes.rank(c.0, demand, cpu_left))
-}
-
-/// At most this many classes of interchangeable agents ([`AgentScore::class`]) are remembered
-/// per search; agents of further classes are checked and scored by themselves.
-const REMEMBERED_CLASSES: usize = 16;
-
-/// What one scored search learnt about each class of interchangeable agents
-/// ([`AgentScore::class`]): whether its agents fit, and the score and cpu left the first one
-/// ranked got. Agents of a class seen before get those answers without being checked or scored,
-/// so a search walking past many idle agents of one type pays for one.
-struct Classes<'s> {
-    score: &'s dyn AgentScore,
-    seen: RefCell<[Option<ClassSeen>; REMEMBERED_CLASSES]>,
-}
-
-/// One class's answers in [`Classes`].
-#[derive(Clone, Copy)]
-struct ClassSeen {
-    class: u32,
-    fits: bool,
-    /// (score, cpu left), once an agent of the class was ranked.
-    ranked: Option<(i64, u64)>,
-}
-
-impl<'s> Classes<'s> {
-    fn new(score: &'s dyn AgentScore) -> Self {
-        Classes {
-            score,
-            seen: RefCell::new([None; REMEMBERED_CLASSES]),
-        }
-    }
-
-    /// What is known of `class`.
-    fn seen(&self, class: u32) -> Option<ClassSeen> {
-        self.seen
-            .borrow()
-            .iter()
-            .map_while(|e| *e)
-            .find(|e| e.class == class)
-    }
-
-    /// `fitting(key)`, or the answer an agent of its class got.
-    fn fits(&self, key: AgentKey, fitting: &dyn Fn(AgentKey) -> bool) -> bool {
-        let Some(class) = self.score.class(key) else {
-            return fitting(key);
-        };
-        if let Some(seen) = self.seen(class) {
-            return seen.fits;
-        }
-        let fits = fitting(key);
-        if let Some(free) = self.seen.borrow_mut().iter_mut().find(|e| e.is_none()) {
-            *free = Some(ClassSeen {
-                class,
-                fits,
-                ranked: None,
-            });
-        }
-        fits
-    }
-
-    /// [`rank`], with the score and cpu left of an agent of its class when one was ranked.
-    fn rank(
-        &self,
-        key: AgentKey,
-        demand: &Resources,
-        cpu_left: &dyn Fn(AgentKey) -> u64,
-    ) -> (i64, u64, AgentKey) {
-        let Some(class) = self.score.class(key) else {
-            return rank(self.score, demand, cpu_left, key);
-        };
-        if let Some((score, cpu)) = self.seen(class).and_then(|e| e.ranked) {
-            return (score, cpu, key);
-        }
-        let ranked = rank(self.score, demand, cpu_left, key);
-        let mut seen = self.seen.borrow_mut();
-        if let Some(entry) = seen.iter_mut().flatten().find(|e| e.class == class) {
-            entry.ranked = Some((ranked.0, ranked.1));
-        }
-        ranked
-    }
+        .min_by_key(|c| rank(score, demand, cpu_left, c.0))
 }
 
 /// A candidate's rank in the scored tie-break and the leftover pass (lower first): the score,
@@ -1143,124 +1059,5 @@ mod tests {
         let s = RingSearch::new(vec!["fpgas".into()], 0).unwrap();
         assert_eq!((s.spare(), s.candidates()), (&["fpgas".to_string()][..], 0));
         assert_eq!(RingSearch::default().spare(), ["gpus"]);
-    }
-
-    /// Classes of interchangeable agents ([`AgentScore::class`]) change what the search checks
-    /// and scores, never what it decides.
-    mod classes {
-        use super::*;
-        use proptest::prelude::*;
-        use std::cell::Cell;
-
-        const TOTALS: [&str; 4] = [
-            "cpus:8;mem:64;gpus:8",
-            "cpus:16;mem:64;gpus:4",
-            "cpus:4;mem:32;gpus:2",
-            "cpus:8;mem:64",
-        ];
-
-        /// A score and eligibility that depend only on an agent's free amounts, with idle
-        /// agents (free = total) in the class of their total when `classes` is on.
-        struct ByFree<'a> {
-            cluster: &'a Cluster,
-            classes: bool,
-            calls: Cell<usize>,
-        }
-
-        impl AgentScore for ByFree<'_> {
-            fn score(&self, agent: AgentKey, _: &Resources) -> i64 {
-                self.calls.set(self.calls.get() + 1);
-                let free = &self.cluster.agent(agent).unwrap().free;
-                ((free.milli("cpus") / 1000 * 31 + free.milli("gpus") / 500 * 7) % 5) as i64
-            }
-
-            fn class(&self, agent: AgentKey) -> Option<u32> {
-                let a = self.cluster.agent(agent)?;
-                let idle = self.classes && a.free == a.total;
-                idle.then(|| TOTALS.iter().position(|t| r(t) == a.total))
-                    .flatten()
-                    .map(|i| i as u32)
-            }
-        }
-
-        fn eligible(cluster: &Cluster, key: AgentKey) -> bool {
-            cluster
-                .agent(key)
-                .is_some_and(|a| a.free.milli("cpus") != 12_000)
-        }
-
-        /// The search's decision with or without classes, and how often it scored.
-        fn decide(
-            cluster: &Cluster,
-            demand: &Resources,
-            classes: bool,
-        ) -> (Option<Decision>, usize) {
-            let score = ByFree {
-                cluster,
-                classes,
-                calls: Cell::new(0),
-            };
-            let mut context = PlacementContext::default().with_score(&score);
-            let d = cluster.place_in(demand, &|key| eligible(cluster, key), &mut context);
-            (d, score.calls.get())
-        }
-
-        /// A bundle of the named amounts that are not 0.
-        fn bundle(amounts: &[(&str, u64)]) -> Resources {
-            Resources::from_milli(amounts.iter().copied().filter(|&(_, m)| m > 0)).unwrap()
-        }
-
-        /// Every idle agent of one type walked past: the score is asked once per type.
-        #[test]
-        fn idle_agents_of_one_type_are_scored_once() {
-            let mut rings = RingsConfig::default();
-            rings.set_search(RingSearch::new(vec!["gpus".into()], 16).unwrap());
-            let mut cluster = ring_cluster(rings);
-            for _ in 0..10 {
-                cluster.add_agent(r(TOTALS[2]));
-            }
-            let demand = r("cpus:1;mem:1;gpus:1");
-            let agent = |(d, calls): (Option<Decision>, usize)| (d.map(|d| d.agent), calls);
-            assert_eq!(agent(decide(&cluster, &demand, false)), (Some(0), 10));
-            assert_eq!(agent(decide(&cluster, &demand, true)), (Some(0), 1));
-        }
-
-        proptest! {
-            #![proptest_config(ProptestConfig::with_cases(256))]
-
-            #[test]
-            fn classes_decide_as_without_them(
-                candidates in prop_oneof![Just(2usize), Just(4), Just(40)],
-                largest in prop_oneof![Just(0usize), Just(3), Just(24)],
-                agents in prop::collection::vec(0usize..4, 1..40),
-                takes in prop::collection::vec((any::<usize>(), 1u64..=4, 0u64..=2), 0..30),
-                demands in prop::collection::vec((0u64..=8, 0u64..=2, 0u64..=3), 1..6),
-            ) {
-                let mut rings = RingsConfig::default();
-                let search = RingSearch::new(vec!["gpus".into()], candidates)
-                    .and_then(|s| s.with_largest(largest))
-                    .unwrap();
-                rings.set_search(search);
-                let mut cluster = ring_cluster(rings);
-                for &t in &agents {
-                    cluster.add_agent(r(TOTALS[t]));
-                }
-                for (i, cpus, gpus) in takes {
-                    let part = bundle(&[("cpus", cpus * 1000), ("gpus", gpus * 500)]);
-                    let _ = cluster.take(i % agents.len(), &part);
-                }
-                for (cpus, mem, gpus) in demands {
-                    let demand =
-                        bundle(&[("cpus", cpus * 1000), ("mem", mem * 1000), ("gpus", gpus * 1000)]);
-                    let (plain, plain_calls) = decide(&cluster, &demand, false);
-                    let (classed, classed_calls) = decide(&cluster, &demand, true);
-                    prop_assert_eq!(&classed, &plain, "demand {}", demand);
-                    prop_assert!(classed_calls <= plain_calls);
-                    if let Some(d) = plain {
-                        cluster.take(d.agent, &demand).unwrap();
-                    }
-                }
-            }
-        }
     }
 }
