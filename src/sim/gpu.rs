@@ -155,8 +155,8 @@ impl NodeState {
         if !self.model_allowed(shape) || (self.gpu_free.len() as u64) < u64::from(shape.num_gpu) {
             return false;
         }
-        if shape.gpu_milli >= GPU_MILLI {
-            self.idle_gpus >= shape.num_gpu && shape.gpu_milli == GPU_MILLI
+        if shape.gpu_milli == GPU_MILLI {
+            self.idle_gpus >= shape.num_gpu
         } else if shape.num_gpu == 1 {
             self.max_gpu_free >= shape.gpu_milli
         } else {

@@ -92,11 +92,16 @@ pub fn allocate_in(
     eligible: &dyn Fn(FrameworkKey, AgentKey) -> bool,
     context: &mut PlacementContext,
 ) -> Vec<Allocation> {
-    let pending = requests
-        .iter()
-        .filter(|r| r.count > 0 && cluster.placer().reads_pending())
-        .map(|r| (&r.demand, u64::from(r.count)));
-    context.set_pending(pending);
+    let tracked = match cluster.placer().reads_pending() {
+        true => requests,
+        false => &[][..],
+    };
+    context.set_pending(
+        tracked
+            .iter()
+            .filter(|r| r.count > 0)
+            .map(|r| (&r.demand, u64::from(r.count))),
+    );
     allocate_pending(cluster, drf, requests, None, grant, eligible, context)
 }
 
@@ -149,9 +154,8 @@ pub(crate) fn allocate_pending<R: HasRequest>(
     let mut pending: Vec<(usize, usize)> = Vec::new();
     let mut queue: BTreeSet<(SortKey, usize)> = BTreeSet::new();
     // One framework alone has no other to be ordered against: its shares are not computed.
-    let alone = by_framework
-        .first()
-        .is_some_and(|&(first, _)| by_framework.iter().all(|&(fw, _)| fw == first));
+    // (`by_framework` is sorted: one framework when the first and last are the same.)
+    let alone = by_framework.first().map(|f| f.0) == by_framework.last().map(|l| l.0);
     let mut start = 0;
     while start < by_framework.len() {
         let fw = by_framework[start].0;

@@ -147,11 +147,16 @@ pub fn run_cycle<T: Clone>(
     let eligible = |fw: FrameworkKey, agent: AgentKey| (input.feasible)(fw, agent).is_ok();
     // Every tier's demands are pending while any tier is served: a lower tier's demand that
     // fits no agent blocks its dimension for the balance weights too (SPEC seed 000).
-    let pending = requests
-        .iter()
-        .filter(|r| r.request.count > 0 && cluster.placer().reads_pending())
-        .map(|r| (&r.request.demand, u64::from(r.request.count)));
-    context.set_pending(pending);
+    let tracked = match cluster.placer().reads_pending() {
+        true => &requests[..],
+        false => &[][..],
+    };
+    context.set_pending(
+        tracked
+            .iter()
+            .filter(|r| r.request.count > 0)
+            .map(|r| (&r.request.demand, u64::from(r.request.count))),
+    );
     let mut grants = Vec::new();
     for indices in tiers.values() {
         let served = allocate_pending(
