@@ -382,27 +382,27 @@ fn scored_search(
     let kf = ring.bucket_of(need);
     let top = ring.len() - 1;
     let n = kf.saturating_add(ring.search_up()).min(top);
-    let mut all: Vec<(AgentKey, Phase, usize)> = Vec::with_capacity(k + largest);
+    let mut best = Best::new(score, demand, cpu_left);
     let mut some = Vec::with_capacity(k.max(largest));
     let mut last = kf;
     for bucket in kf..=n {
         last = bucket;
-        ring.best_fits(bucket, need, fitting, k - all.len(), &mut some);
+        ring.best_fits(bucket, need, fitting, k - best.seen, &mut some);
         let phase = if bucket == kf {
             Phase::Bucket
         } else {
             Phase::Up
         };
-        all.extend(some.iter().map(|&(_, a)| (a, phase, bucket)));
-        if all.len() >= k {
+        best.offer_all(&some, phase, bucket);
+        if best.seen >= k {
             break;
         }
     }
-    if all.len() < k {
+    if best.seen < k {
         for bucket in (n + 1..=top).rev() {
-            ring.largest_fits(bucket, need, fitting, k - all.len(), &mut some);
-            all.extend(some.iter().map(|&(_, a)| (a, Phase::Down, bucket)));
-            if all.len() >= k {
+            ring.largest_fits(bucket, need, fitting, k - best.seen, &mut some);
+            best.offer_all(&some, Phase::Down, bucket);
+            if best.seen >= k {
                 break;
             }
         }
@@ -416,18 +416,64 @@ fn scored_search(
         let wanted = k + largest;
         let mut taken = 0;
         for bucket in (last + 1..=top).rev() {
-            if all.len() >= wanted || taken == LARGEST_BUCKETS {
+            if best.seen >= wanted || taken == LARGEST_BUCKETS {
                 break;
             }
-            ring.largest_fits(bucket, need, fitting, wanted - all.len(), &mut some);
+            ring.largest_fits(bucket, need, fitting, wanted - best.seen, &mut some);
             taken += usize::from(!some.is_empty());
-            all.extend(some.iter().map(|&(_, a)| (a, Phase::Down, bucket)));
+            best.offer_all(&some, Phase::Down, bucket);
         }
     }
-    // The cpu rule, measured on the openb trace (docs/results.md, "Stop 25"): the `sharing40`
-    // mix 5.27 → 5.08 % unallocated (median of seeds 42–71), the default mix unchanged.
-    all.into_iter()
-        .min_by_key(|c| rank(score, demand, cpu_left, c.0))
+    best.found
+}
+
+/// The lowest-ranked candidate so far of a scored tie-break ([`rank`]'s order: the score, then
+/// the least cpu left, then the lowest key), ranking each as it is found. The cpu rule is
+/// measured on the openb trace (docs/results.md, "Stop 25": the `sharing40` mix 5.27 → 5.08 %
+/// unallocated, median of seeds 42–71, the default mix unchanged); it is read only for a
+/// candidate whose score equals the best so far, since a lower score wins without it.
+struct Best<'a> {
+    score: &'a dyn AgentScore,
+    demand: &'a Resources,
+    cpu_left: &'a dyn Fn(AgentKey) -> u64,
+    /// Candidates ranked so far.
+    seen: usize,
+    /// The best's score, cpu left and key.
+    rank: (i64, u64, AgentKey),
+    found: Option<(AgentKey, Phase, usize)>,
+}
+
+impl<'a> Best<'a> {
+    fn new(
+        score: &'a dyn AgentScore,
+        demand: &'a Resources,
+        cpu_left: &'a dyn Fn(AgentKey) -> u64,
+    ) -> Self {
+        Best {
+            score,
+            demand,
+            cpu_left,
+            seen: 0,
+            rank: (i64::MAX, u64::MAX, AgentKey::MAX),
+            found: None,
+        }
+    }
+
+    /// Ranks the candidates one bucket gave, found in `phase` in `bucket`.
+    fn offer_all(&mut self, candidates: &[(u64, AgentKey)], phase: Phase, bucket: usize) {
+        for &(_, key) in candidates {
+            self.seen += 1;
+            let score = self.score.score(key, self.demand);
+            if self.found.is_some() && score > self.rank.0 {
+                continue;
+            }
+            let rank = (score, (self.cpu_left)(key), key);
+            if self.found.is_none() || rank < self.rank {
+                self.rank = rank;
+                self.found = Some((key, phase, bucket));
+            }
+        }
+    }
 }
 
 /// A candidate's rank in the scored tie-break and the leftover pass (lower first): the score,
@@ -863,6 +909,42 @@ mod tests {
             }
         }
         ring_search(cluster, Rings::All, demand, eligible, k, score)
+    }
+
+    mod best {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Ranking each candidate as it is found, reading the cpu rule only on an equal
+            /// score, picks what the minimum of the full rank over all of them picks.
+            #[test]
+            fn streaming_rank_is_the_minimum_of_the_full_rank(
+                found in proptest::collection::vec(
+                    proptest::collection::vec((0i64..4, 0u64..3), 0..6),
+                    0..5,
+                ),
+            ) {
+                // Candidate i of the flattened list has key 100 - i: keys unique, not ordered.
+                let flat: Vec<(i64, u64)> = found.iter().flatten().copied().collect();
+                let key_of = |i: usize| 100 - i;
+                let score = |key: AgentKey, _: &Resources| flat[100 - key].0;
+                let cpu = |key: AgentKey| flat[100 - key].1;
+                let demand = Resources::new();
+                let mut best = Best::new(&score, &demand, &cpu);
+                let mut i = 0;
+                for (bucket, group) in found.iter().enumerate() {
+                    let candidates: Vec<(u64, AgentKey)> =
+                        group.iter().map(|_| { i += 1; (0, key_of(i - 1)) }).collect();
+                    best.offer_all(&candidates, Phase::Up, bucket);
+                }
+                let expected = (0..flat.len())
+                    .min_by_key(|&i| (flat[i].0, flat[i].1, key_of(i)))
+                    .map(key_of);
+                prop_assert_eq!(best.found.map(|f| f.0), expected);
+                prop_assert_eq!(best.seen, flat.len());
+            }
+        }
     }
 
     mod sparing {
