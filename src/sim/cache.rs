@@ -32,12 +32,18 @@ struct Entry {
     value: Scored,
 }
 
+/// [`ScoreCache::idle_type`] of a node running something.
+const BUSY: u32 = u32::MAX;
+
 /// The score cache of one simulated cluster; see the module doc.
 pub struct ScoreCache {
     nodes: usize,
     busy: Vec<Entry>,
     /// Each node's type (index into the idle table's rows).
     node_type: Vec<u32>,
+    /// Each node's type while it is idle, [`BUSY`] while it runs something: one read tells a
+    /// lookup where the score is ([`set_idle`](Self::set_idle) keeps it).
+    idle_type: Vec<u32>,
     types: usize,
     /// `shape × types + type`: an idle node's score, `None` until computed; empty when idle
     /// nodes are cached per node like the others.
@@ -52,7 +58,7 @@ impl ScoreCache {
     /// branch per node slows down (`fgd`'s decision median on openb, 3.4 → 4.1 µs).
     pub fn new(shapes: usize, node_types: &[NodeType], by_type: bool) -> Self {
         let mut seen: HashMap<NodeType, u32> = HashMap::new();
-        let node_type = node_types
+        let node_type: Vec<u32> = node_types
             .iter()
             .map(|t| {
                 let next = seen.len() as u32;
@@ -63,6 +69,7 @@ impl ScoreCache {
         ScoreCache {
             nodes,
             busy: vec![Entry::default(); shapes.saturating_mul(nodes)],
+            idle_type: node_type.clone(),
             node_type,
             types: seen.len(),
             idle: match by_type {
@@ -77,6 +84,14 @@ impl ScoreCache {
         shapes.saturating_mul(nodes)
     }
 
+    /// Whether `node` runs nothing (every node does at first): an idle node's scores come
+    /// from its type's row of the idle table.
+    pub fn set_idle(&mut self, node: usize, idle: bool) {
+        if let (Some(slot), Some(&t)) = (self.idle_type.get_mut(node), self.node_type.get(node)) {
+            *slot = if idle { t } else { BUSY };
+        }
+    }
+
     /// The scores of one shape: what one decision reads.
     pub fn row(&mut self, shape: usize) -> CacheRow<'_> {
         let idle = match self.idle.is_empty() {
@@ -86,7 +101,7 @@ impl ScoreCache {
         CacheRow {
             busy: &mut self.busy[shape * self.nodes..(shape + 1) * self.nodes],
             idle,
-            node_type: &self.node_type,
+            idle_type: &self.idle_type,
         }
     }
 }
@@ -96,23 +111,22 @@ pub struct CacheRow<'c> {
     busy: &'c mut [Entry],
     /// By node type; empty without the idle table.
     idle: &'c mut [Option<Scored>],
-    node_type: &'c [u32],
+    idle_type: &'c [u32],
 }
 
 impl CacheRow<'_> {
-    /// The score on `node`, from the table when known: an idle node (`running[node]` = 0 tasks)
-    /// reads its type's, otherwise the node's own, recomputed by `compute` when its
-    /// `generation` moved since.
+    /// The score on `node`, from the table when known: an idle node (see
+    /// [`ScoreCache::set_idle`]) reads its type's, otherwise the node's own, recomputed by
+    /// `compute` when its `generation` moved since.
     #[inline]
     pub fn get(
         &mut self,
         node: usize,
         generation: u32,
-        running: &[u32],
         compute: impl FnOnce() -> Scored,
     ) -> Scored {
-        if !self.idle.is_empty() && running[node] == 0 {
-            let slot = &mut self.idle[self.node_type[node] as usize];
+        if !self.idle.is_empty() && self.idle_type[node] != BUSY {
+            let slot = &mut self.idle[self.idle_type[node] as usize];
             return *slot.get_or_insert_with(compute);
         }
         let entry = &mut self.busy[node];
@@ -129,9 +143,6 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    const IDLE: [u32; 3] = [0, 0, 0];
-    const BUSY: [u32; 3] = [1, 1, 1];
-
     #[test]
     fn idle_nodes_of_one_type_share_a_score_busy_nodes_keep_their_own() {
         let t = (8000, 1024, 2, Some(0));
@@ -142,30 +153,37 @@ mod tests {
             calls.set(calls.get() + 1);
             Some((v, 1))
         };
-        assert_eq!(cache.row(0).get(0, 1, &IDLE, || compute(5)), Some((5, 1)));
+        assert_eq!(cache.row(0).get(0, 1, || compute(5)), Some((5, 1)));
         // Node 2 is of node 0's type: no computation.
-        assert_eq!(cache.row(0).get(2, 1, &IDLE, || compute(99)), Some((5, 1)));
+        assert_eq!(cache.row(0).get(2, 1, || compute(99)), Some((5, 1)));
         assert_eq!(calls.get(), 1);
         // Another type, another shape: their own.
-        assert_eq!(cache.row(0).get(1, 1, &IDLE, || compute(7)), Some((7, 1)));
-        assert_eq!(cache.row(1).get(0, 1, &IDLE, || compute(8)), Some((8, 1)));
+        assert_eq!(cache.row(0).get(1, 1, || compute(7)), Some((7, 1)));
+        assert_eq!(cache.row(1).get(0, 1, || compute(8)), Some((8, 1)));
         assert_eq!(calls.get(), 3);
         // Busy: per node, recomputed when the generation moves.
-        assert_eq!(cache.row(0).get(2, 2, &BUSY, || compute(11)), Some((11, 1)));
-        assert_eq!(cache.row(0).get(2, 2, &BUSY, || compute(12)), Some((11, 1)));
-        assert_eq!(cache.row(0).get(2, 3, &BUSY, || compute(13)), Some((13, 1)));
+        cache.set_idle(2, false);
+        assert_eq!(cache.row(0).get(2, 2, || compute(11)), Some((11, 1)));
+        assert_eq!(cache.row(0).get(2, 2, || compute(12)), Some((11, 1)));
+        assert_eq!(cache.row(0).get(2, 3, || compute(13)), Some((13, 1)));
+        assert_eq!(calls.get(), 5);
+        // Node 0 of the same type stays idle: the type's score.
+        assert_eq!(cache.row(0).get(0, 3, || compute(14)), Some((5, 1)));
+        // Idle again: the type's score, not the node's own.
+        cache.set_idle(2, true);
+        assert_eq!(cache.row(0).get(2, 4, || compute(15)), Some((5, 1)));
         assert_eq!(calls.get(), 5);
         // A shape that fits nowhere is remembered too.
-        assert_eq!(cache.row(1).get(1, 1, &IDLE, || None), None);
-        assert_eq!(cache.row(1).get(1, 1, &IDLE, || compute(1)), None);
+        assert_eq!(cache.row(1).get(1, 1, || None), None);
+        assert_eq!(cache.row(1).get(1, 1, || compute(1)), None);
     }
 
     #[test]
     fn without_the_idle_table_idle_nodes_are_cached_per_node() {
         let t = (8000, 1024, 2, None);
         let mut cache = ScoreCache::new(1, &[t, t], false);
-        assert_eq!(cache.row(0).get(0, 1, &IDLE, || Some((5, 1))), Some((5, 1)));
-        assert_eq!(cache.row(0).get(1, 1, &IDLE, || Some((6, 2))), Some((6, 2)));
-        assert_eq!(cache.row(0).get(0, 1, &IDLE, || Some((7, 3))), Some((5, 1)));
+        assert_eq!(cache.row(0).get(0, 1, || Some((5, 1))), Some((5, 1)));
+        assert_eq!(cache.row(0).get(1, 1, || Some((6, 2))), Some((6, 2)));
+        assert_eq!(cache.row(0).get(0, 1, || Some((7, 3))), Some((5, 1)));
     }
 }

@@ -283,11 +283,10 @@ fn cached(
     row: Option<&mut CacheRow>,
     node: usize,
     generation: &[u32],
-    running: &[u32],
     compute: impl FnOnce() -> Scored,
 ) -> Scored {
     match row {
-        Some(row) => row.get(node, generation[node], running, compute),
+        Some(row) => row.get(node, generation[node], compute),
         None => compute(),
     }
 }
@@ -456,7 +455,6 @@ impl<'w> SimCluster<'w> {
             nodes,
             kinds,
             generation,
-            running,
             cache,
             allocator,
             node_fragment,
@@ -527,7 +525,7 @@ impl<'w> SimCluster<'w> {
                         Some((slice_rank(fill_growth, unfed, score), pick))
                     };
                     let mut row = row.borrow_mut();
-                    cached(row.as_mut(), node, generation, running, compute)
+                    cached(row.as_mut(), node, generation, compute)
                 };
                 let ranked = Cell::new(false);
                 let fragment_score = |agent: usize, _: &Resources| {
@@ -596,7 +594,7 @@ impl<'w> SimCluster<'w> {
                             target,
                         )
                     };
-                    let value = cached(row.as_mut(), node, generation, running, compute);
+                    let value = cached(row.as_mut(), node, generation, compute);
                     let Some((value, gpus)) = value else { continue };
                     let here = Placement { node, gpus };
                     match best {
@@ -668,6 +666,9 @@ impl<'w> SimCluster<'w> {
 
     fn changed(&mut self, node: usize) {
         self.generation[node] = self.generation[node].wrapping_add(1).max(1);
+        if let Some(cache) = self.cache.as_mut() {
+            cache.set_idle(node, self.running[node] == 0);
+        }
         let n = &self.nodes[node];
         let fragment = self.target.node_fragment(n.cpu_free, n.gpu_free(), n.model);
         self.fragment_total = self.fragment_total - self.node_fragment[node] + fragment;

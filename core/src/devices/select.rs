@@ -203,25 +203,36 @@ pub fn select_shares_filling(
     if need == 0 {
         return Some(0);
     }
-    let mut fitting: Vec<(u32, usize)> = free_share
-        .iter()
-        .take(MAX_PICK_DEVICES)
-        .enumerate()
-        .filter(|(_, &g)| g >= share)
-        .map(|(i, &g)| (g, i))
-        .collect();
-    if fitting.len() < need {
+    // On the stack: this runs for every candidate a score ranks (no allocation per call).
+    let mut buffer = [(0u32, 0usize); MAX_PICK_DEVICES];
+    let mut len = 0;
+    for (i, &g) in free_share.iter().take(MAX_PICK_DEVICES).enumerate() {
+        if g >= share {
+            buffer[len] = (g, i);
+            len += 1;
+        }
+    }
+    if len < need {
         return None;
     }
+    let fitting = &mut buffer[..len];
     // Whole devices: every fitting device is fully free, so the order is by position alone.
     if share < SHARE_CAPACITY {
         let growth = |g: u32| fill.and_then(|f| f.growth(g, share));
-        fitting.sort_unstable_by(|a, b| {
+        let order = |a: &(u32, usize), b: &(u32, usize)| {
             growth(a.0)
                 .cmp(&growth(b.0))
                 .then(policy.prefer((a.0, 0), (b.0, 0)))
                 .then(a.1.cmp(&b.1))
-        });
+        };
+        // One slice: the least in that order (positions differ, so it is unique), no sort.
+        if need == 1 {
+            return fitting
+                .iter()
+                .min_by(|a, b| order(a, b))
+                .map(|&(_, i)| 1 << i);
+        }
+        fitting.sort_unstable_by(order);
     }
     Some(
         fitting[..need]
@@ -254,10 +265,12 @@ pub fn select_shares_by_cost(
         }
     };
     if count == 1 && share < SHARE_CAPACITY {
-        let mut seen: Vec<u32> = Vec::with_capacity(free_share.len());
+        let mut seen = [0u32; MAX_PICK_DEVICES];
+        let mut len = 0;
         for (i, &g) in free_share.iter().take(MAX_PICK_DEVICES).enumerate() {
-            if g >= share && !seen.contains(&g) {
-                seen.push(g);
+            if g >= share && !seen[..len].contains(&g) {
+                seen[len] = g;
+                len += 1;
                 consider(1 << i);
             }
         }
