@@ -350,17 +350,29 @@ impl<'w> SimCluster<'w> {
                     let key = cluster.add_agent(scalar(s.cpu_total, s.memory_total, s.gpu_total()));
                     debug_assert_eq!(key, i, "agent keys follow node order");
                 }
-                let demands = workload
+                let demands: Vec<Resources> = workload
                     .shapes
                     .iter()
                     .map(|s| scalar(s.cpu_milli, s.memory_mib, s.gpu_total()))
                     .collect();
                 let mut drf = DrfSorter::new();
                 drf.add(FRAMEWORK, 1.0);
+                let requests = demands
+                    .iter()
+                    .map(|demand: &Resources| TieredRequest {
+                        request: Request {
+                            framework: FRAMEWORK,
+                            demand: demand.clone(),
+                            count: 0,
+                        },
+                        priority: exact_cycle_input::<()>(&|_, _| Ok(())).base,
+                    })
+                    .collect();
                 Some(Allocator {
                     cluster,
                     drf,
                     demands,
+                    requests,
                 })
             }
             SimPolicy::Paper(_) => None,
@@ -685,6 +697,8 @@ struct Allocator {
     cluster: Cluster,
     drf: DrfSorter,
     demands: Vec<Resources>,
+    /// Each shape's request, kept between cycles so a cycle copies no demand.
+    requests: Vec<TieredRequest>,
 }
 
 impl Allocator {
@@ -700,18 +714,13 @@ impl Allocator {
         context: &mut PlacementContext,
     ) -> Result<Outcome<()>, SimError> {
         let input = exact_cycle_input::<()>(feasible);
-        let mut requests = [TieredRequest {
-            request: Request {
-                framework: FRAMEWORK,
-                demand: self.demands[shape].clone(),
-                count: 1,
-            },
-            priority: input.base,
-        }];
+        let request = &mut self.requests[shape];
+        request.request.count = 1;
+        request.priority = input.base;
         let outcome = run_cycle(
             &mut self.cluster,
             &mut self.drf,
-            &mut requests,
+            std::slice::from_mut(request),
             &input,
             context,
         );

@@ -1,12 +1,15 @@
 //! One allocation step: DRF decides who is next, the placer decides where.
 //!
-//! Frameworks with outstanding requests sit in a `BTreeSet` keyed by their DRF position
-//! (share, allocations, registration), so each decision costs O(log frameworks) plus one
-//! placement, never a walk over all frameworks. Resources only leave agents during a step, so a
+//! Frameworks with outstanding requests sit in a queue keyed by their DRF position (share,
+//! allocations, registration): a `BTreeSet`, so each decision costs O(log frameworks) plus one
+//! placement, never a walk over all frameworks; with only a few frameworks in the step, a
+//! short list on the stack instead (a step allocates nothing to order them). Resources only leave agents during a step, so a
 //! request that fits nowhere cannot fit later in the same step and is not tried again in it; it
 //! stays in the placement context's pending set, where it counts as blocked (SPEC seed 000).
 
 use std::collections::BTreeSet;
+
+use smallvec::SmallVec;
 
 use super::drf::SortKey;
 use super::placers::fitting_agents;
@@ -55,6 +58,49 @@ fn copies_of(cluster: &Cluster, taken: &[(usize, u64)], demand: &Resources) -> u
         })
         .min()
         .unwrap_or(u64::MAX)
+}
+
+/// Up to this many frameworks in a step are queued in a list on the stack.
+const FEW_FRAMEWORKS: usize = 8;
+
+/// The step's frameworks by DRF position (see the module doc): the least first.
+// One per step, on the stack: the short list's size is the point (no allocation).
+#[allow(clippy::large_enum_variant)]
+enum Queue {
+    /// At most [`FEW_FRAMEWORKS`]: the least found by a pass over them.
+    Few(SmallVec<[(SortKey, usize); FEW_FRAMEWORKS]>),
+    Many(BTreeSet<(SortKey, usize)>),
+}
+
+impl Queue {
+    fn for_frameworks(frameworks: usize) -> Self {
+        match frameworks <= FEW_FRAMEWORKS {
+            true => Queue::Few(SmallVec::new()),
+            false => Queue::Many(BTreeSet::new()),
+        }
+    }
+
+    /// Queues an entry (no entry is queued twice: the second field, a framework's slot,
+    /// differs).
+    fn insert(&mut self, entry: (SortKey, usize)) {
+        match self {
+            Queue::Few(few) => few.push(entry),
+            Queue::Many(many) => {
+                many.insert(entry);
+            }
+        }
+    }
+
+    /// Takes the least entry out.
+    fn pop_first(&mut self) -> Option<(SortKey, usize)> {
+        match self {
+            Queue::Few(few) => {
+                let least = (0..few.len()).min_by(|&a, &b| few[a].cmp(&few[b]))?;
+                Some(few.swap_remove(least))
+            }
+            Queue::Many(many) => many.pop_first(),
+        }
+    }
 }
 
 /// Serves requests until none of them can be placed; see the module doc.
@@ -124,18 +170,18 @@ impl HasRequest for Request {
 /// requests' remaining copies among others, e.g. every priority tier's of a cycle), serving
 /// only `requests[i]` for `i` in `serve` (in that order per framework; all when `None`).
 /// Allocations index `requests`.
-pub(crate) fn allocate_pending<R: HasRequest>(
+pub(crate) fn allocate_pending<R: HasRequest, E: Fn(FrameworkKey, AgentKey) -> bool + ?Sized>(
     cluster: &mut Cluster,
     drf: &mut DrfSorter,
     requests: &mut [R],
     serve: Option<&[usize]>,
     grant: Grant,
-    eligible: &dyn Fn(FrameworkKey, AgentKey) -> bool,
+    eligible: &E,
     context: &mut PlacementContext,
 ) -> Vec<Allocation> {
     // Each framework's requests with copies left, in order: (framework, index) pairs sorted by
-    // framework (stable, so request order holds within one).
-    let mut by_framework: Vec<(FrameworkKey, usize)> = match serve {
+    // framework (stable, so request order holds within one). On the stack for a short step.
+    let mut by_framework: SmallVec<[(FrameworkKey, usize); 8]> = match serve {
         Some(serve) => serve
             .iter()
             .map(|&i| (requests[i].request().framework, i))
@@ -146,16 +192,20 @@ pub(crate) fn allocate_pending<R: HasRequest>(
             .map(|(i, r)| (r.request().framework, i))
             .collect(),
     };
-    by_framework.retain(|&(_, i)| requests[i].request().count > 0);
+    by_framework.retain(|&mut (_, i)| requests[i].request().count > 0);
     by_framework.sort_by_key(|&(fw, _)| fw);
     // Per framework: the range of its requests in `by_framework` and the position of the one
     // being served. The queue carries the position in this list, so no map is searched per
     // serve. The cluster total does not change during a step (only free amounts do).
-    let mut pending: Vec<(usize, usize)> = Vec::new();
-    let mut queue: BTreeSet<(SortKey, usize)> = BTreeSet::new();
+    let mut pending: SmallVec<[(usize, usize); FEW_FRAMEWORKS]> = SmallVec::new();
     // One framework alone has no other to be ordered against: its shares are not computed.
     // (`by_framework` is sorted: one framework when the first and last are the same.)
     let alone = by_framework.first().map(|f| f.0) == by_framework.last().map(|l| l.0);
+    let frameworks = match alone {
+        true => 1,
+        false => 1 + by_framework.windows(2).filter(|w| w[0].0 != w[1].0).count(),
+    };
+    let mut queue = Queue::for_frameworks(frameworks);
     let mut start = 0;
     while start < by_framework.len() {
         let fw = by_framework[start].0;
@@ -262,6 +312,42 @@ pub(crate) fn allocate_pending<R: HasRequest>(
 mod tests {
     use super::*;
     use crate::placement::{Phase, PlacerKind, RingsConfig};
+
+    mod queue {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// The short list pops in the ordered set's order, whatever the inserts and pops.
+            #[test]
+            fn the_short_list_pops_like_the_ordered_set(
+                ops in proptest::collection::vec(prop_oneof![
+                    (0u64..3, 0u64..3, 0usize..4).prop_map(Some),
+                    Just(None),
+                ], 0..40),
+            ) {
+                let mut few = Queue::Few(SmallVec::new());
+                let mut many = Queue::Many(BTreeSet::new());
+                for (slot, op) in ops.into_iter().enumerate() {
+                    match op {
+                        Some((share, allocations, framework)) => {
+                            let key = SortKey::of(share as f64 / 4.0, allocations, 0, framework);
+                            few.insert((key, slot));
+                            many.insert((key, slot));
+                        }
+                        None => prop_assert_eq!(few.pop_first(), many.pop_first()),
+                    }
+                }
+                loop {
+                    let (a, b) = (few.pop_first(), many.pop_first());
+                    prop_assert_eq!(a, b);
+                    if a.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
 
     fn r(text: &str) -> Resources {
         Resources::parse(text).unwrap()

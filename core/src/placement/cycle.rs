@@ -19,6 +19,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
+use smallvec::SmallVec;
+
 use super::allocation::{allocate_pending, Allocation, Grant, HasRequest, Request};
 use super::feasible::Filter;
 use super::priority::{plan_preemption_with, DeviceCheck, PreemptionPlan, Priority, RunningTask};
@@ -137,11 +139,19 @@ pub fn run_cycle<T: Clone>(
     input: &CycleInput<T>,
     context: &mut PlacementContext,
 ) -> Outcome<T> {
-    // Tiers, highest priority first; each keeps its requests' indices in request order.
-    let mut tiers: BTreeMap<Reverse<Priority>, Vec<usize>> = BTreeMap::new();
-    for (i, r) in requests.iter().enumerate() {
-        if r.request.count > 0 {
-            tiers.entry(Reverse(r.priority)).or_default().push(i);
+    // The requests with copies left, highest priority first and in request order within a
+    // priority (a stable sort), and the tiers as (priority, start, end) runs of that order. On
+    // the stack for a short cycle.
+    let mut order: SmallVec<[usize; 8]> = (0..requests.len())
+        .filter(|&i| requests[i].request.count > 0)
+        .collect();
+    order.sort_by_key(|&i| Reverse(requests[i].priority));
+    let mut tiers: SmallVec<[(Priority, usize, usize); 4]> = SmallVec::new();
+    for (at, &i) in order.iter().enumerate() {
+        let priority = requests[i].priority;
+        match tiers.last_mut() {
+            Some(tier) if tier.0 == priority => tier.2 = at + 1,
+            _ => tiers.push((priority, at, at + 1)),
         }
     }
     let eligible = |fw: FrameworkKey, agent: AgentKey| (input.feasible)(fw, agent).is_ok();
@@ -158,12 +168,12 @@ pub fn run_cycle<T: Clone>(
             .map(|r| (&r.request.demand, u64::from(r.request.count))),
     );
     let mut grants = Vec::new();
-    for indices in tiers.values() {
+    for &(_, start, end) in &tiers {
         let served = allocate_pending(
             cluster,
             drf,
             requests,
-            Some(indices),
+            Some(&order[start..end]),
             input.grant,
             &eligible,
             context,
@@ -179,14 +189,14 @@ pub fn run_cycle<T: Clone>(
     let mut planned: HashSet<FrameworkKey> = HashSet::new();
     let mut preemptions = Vec::new();
     let mut reasons: BTreeMap<usize, UnservedReason> = BTreeMap::new();
-    for (Reverse(priority), indices) in &tiers {
-        for &i in indices {
+    for &(priority, start, end) in &tiers {
+        for &i in &order[start..end] {
             let r = &requests[i].request;
             if r.count == 0 {
                 continue;
             }
             let fw = r.framework;
-            let reason = if *priority <= input.base {
+            let reason = if priority <= input.base {
                 UnservedReason::AtBase
             } else if planned.contains(&fw) || (input.waiting)(fw) {
                 UnservedReason::Waiting
@@ -200,7 +210,7 @@ pub fn run_cycle<T: Clone>(
                 let plan = plan_preemption_with(
                     cluster,
                     &r.demand,
-                    *priority,
+                    priority,
                     running,
                     &may_preempt_on,
                     input.devices,
@@ -213,7 +223,7 @@ pub fn run_cycle<T: Clone>(
                         preemptions.push(Preemption {
                             framework: fw,
                             request: i,
-                            priority: *priority,
+                            priority,
                             plan,
                         });
                         UnservedReason::Preempting { agent }

@@ -33,6 +33,22 @@ impl SortKey {
     pub fn share(&self) -> f64 {
         f64::from_bits(self.share_bits)
     }
+
+    /// A key from its fields, for tests of what orders keys.
+    #[cfg(test)]
+    pub(crate) fn of(
+        share: f64,
+        allocations: u64,
+        registration: u64,
+        framework: FrameworkKey,
+    ) -> Self {
+        SortKey {
+            share_bits: share.to_bits(),
+            allocations,
+            registration,
+            framework,
+        }
+    }
 }
 
 /// The DRF books: weight, allocation and registration order of every framework.
