@@ -138,10 +138,10 @@ pub struct RingView {
 /// is refiled in every dimension that changes on each [`take`](Cluster::take) /
 /// [`give_back`](Cluster::give_back).
 ///
-/// Inside, dimension names are interned to dense indices in order of first appearance, and each
-/// dimension keeps every agent's free amount in an array indexed by agent key, so the hot paths
-/// (fits checks during a ring search, emptying an agent for a whole-agent offer) read numbers
-/// from a few compact arrays instead of comparing names. The public [`AgentEntry`] bundles are
+/// Inside, dimension names are interned to dense indices in order of first appearance, and every
+/// agent's free amounts sit side by side in one table row indexed by agent key ([`FreeTable`]),
+/// so the hot paths (fits checks during a ring search, emptying an agent for a whole-agent
+/// offer) read numbers from one place in memory per agent instead of comparing names. The public [`AgentEntry`] bundles are
 /// kept in step; the cluster's free sum is kept by index and turned into a [`Resources`] only
 /// when [`free`](Cluster::free) is asked for.
 #[derive(Clone, Debug)]
@@ -151,6 +151,8 @@ pub struct Cluster {
     agents: Slab<AgentEntry>,
     /// By dimension index.
     dimensions: Vec<Dimension>,
+    /// Every agent's free amount of every dimension.
+    free_table: FreeTable,
     /// Dimension name → index, sorted by name.
     index: BTreeMap<String, usize>,
     /// The sum of every agent's total, clamped to `u64::MAX` per dimension for display and
@@ -174,8 +176,6 @@ struct Dimension {
     /// search walks this ring instead of walking past every agent it spares, and fails at once
     /// (by [`RingSet::max_free`]) when no plain agent has the demand's dominant amount free.
     plain: Option<RingSet>,
-    /// Free amount by agent key; 0 past the end, for absent agents and agents without it.
-    free_by_agent: Vec<u64>,
     /// Exact sum of every agent's free amount: `u128` cannot overflow (it would take 2^64
     /// agents at `u64::MAX` each), so adding and removing agents keeps it exact.
     free: u128,
@@ -188,19 +188,45 @@ fn clamp_sum(sum: u128) -> u64 {
     u64::try_from(sum).unwrap_or(u64::MAX)
 }
 
-impl Dimension {
-    fn free_of(&self, key: AgentKey) -> u64 {
-        self.free_by_agent.get(key).copied().unwrap_or(0)
+/// Free amounts by (agent key, dimension index), agent-major: an agent's amounts of every
+/// dimension are one row, so checking an agent against a demand of several dimensions reads one
+/// place in memory. 0 past the end, for absent agents and dimensions they lack.
+#[derive(Clone, Debug, Default)]
+struct FreeTable {
+    /// Dimensions per row.
+    stride: usize,
+    amounts: Vec<u64>,
+}
+
+impl FreeTable {
+    fn get(&self, key: AgentKey, d: usize) -> u64 {
+        self.amounts
+            .get(key * self.stride + d)
+            .copied()
+            .unwrap_or(0)
     }
 
-    fn set_free_of(&mut self, key: AgentKey, amount: u64) {
-        if key >= self.free_by_agent.len() {
+    fn set(&mut self, key: AgentKey, d: usize, amount: u64) {
+        let at = key * self.stride + d;
+        if at >= self.amounts.len() {
             if amount == 0 {
                 return;
             }
-            self.free_by_agent.resize(key + 1, 0);
+            self.amounts.resize((key + 1) * self.stride, 0);
         }
-        self.free_by_agent[key] = amount;
+        self.amounts[at] = amount;
+    }
+
+    /// Room for one more dimension (index `stride`) in every row, at 0.
+    fn add_dimension(&mut self) {
+        let stride = self.stride + 1;
+        let rows = self.amounts.len() / self.stride.max(1);
+        let mut amounts = vec![0; rows * stride];
+        for (row, old) in self.amounts.chunks(self.stride.max(1)).enumerate() {
+            amounts[row * stride..row * stride + old.len()].copy_from_slice(old);
+        }
+        self.stride = stride;
+        self.amounts = amounts;
     }
 }
 
@@ -226,6 +252,7 @@ impl Cluster {
             placer,
             agents: Slab::new(),
             dimensions: Vec::new(),
+            free_table: FreeTable::default(),
             index: BTreeMap::new(),
             total: Resources::new(),
             free: OnceLock::new(),
@@ -244,10 +271,10 @@ impl Cluster {
         self.dimensions.push(Dimension {
             ring: RingSet::new(name, spec.clone()),
             plain: (!spared.is_empty()).then(|| RingSet::new(name, spec.clone())),
-            free_by_agent: Vec::new(),
             free: 0,
             total: 0,
         });
+        self.free_table.add_dimension();
         if spared.iter().any(|s| s == name) {
             self.spare.push(i);
         }
@@ -257,9 +284,7 @@ impl Cluster {
 
     /// The agent has none of any spared dimension free (true for absent agents).
     fn is_plain(&self, key: AgentKey) -> bool {
-        self.spare
-            .iter()
-            .all(|&d| self.dimensions[d].free_of(key) == 0)
+        self.spare.iter().all(|&d| self.free_table.get(key, d) == 0)
     }
 
     /// Files the agent in (`file`) or takes it out of the plain ring of every dimension of its
@@ -270,8 +295,8 @@ impl Cluster {
         };
         for (name, _) in entry.total.iter() {
             if let Some(&d) = self.index.get(name) {
+                let free = self.free_table.get(key, d);
                 let dimension = &mut self.dimensions[d];
-                let free = dimension.free_of(key);
                 if let Some(plain) = &mut dimension.plain {
                     if file {
                         plain.insert(key, free);
@@ -294,8 +319,8 @@ impl Cluster {
             .all(|s| total.milli(s) == 0);
         for (name, amount) in total.iter() {
             let d = self.dimension_index(name);
+            self.free_table.set(key, d, amount);
             let dimension = &mut self.dimensions[d];
-            dimension.set_free_of(key, amount);
             dimension.ring.insert(key, amount);
             if let Some(ring) = dimension.plain.as_mut().filter(|_| plain) {
                 ring.insert(key, amount);
@@ -319,8 +344,8 @@ impl Cluster {
         let entry = self.agents.try_remove(key)?;
         for (name, _) in entry.total.iter() {
             if let Some(&d) = self.index.get(name) {
+                let free = self.free_table.get(key, d);
                 let dimension = &mut self.dimensions[d];
-                let free = dimension.free_of(key);
                 dimension.ring.remove(key, free);
                 if let Some(ring) = dimension.plain.as_mut().filter(|_| plain) {
                     ring.remove(key, free);
@@ -330,7 +355,7 @@ impl Cluster {
                     .total
                     .saturating_sub(u128::from(entry.total.milli(name)));
                 // The key will be reused: the next agent starts from 0 here.
-                dimension.set_free_of(key, 0);
+                self.free_table.set(key, d, 0);
                 self.total.set_milli(name, clamp_sum(dimension.total));
             }
         }
@@ -368,17 +393,14 @@ impl Cluster {
             }
         }
         // Taking never gives a spared dimension free amount: a plain agent stays plain.
-        let was_plain = self
-            .spare
-            .iter()
-            .all(|&d| self.dimensions[d].free_of(key) == 0);
+        let was_plain = self.spare.iter().all(|&d| self.free_table.get(key, d) == 0);
         for (name, m) in r.iter() {
             let old = entry.free.milli(name);
             entry.free.set_milli(name, old - m);
             // A dimension of `r` the agent has free is one of its total's: it has an index.
             if let Some(&d) = self.index.get(name) {
+                self.free_table.set(key, d, old - m);
                 let dimension = &mut self.dimensions[d];
-                dimension.set_free_of(key, old - m);
                 dimension.ring.relocate(key, old, old - m);
                 if let Some(ring) = dimension.plain.as_mut().filter(|_| was_plain) {
                     ring.relocate(key, old, old - m);
@@ -409,17 +431,15 @@ impl Cluster {
         // Everything goes to 0: a plain agent stays plain, any other becomes plain.
         let was_plain = self.is_plain(key);
         for (d, dimension) in self.dimensions.iter_mut().enumerate() {
-            let Some(free) = dimension.free_by_agent.get_mut(key) else {
-                continue;
-            };
-            if *free > 0 {
-                taken.push((d, *free));
-                dimension.ring.relocate(key, *free, 0);
+            let free = self.free_table.get(key, d);
+            if free > 0 {
+                taken.push((d, free));
+                dimension.ring.relocate(key, free, 0);
                 if let Some(ring) = dimension.plain.as_mut().filter(|_| was_plain) {
-                    ring.relocate(key, *free, 0);
+                    ring.relocate(key, free, 0);
                 }
-                dimension.free = dimension.free.saturating_sub(u128::from(*free));
-                *free = 0;
+                dimension.free = dimension.free.saturating_sub(u128::from(free));
+                self.free_table.set(key, d, 0);
             }
         }
         if !was_plain {
@@ -459,8 +479,8 @@ impl Cluster {
             entry.free.set_milli(name, old + m);
             // Within the agent's total, so a dimension of its total: it has an index.
             if let Some(&d) = self.index.get(name) {
+                self.free_table.set(key, d, old + m);
                 let dimension = &mut self.dimensions[d];
-                dimension.set_free_of(key, old + m);
                 dimension.ring.relocate(key, old, old + m);
                 if let Some(ring) = dimension.plain.as_mut().filter(|_| stays_plain) {
                     ring.relocate(key, old, old + m);
@@ -500,7 +520,7 @@ impl Cluster {
 
     /// The agent's free amount of dimension index `d` (0 for absent agents).
     pub(crate) fn free_in(&self, key: AgentKey, d: usize) -> u64 {
-        self.dimensions[d].free_of(key)
+        self.free_table.get(key, d)
     }
 
     /// Some agent has none of dimension index `d` free (or lacks it).
@@ -543,7 +563,7 @@ impl Cluster {
             // Amounts are 0 for absent agents, so a non-empty demand needs no other check.
             Some(len) if len > 0 => demand.needs[..len]
                 .iter()
-                .all(|&(d, need)| self.dimensions[d].free_of(key) >= need),
+                .all(|&(d, need)| self.free_table.get(key, d) >= need),
             _ => self
                 .agents
                 .get(key)
@@ -678,7 +698,7 @@ impl Cluster {
         self.agents.get(key)?;
         let d = *self.index.get(dimension)?;
         let ring = &self.dimensions[d].ring;
-        let free = self.dimensions[d].free_of(key);
+        let free = self.free_table.get(key, d);
         let bucket = ring.bucket_of(free);
         ring.holds(bucket, key, free).then_some(bucket)
     }
@@ -690,6 +710,25 @@ mod tests {
 
     pub(crate) fn r(text: &str) -> Resources {
         Resources::parse(text).unwrap()
+    }
+
+    /// A dimension seen later widens every row and keeps what the rows held.
+    #[test]
+    fn free_table_rows_keep_their_amounts_as_dimensions_come() {
+        let mut t = FreeTable::default();
+        t.add_dimension();
+        t.set(2, 0, 7);
+        t.set(0, 0, 0);
+        assert_eq!((t.get(2, 0), t.get(0, 0), t.get(9, 0)), (7, 0, 0));
+        t.add_dimension();
+        t.set(1, 1, 5);
+        assert_eq!(
+            (t.get(2, 0), t.get(2, 1), t.get(1, 1), t.get(1, 0)),
+            (7, 0, 5, 0)
+        );
+        t.add_dimension();
+        assert_eq!((t.get(2, 0), t.get(1, 1), t.get(1, 2)), (7, 5, 0));
+        assert_eq!(t.amounts.len(), 3 * 3);
     }
 
     #[test]
