@@ -39,7 +39,7 @@ use ringmaster_core::devices::select_shares_filling;
 use ringmaster_core::placement::fragmentation::{fgd_rank, slice_rank};
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
-    PlacementError, PlacerKind, Request, RingsConfig, TieredRequest,
+    PlacementError, PlacerKind, PriorityConfig, Request, RingsConfig, TieredRequest,
 };
 
 /// Above this many (node, shape) pairs the paper's policies score without a cache.
@@ -350,28 +350,23 @@ impl<'w> SimCluster<'w> {
                     let key = cluster.add_agent(scalar(s.cpu_total, s.memory_total, s.gpu_total()));
                     debug_assert_eq!(key, i, "agent keys follow node order");
                 }
-                let demands: Vec<Resources> = workload
+                let requests = workload
                     .shapes
                     .iter()
-                    .map(|s| scalar(s.cpu_milli, s.memory_mib, s.gpu_total()))
+                    .map(|s| TieredRequest {
+                        request: Request {
+                            framework: FRAMEWORK,
+                            demand: scalar(s.cpu_milli, s.memory_mib, s.gpu_total()),
+                            count: 0,
+                        },
+                        priority: PriorityConfig::default().base(),
+                    })
                     .collect();
                 let mut drf = DrfSorter::new();
                 drf.add(FRAMEWORK, 1.0);
-                let requests = demands
-                    .iter()
-                    .map(|demand: &Resources| TieredRequest {
-                        request: Request {
-                            framework: FRAMEWORK,
-                            demand: demand.clone(),
-                            count: 0,
-                        },
-                        priority: exact_cycle_input::<()>(&|_, _| Ok(())).base,
-                    })
-                    .collect();
                 Some(Allocator {
                     cluster,
                     drf,
-                    demands,
                     requests,
                 })
             }
@@ -551,7 +546,7 @@ impl<'w> SimCluster<'w> {
                     // with `Cluster::place_in`, so the two-pass search stays a direct call.
                     SimPolicy::SparingGpus(_) => allocator
                         .cluster
-                        .place_sparing(&allocator.demands[shape], &|key| nodes[key].fits(s), "gpus")
+                        .place_sparing(allocator.demand(shape), &|key| nodes[key].fits(s), "gpus")
                         .map(|decision| decision.agent),
                     _ => {
                         let feasible = |_: FrameworkKey, key: AgentKey| feasibility(&nodes[key], s);
@@ -589,20 +584,17 @@ impl<'w> SimCluster<'w> {
                 }
                 Ok(gpus.map(|gpus| Placement { node: agent, gpus }))
             }
-            SimPolicy::Paper(policy) => Ok(paper_scan(
-                PaperScan {
-                    policy,
-                    shape: s,
-                    target,
-                    nodes,
-                    kinds,
-                    node_fragment,
-                    generation,
-                    random_ties: *random_ties,
-                },
-                cache.as_mut().map(|c| c.row(shape)),
-                rng,
-            )),
+            SimPolicy::Paper(policy) => Ok(PaperScan {
+                policy,
+                shape: s,
+                target,
+                nodes,
+                kinds,
+                node_fragment,
+                generation,
+                random_ties: *random_ties,
+            }
+            .run(cache.as_mut().map(|c| c.row(shape)), rng)),
         }
     }
 
@@ -675,79 +667,72 @@ struct PaperScan<'a> {
     random_ties: bool,
 }
 
-/// A paper policy's decision: every node's score (from the cache row when it holds it), the
-/// lowest (every score here is lower-is-better) wins; equal scores go to the first node or, with random ties, to one of them
-/// uniformly. A function of its own, never inlined, so that its loop is laid out the same
-/// whatever the rest of `decide` is (measured: the same scan's median moved by 10 % with
-/// changes to the ring's code beside it).
-#[inline(never)]
-fn paper_scan(
-    scan: PaperScan,
-    mut row: Option<CacheRow>,
-    rng: &mut ChaCha8Rng,
-) -> Option<Placement> {
-    let PaperScan {
-        policy,
-        shape: s,
-        target,
-        nodes,
-        kinds,
-        node_fragment,
-        generation,
-        random_ties,
-    } = scan;
-    let mut best: Option<(i64, Placement)> = None;
-    let mut ties = 0u32;
-    for node in 0..nodes.len() {
-        let compute = || {
-            score(
-                policy,
-                &NodeView {
-                    state: &nodes[node],
-                    kinds: &kinds[node],
-                    fragment: node_fragment[node],
-                },
-                s,
-                target,
-            )
-        };
-        let value = cached(row.as_mut(), node, generation, compute);
-        let Some((value, gpus)) = value else { continue };
-        let here = Placement { node, gpus };
-        match best {
-            Some((b, _)) if value > b => {}
-            Some((b, _)) if value == b => {
-                if !random_ties {
-                    continue;
+impl PaperScan<'_> {
+    /// A paper policy's decision: every node's score (from the cache row when it holds it),
+    /// the lowest (every score here is lower-is-better) wins; equal scores go to the first node
+    /// or, with random ties, to one of them uniformly. A function of its own, never inlined,
+    /// so that its loop is laid out the same whatever the rest of `decide` is (measured: the
+    /// same scan's median moved by 10 % with changes to the ring's code beside it).
+    #[inline(never)]
+    fn run(self, mut row: Option<CacheRow>, rng: &mut ChaCha8Rng) -> Option<Placement> {
+        let mut best: Option<(i64, Placement)> = None;
+        let mut ties = 0u32;
+        for node in 0..self.nodes.len() {
+            let compute = || {
+                score(
+                    self.policy,
+                    &NodeView {
+                        state: &self.nodes[node],
+                        kinds: &self.kinds[node],
+                        fragment: self.node_fragment[node],
+                    },
+                    self.shape,
+                    self.target,
+                )
+            };
+            let value = cached(row.as_mut(), node, self.generation, compute);
+            let Some((value, gpus)) = value else { continue };
+            let here = Placement { node, gpus };
+            match best {
+                Some((b, _)) if value > b => {}
+                Some((b, _)) if value == b => {
+                    if !self.random_ties {
+                        continue;
+                    }
+                    ties += 1;
+                    if rng.random_range(0..ties) == 0 {
+                        best = Some((value, here));
+                    }
                 }
-                ties += 1;
-                if rng.random_range(0..ties) == 0 {
+                _ => {
                     best = Some((value, here));
+                    ties = 1;
                 }
-            }
-            _ => {
-                best = Some((value, here));
-                ties = 1;
             }
         }
+        best.map(|(_, p)| p)
     }
-    best.map(|(_, p)| p)
 }
 
 /// The one framework the simulated allocator serves.
 const FRAMEWORK: FrameworkKey = 0;
 
 /// Ringmaster's allocator as the master runs it: the core's cluster over the nodes' scalar
-/// view (agent key = node index), a DRF sorter with one framework, and each shape's demand.
+/// view (agent key = node index), a DRF sorter with one framework, and each shape's request.
 struct Allocator {
     cluster: Cluster,
     drf: DrfSorter,
-    demands: Vec<Resources>,
-    /// Each shape's request, kept between cycles so a cycle copies no demand.
+    /// Each shape's request (its demand, count 0 between cycles), kept so that a cycle copies
+    /// no demand.
     requests: Vec<TieredRequest>,
 }
 
 impl Allocator {
+    /// The demand of a task of `shape`.
+    fn demand(&self, shape: usize) -> &Resources {
+        &self.requests[shape].request.demand
+    }
+
     /// One allocation cycle of the core ([`run_cycle`]) for one task of `shape`: one request of
     /// count 1 at the base priority, granted exactly its demand, `feasible` the per-agent
     /// verdict, nothing running (no priorities in a trace, so nothing preempts). The cycle takes
@@ -776,7 +761,7 @@ impl Allocator {
     /// A task of `shape` starts on `agent` without a cycle's grant: taken from the cluster and
     /// recorded in DRF, as the cycle does.
     fn take(&mut self, shape: usize, agent: AgentKey) -> Result<(), SimError> {
-        let demand = &self.demands[shape];
+        let demand = &self.requests[shape].request.demand;
         self.cluster.take(agent, demand)?;
         self.drf.allocated(FRAMEWORK, demand);
         Ok(())
@@ -784,7 +769,7 @@ impl Allocator {
 
     /// A task of `shape` ended on `agent`, or a held grant was not used.
     fn give_back(&mut self, shape: usize, agent: AgentKey) -> Result<(), SimError> {
-        let demand = &self.demands[shape];
+        let demand = &self.requests[shape].request.demand;
         self.cluster.give_back(agent, demand)?;
         self.drf.unallocated(FRAMEWORK, demand);
         Ok(())
@@ -906,7 +891,7 @@ mod tests {
             assert_eq!(feasibility(&c.nodes[0], shape), Err(Filter::Devices));
             assert_eq!(feasibility(&c.nodes[1], shape), Ok(()));
             let allocator = c.allocator.as_ref().unwrap();
-            let demand = allocator.demands[whole].clone();
+            let demand = allocator.demand(whole).clone();
             let free = |c: &SimCluster, key| {
                 c.allocator
                     .as_ref()
@@ -990,7 +975,7 @@ mod tests {
                 .collect()
         };
         let idle = free(&c);
-        let demand = c.allocator.as_ref().unwrap().demands[whole].clone();
+        let demand = c.allocator.as_ref().unwrap().demand(whole).clone();
         let taken = idle[0].checked_sub(&demand).unwrap();
 
         let first = c.decide(whole).unwrap().unwrap();

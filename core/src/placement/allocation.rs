@@ -3,7 +3,8 @@
 //! Frameworks with outstanding requests sit in a queue keyed by their DRF position (share,
 //! allocations, registration): a `BTreeSet`, so each decision costs O(log frameworks) plus one
 //! placement, never a walk over all frameworks; with only a few frameworks in the step, a
-//! short list on the stack instead (a step allocates nothing to order them). Resources only leave agents during a step, so a
+//! short list on the stack instead (a step allocates nothing to order them). Resources only
+//! leave agents during a step, so a
 //! request that fits nowhere cannot fit later in the same step and is not tried again in it; it
 //! stays in the placement context's pending set, where it counts as blocked (SPEC seed 000).
 
@@ -73,10 +74,11 @@ enum Queue {
 }
 
 impl Queue {
-    fn for_frameworks(frameworks: usize) -> Self {
-        match frameworks <= FEW_FRAMEWORKS {
-            true => Queue::Few(SmallVec::new()),
-            false => Queue::Many(BTreeSet::new()),
+    /// The queue of a step's first entries, one per framework.
+    fn of(entries: SmallVec<[(SortKey, usize); FEW_FRAMEWORKS]>) -> Self {
+        match entries.len() <= FEW_FRAMEWORKS {
+            true => Queue::Few(entries),
+            false => Queue::Many(entries.into_iter().collect()),
         }
     }
 
@@ -201,11 +203,7 @@ pub(crate) fn allocate_pending<R: HasRequest, E: Fn(FrameworkKey, AgentKey) -> b
     // One framework alone has no other to be ordered against: its shares are not computed.
     // (`by_framework` is sorted: one framework when the first and last are the same.)
     let alone = by_framework.first().map(|f| f.0) == by_framework.last().map(|l| l.0);
-    let frameworks = match alone {
-        true => 1,
-        false => 1 + by_framework.windows(2).filter(|w| w[0].0 != w[1].0).count(),
-    };
-    let mut queue = Queue::for_frameworks(frameworks);
+    let mut first: SmallVec<[(SortKey, usize); FEW_FRAMEWORKS]> = SmallVec::new();
     let mut start = 0;
     while start < by_framework.len() {
         let fw = by_framework[start].0;
@@ -215,11 +213,12 @@ pub(crate) fn allocate_pending<R: HasRequest, E: Fn(FrameworkKey, AgentKey) -> b
             false => drf.sort_key(fw, cluster.total()),
         };
         if let Some(key) = key {
-            queue.insert((key, pending.len()));
+            first.push((key, pending.len()));
             pending.push((start, end));
         }
         start = end;
     }
+    let mut queue = Queue::of(first);
     // A whole-agent grant empties its agent, so there are at most as many as agents.
     let mut out = match grant {
         Grant::WholeAgent => {

@@ -374,6 +374,8 @@ impl Cluster {
 
     /// Takes `r` out of the agent's free resources (refused if any dimension would go below 0).
     pub fn take(&mut self, key: AgentKey, r: &Resources) -> Result<(), PlacementError> {
+        // Taking never gives a spared dimension free amount: a plain agent stays plain.
+        let was_plain = self.is_plain(key);
         let entry = self
             .agents
             .get_mut(key)
@@ -392,8 +394,6 @@ impl Cluster {
                 });
             }
         }
-        // Taking never gives a spared dimension free amount: a plain agent stays plain.
-        let was_plain = self.spare.iter().all(|&d| self.free_table.get(key, d) == 0);
         for (name, m) in r.iter() {
             let old = entry.free.milli(name);
             entry.free.set_milli(name, old - m);
