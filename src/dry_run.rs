@@ -547,7 +547,7 @@ pub fn exact_cycle_input<'a, T>(
     feasible: &'a dyn Fn(FrameworkKey, AgentKey) -> Result<(), Filter>,
 ) -> CycleInput<'a, T> {
     CycleInput {
-        base: PriorityConfig::default().base(),
+        base: PriorityConfig::DEFAULT_BASE,
         grant: Grant::Demand,
         feasible,
         waiting: &|_| false,

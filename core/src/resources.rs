@@ -14,13 +14,26 @@ use compact_str::CompactString;
 /// Scalars carry three decimal places.
 pub const MILLI: u64 = 1000;
 
-/// `a.cmp(b)`, decided by the first byte when the first bytes differ (names of the usual
-/// dimensions do: `cpus`, `gpus`, `mem`) without the `memcmp` call of the full comparison,
-/// which for names of a few bytes costs more than the comparison: bundles are searched by name
-/// on every placement.
-fn name_order(a: &str, b: &str) -> std::cmp::Ordering {
-    match (a.as_bytes().first(), b.as_bytes().first()) {
+/// Names up to this many bytes are compared byte by byte by [`name_order`].
+const SHORT_NAME: usize = 16;
+
+/// `a.cmp(b)` without the `memcmp` call of the full comparison for short names, which for
+/// names of a few bytes costs more than the comparison (and mispredicts its branches on
+/// lengths): decided by the first byte when the first bytes differ (names of the usual
+/// dimensions do: `cpus`, `gpus`, `mem`), else byte by byte. Bundles and the cluster's
+/// dimensions are searched by name on every placement.
+pub(crate) fn name_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    match (a.first(), b.first()) {
         (Some(x), Some(y)) if x != y => x.cmp(y),
+        _ if a.len() <= SHORT_NAME && b.len() <= SHORT_NAME => {
+            for (x, y) in a.iter().zip(b) {
+                if x != y {
+                    return x.cmp(y);
+                }
+            }
+            a.len().cmp(&b.len())
+        }
         _ => a.cmp(b),
     }
 }
@@ -202,6 +215,81 @@ impl Resources {
             out.set_milli(name, left);
         }
         Ok(out)
+    }
+
+    /// Where `name` is or would go, trying `hint` first (the position after the previous
+    /// name of an ascending walk) before a binary search.
+    fn position_from(&self, hint: usize, name: &str) -> Result<usize, usize> {
+        match self.entries.get(hint) {
+            Some((n, _)) if name_order(n, name).is_eq() => Ok(hint),
+            _ => self.entries.binary_search_by(|(n, _)| name_order(n, name)),
+        }
+    }
+
+    /// Takes `other` out in place, refusing (and changing nothing) if any dimension would go
+    /// below zero; `each(name, old, new)` sees every dimension of `other` as it changes. One
+    /// search per dimension (a walk, both bundles being sorted), where
+    /// [`checked_sub`](Self::checked_sub) copies the bundle and searches it three times.
+    pub fn checked_sub_assign_with(
+        &mut self,
+        other: &Resources,
+        mut each: impl FnMut(&str, u64, u64),
+    ) -> Result<(), ResourceError> {
+        let mut at = 0;
+        for (name, need) in other.iter() {
+            let have = match self.position_from(at, name) {
+                Ok(i) => {
+                    at = i + 1;
+                    self.entries[i].1
+                }
+                Err(i) => {
+                    at = i;
+                    0
+                }
+            };
+            if have < need {
+                return Err(ResourceError::Insufficient {
+                    name: name.to_string(),
+                    have: format_milli(have),
+                    need: format_milli(need),
+                });
+            }
+        }
+        let (mut at, mut emptied) = (0, false);
+        for (name, m) in other.iter() {
+            // Present: checked above, and amounts of a bundle are never zero.
+            if let Ok(i) = self.position_from(at, name) {
+                let old = self.entries[i].1;
+                self.entries[i].1 = old - m;
+                emptied |= old == m;
+                at = i + 1;
+                each(name, old, old - m);
+            }
+        }
+        if emptied {
+            self.entries.retain(|(_, m)| *m > 0);
+        }
+        Ok(())
+    }
+
+    /// Adds each `(name, amount)` in place, clamping at `u64::MAX` (an allocation's running
+    /// sum): one search per name, none when the names come in this bundle's order.
+    pub fn saturating_add_each<'a>(&mut self, other: impl IntoIterator<Item = (&'a str, u64)>) {
+        let mut at = 0;
+        for (name, m) in other {
+            match self.position_from(at, name) {
+                Ok(i) => {
+                    let sum = self.entries[i].1.saturating_add(m);
+                    self.entries[i].1 = sum;
+                    at = i + 1;
+                }
+                Err(i) if m > 0 => {
+                    self.entries.insert(i, (CompactString::from(name), m));
+                    at = i + 1;
+                }
+                Err(i) => at = i,
+            }
+        }
     }
 
     /// Adds `other` in place, clamping each dimension at `u64::MAX` instead of failing (sums
@@ -545,10 +633,65 @@ mod tests {
         assert_eq!(sum.milli("mem"), u64::MAX);
     }
 
+    /// A bundle of up to four of five names (some sharing first bytes), amounts 0..4 (a zero
+    /// is dropped), as milli.
+    fn bundle() -> impl proptest::strategy::Strategy<Value = Resources> {
+        let names = ["cpus", "gpus", "gpu_milli", "mem", "m"];
+        proptest::collection::vec((0..names.len(), 0u64..4), 0..4).prop_map(move |entries| {
+            let mut out = Resources::new();
+            for (n, m) in entries {
+                out.set_milli(names[n], m * 500);
+            }
+            out
+        })
+    }
+
+    use proptest::strategy::Strategy;
+
     proptest::proptest! {
+        /// Taking in place is `checked_sub`: the same result or the same refusal (then nothing
+        /// changed), and `each` sees every dimension taken with its old and new amount.
+        #[test]
+        fn taking_in_place_is_checked_sub(have in bundle(), take in bundle()) {
+            let mut in_place = have.clone();
+            let mut seen = Vec::new();
+            let result = in_place.checked_sub_assign_with(&take, |name, old, new| {
+                seen.push((name.to_string(), old, new));
+            });
+            match have.checked_sub(&take) {
+                Ok(expected) => {
+                    proptest::prop_assert!(result.is_ok());
+                    proptest::prop_assert_eq!(&in_place, &expected);
+                    let want: Vec<_> = take
+                        .iter()
+                        .map(|(n, m)| (n.to_string(), have.milli(n), have.milli(n) - m))
+                        .collect();
+                    proptest::prop_assert_eq!(seen, want);
+                }
+                Err(e) => {
+                    proptest::prop_assert_eq!(result, Err(e));
+                    proptest::prop_assert_eq!(&in_place, &have);
+                }
+            }
+        }
+
+        /// Adding name by name, in the bundle's order or not, is `saturating_add_assign`.
+        #[test]
+        fn adding_each_is_saturating_add(have in bundle(), add in bundle(), reverse: bool) {
+            let mut expected = have.clone();
+            expected.saturating_add_assign(&add);
+            let mut each = have.clone();
+            let mut items: Vec<_> = add.iter().collect();
+            if reverse {
+                items.reverse();
+            }
+            each.saturating_add_each(items);
+            proptest::prop_assert_eq!(each, expected);
+        }
+
         /// The name order is `str`'s, on names that share first bytes or not, and the empty one.
         #[test]
-        fn name_order_is_str_order(a in "[a-c_]{0,6}", b in "[a-c_]{0,6}") {
+        fn name_order_is_str_order(a in "[a-c_]{0,20}", b in "[a-c_]{0,20}") {
             proptest::prop_assert_eq!(name_order(&a, &b), a.cmp(&b));
         }
     }

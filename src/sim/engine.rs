@@ -359,7 +359,7 @@ impl<'w> SimCluster<'w> {
                             demand: scalar(s.cpu_milli, s.memory_mib, s.gpu_total()),
                             count: 0,
                         },
-                        priority: PriorityConfig::default().base(),
+                        priority: PriorityConfig::DEFAULT_BASE,
                     })
                     .collect();
                 let mut drf = DrfSorter::new();

@@ -169,10 +169,7 @@ impl DrfSorter {
         total: Option<&Resources>,
     ) -> Option<SortKey> {
         let f = self.frameworks.get_mut(&fw)?;
-        for (name, m) in r {
-            let sum = f.allocation.milli(name).saturating_add(m);
-            f.allocation.set_milli(name, sum);
-        }
+        f.allocation.saturating_add_each(r);
         f.allocations += 1;
         let Some(total) = total else {
             return self.alone_key(fw);

@@ -56,10 +56,10 @@ pub mod ring_search {
     };
 }
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use crate::resources::format_milli;
+use crate::resources::name_order;
+use compact_str::CompactString;
 use slab::Slab;
 
 pub use crate::resources::{ResourceError, Resources};
@@ -154,7 +154,7 @@ pub struct Cluster {
     /// Every agent's free amount of every dimension.
     free_table: FreeTable,
     /// Dimension name → index, sorted by name.
-    index: BTreeMap<String, usize>,
+    index: NameIndex,
     /// The sum of every agent's total, clamped to `u64::MAX` per dimension for display and
     /// shares; the exact sums are [`Dimension::total`], so removing an agent never leaves a
     /// wrong (saturated-then-subtracted) total behind.
@@ -206,6 +206,13 @@ impl FreeTable {
             .unwrap_or(0)
     }
 
+    /// One agent's amounts by dimension index; `None` past the end (an absent agent, or one
+    /// whose amounts are all 0 and never set).
+    fn row(&self, key: AgentKey) -> Option<&[u64]> {
+        let start = key * self.stride;
+        self.amounts.get(start..start + self.stride)
+    }
+
     fn set(&mut self, key: AgentKey, d: usize, amount: u64) {
         let at = key * self.stride + d;
         if at >= self.amounts.len() {
@@ -230,6 +237,39 @@ impl FreeTable {
     }
 }
 
+/// Dimension names and their indices, sorted by name: a binary search with the short-name
+/// comparison of bundles (`name_order`), no `memcmp` call per probe. A cluster has a few
+/// dimensions, named on every placement.
+#[derive(Clone, Debug, Default)]
+struct NameIndex {
+    entries: Vec<(CompactString, usize)>,
+}
+
+impl NameIndex {
+    fn get(&self, name: &str) -> Option<&usize> {
+        self.entries
+            .binary_search_by(|(n, _)| name_order(n, name))
+            .ok()
+            .map(|i| &self.entries[i].1)
+    }
+
+    fn insert(&mut self, name: &str, index: usize) {
+        match self.entries.binary_search_by(|(n, _)| name_order(n, name)) {
+            Ok(i) => self.entries[i].1 = index,
+            Err(i) => self.entries.insert(i, (CompactString::from(name), index)),
+        }
+    }
+
+    /// Names and indices, by name.
+    fn iter(&self) -> impl Iterator<Item = (&str, &usize)> + '_ {
+        self.entries.iter().map(|(n, i)| (n.as_str(), i))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &usize> + '_ {
+        self.entries.iter().map(|(_, i)| i)
+    }
+}
+
 /// The most dimensions a demand may have for [`ResolvedDemand`] to hold it inline.
 const INLINE_DIMENSIONS: usize = 8;
 
@@ -243,6 +283,10 @@ pub(crate) struct ResolvedDemand<'a> {
     len: Option<usize>,
     /// The demand names a dimension no agent has ever had: nothing fits.
     unknown: bool,
+    /// The needs as one free-table row (0 for dimensions not asked for) when the cluster has
+    /// at most [`INLINE_DIMENSIONS`] dimensions and the demand some known ones: a check
+    /// compares an agent's row with it in one pass.
+    row: Option<[u64; INLINE_DIMENSIONS]>,
 }
 
 impl Cluster {
@@ -253,7 +297,7 @@ impl Cluster {
             agents: Slab::new(),
             dimensions: Vec::new(),
             free_table: FreeTable::default(),
-            index: BTreeMap::new(),
+            index: NameIndex::default(),
             total: Resources::new(),
             free: OnceLock::new(),
             spare: Vec::new(),
@@ -278,7 +322,7 @@ impl Cluster {
         if spared.iter().any(|s| s == name) {
             self.spare.push(i);
         }
-        self.index.insert(name.to_string(), i);
+        self.index.insert(name, i);
         i
     }
 
@@ -380,34 +424,24 @@ impl Cluster {
             .agents
             .get_mut(key)
             .ok_or(PlacementError::UnknownAgent(key))?;
-        // Check every dimension first, then change in place: no copy of the bundle.
-        for (name, need) in r.iter() {
-            let have = entry.free.milli(name);
-            if have < need {
-                return Err(PlacementError::Insufficient {
-                    agent: key,
-                    source: ResourceError::Insufficient {
-                        name: name.to_string(),
-                        have: format_milli(have),
-                        need: format_milli(need),
-                    },
-                });
-            }
-        }
-        for (name, m) in r.iter() {
-            let old = entry.free.milli(name);
-            entry.free.set_milli(name, old - m);
-            // A dimension of `r` the agent has free is one of its total's: it has an index.
-            if let Some(&d) = self.index.get(name) {
-                self.free_table.set(key, d, old - m);
-                let dimension = &mut self.dimensions[d];
-                dimension.ring.relocate(key, old, old - m);
-                if let Some(ring) = dimension.plain.as_mut().filter(|_| was_plain) {
-                    ring.relocate(key, old, old - m);
+        // Checks every dimension first, then changes in place: no copy of the bundle.
+        let (index, free_table, dimensions) =
+            (&self.index, &mut self.free_table, &mut self.dimensions);
+        entry
+            .free
+            .checked_sub_assign_with(r, |name, old, new| {
+                // A dimension of `r` the agent has free is one of its total's: it has an index.
+                if let Some(&d) = index.get(name) {
+                    free_table.set(key, d, new);
+                    let dimension = &mut dimensions[d];
+                    dimension.ring.relocate(key, old, new);
+                    if let Some(ring) = dimension.plain.as_mut().filter(|_| was_plain) {
+                        ring.relocate(key, old, new);
+                    }
+                    dimension.free = dimension.free.saturating_sub(u128::from(old - new));
                 }
-                dimension.free = dimension.free.saturating_sub(u128::from(m));
-            }
-        }
+            })
+            .map_err(|source| PlacementError::Insufficient { agent: key, source })?;
         if !was_plain && self.is_plain(key) {
             self.refile_plain(key, true);
         }
@@ -501,7 +535,7 @@ impl Cluster {
     pub fn free(&self) -> &Resources {
         self.free.get_or_init(|| {
             let mut free = Resources::new();
-            for (name, &d) in &self.index {
+            for (name, &d) in self.index.iter() {
                 free.set_milli(name, clamp_sum(self.dimensions[d].free));
             }
             free
@@ -540,6 +574,7 @@ impl Cluster {
             needs: [(0, 0); INLINE_DIMENSIONS],
             len: Some(0),
             unknown: false,
+            row: None,
         };
         for (i, (name, need)) in demand.iter().enumerate() {
             let Some(&d) = self.index.get(name) else {
@@ -553,11 +588,28 @@ impl Cluster {
             resolved.needs[i] = (d, need);
             resolved.len = Some(i + 1);
         }
+        if let (false, Some(len @ 1..)) = (resolved.unknown, resolved.len) {
+            if self.free_table.stride <= INLINE_DIMENSIONS {
+                let mut row = [0; INLINE_DIMENSIONS];
+                for &(d, need) in &resolved.needs[..len] {
+                    row[d] = need;
+                }
+                resolved.row = Some(row);
+            }
+        }
         resolved
     }
 
     /// The agent exists and has at least the resolved demand free in every dimension.
+    #[inline]
     pub(crate) fn fits(&self, key: AgentKey, demand: &ResolvedDemand) -> bool {
+        if let Some(need) = &demand.row {
+            // Absent agents have no row; a demand with a row is not empty.
+            return self
+                .free_table
+                .row(key)
+                .is_some_and(|free| free.iter().zip(need).all(|(f, n)| f >= n));
+        }
         match demand.len {
             _ if demand.unknown => false,
             // Amounts are 0 for absent agents, so a non-empty demand needs no other check.
@@ -729,6 +781,46 @@ mod tests {
         t.add_dimension();
         assert_eq!((t.get(2, 0), t.get(1, 1), t.get(1, 2)), (7, 5, 0));
         assert_eq!(t.amounts.len(), 3 * 3);
+    }
+
+    proptest::proptest! {
+        /// The check by resolved demand (one free-table row, or by names past
+        /// `INLINE_DIMENSIONS`) says what the agent's free bundle says, for agents taken from,
+        /// absent agents, and demands naming dimensions no agent has.
+        #[test]
+        fn a_resolved_check_is_the_bundle_check(
+            agents in proptest::collection::vec(proptest::collection::vec(0u64..4, 10), 1..5),
+            taken in proptest::collection::vec(proptest::collection::vec(0u64..3, 10), 5),
+            demand in proptest::collection::vec(0u64..4, 11),
+            wide: bool,
+        ) {
+            // Dimensions d0.. (d9 only when wide, more than fit a row), d10 never on an agent.
+            let dims = if wide { 10 } else { 3 };
+            let bundle = |amounts: &[u64]| {
+                let mut out = Resources::new();
+                for (d, &m) in amounts.iter().enumerate().take(dims) {
+                    out.set_milli(&format!("d{d}"), m * 1000);
+                }
+                out
+            };
+            let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+            let keys: Vec<AgentKey> = agents.iter().map(|a| cluster.add_agent(bundle(a))).collect();
+            for (&key, t) in keys.iter().zip(&taken) {
+                let t = bundle(t);
+                if cluster.agent(key).unwrap().free.contains(&t) {
+                    cluster.take(key, &t).unwrap();
+                }
+            }
+            let mut want = bundle(&demand);
+            if demand[10] > 0 && !wide {
+                want.set_milli("d10", demand[10]);
+            }
+            let resolved = cluster.resolve(&want);
+            for key in keys.iter().copied().chain([keys.len() + 3]) {
+                let expected = cluster.agent(key).is_some_and(|a| a.free.contains(&want));
+                proptest::prop_assert_eq!(cluster.fits(key, &resolved), expected, "agent {}", key);
+            }
+        }
     }
 
     #[test]

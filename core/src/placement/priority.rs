@@ -61,7 +61,7 @@ pub struct PriorityConfig {
 impl Default for PriorityConfig {
     fn default() -> Self {
         PriorityConfig {
-            base: 0,
+            base: PriorityConfig::DEFAULT_BASE,
             partitions: vec![DEFAULT_PARTITION.to_string()],
             users: BTreeMap::new(),
         }
@@ -69,6 +69,10 @@ impl Default for PriorityConfig {
 }
 
 impl PriorityConfig {
+    /// The default's base priority, without building a default (which allocates its
+    /// partition list): a cycle that needs only the base reads this.
+    pub const DEFAULT_BASE: Priority = 0;
+
     /// Checks the settings: every user partition is listed (an empty list means only
     /// `default`), every user priority is above `base`.
     pub fn new(

@@ -12,8 +12,14 @@
 
 use std::collections::BTreeSet;
 
+use smallvec::SmallVec;
+
 use super::rings::{RingLayout, RingSpec};
 use super::AgentKey;
+
+/// Candidates of one bucket as `(free, key)`, on the stack up to the default search's count
+/// (a search lists them on every placement).
+pub type Candidates = SmallVec<[(u64, AgentKey); 64]>;
 
 /// Agent keys as bits, for the agents with 0 free: O(1) insert, remove and lookup, key order.
 #[derive(Clone, Debug, Default)]
@@ -317,7 +323,7 @@ impl RingSet {
         need: u64,
         fits: &dyn Fn(AgentKey) -> bool,
         k: usize,
-        out: &mut Vec<(u64, AgentKey)>,
+        out: &mut Candidates,
     ) {
         out.clear();
         if k == 0 {
@@ -352,7 +358,7 @@ impl RingSet {
         need: u64,
         fits: &dyn Fn(AgentKey) -> bool,
         k: usize,
-        out: &mut Vec<(u64, AgentKey)>,
+        out: &mut Candidates,
     ) {
         out.clear();
         if k == 0 {
@@ -427,17 +433,17 @@ mod tests {
     fn candidate_lists_start_with_the_single_answers() {
         let ring = ring();
         let all = |_: AgentKey| true;
-        let mut out = Vec::new();
+        let mut out = Candidates::new();
         ring.best_fits(1, 1000, &all, 3, &mut out);
-        assert_eq!(out, [(1200, 2), (1500, 1), (1800, 3)]);
+        assert_eq!(out[..], [(1200, 2), (1500, 1), (1800, 3)]);
         ring.best_fits(1, 1300, &|k| k != 3, 8, &mut out);
-        assert_eq!(out, [(1500, 1), (1800, 4)]);
+        assert_eq!(out[..], [(1500, 1), (1800, 4)]);
         ring.best_fits(1, 1000, &all, 0, &mut out);
         assert!(out.is_empty());
         ring.largest_fits(1, 0, &all, 3, &mut out);
-        assert_eq!(out, [(1800, 3), (1800, 4), (1500, 1)]);
+        assert_eq!(out[..], [(1800, 3), (1800, 4), (1500, 1)]);
         ring.largest_fits(1, 1600, &|k| k != 3, 3, &mut out);
-        assert_eq!(out, [(1800, 4)]);
+        assert_eq!(out[..], [(1800, 4)]);
         ring.largest_fits(2, 0, &all, 3, &mut out);
         assert!(out.is_empty());
     }

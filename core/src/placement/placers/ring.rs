@@ -25,6 +25,7 @@
 
 use super::context::{AgentScore, PlacementContext};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
+use crate::placement::ring_set::Candidates;
 use crate::placement::{AgentKey, Cluster, Resources, RingSet};
 
 /// The dimension whose leftover breaks equal scores of the scored tie-break.
@@ -383,7 +384,7 @@ fn scored_search(
     let top = ring.len() - 1;
     let n = kf.saturating_add(ring.search_up()).min(top);
     let mut best = Best::new(score, demand, cpu_left);
-    let mut some = Vec::with_capacity(k.max(largest));
+    let mut some = Candidates::new();
     let mut last = kf;
     for bucket in kf..=n {
         last = bucket;
