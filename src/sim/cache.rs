@@ -8,7 +8,7 @@
 //! same as every other idle node's of its *type* (equal cpu, memory, GPU count and GPU model):
 //! those come from a table per (shape, type), computed once per run and small enough to stay in
 //! the processor's cache (on openb's 1,213 GPU nodes and 151 shapes the per-node table is
-//! 5.8 MB; the idle one is a few kB). Exact: a score is a function of the node's free amounts,
+//! 2.9 MB at 16 bytes an entry; the idle one is a few kB). Exact: a score is a function of the node's free amounts,
 //! its model, its running task kinds and its expected fragment, and for an idle node all four
 //! follow from its type.
 
@@ -24,12 +24,39 @@ pub type Scored = Option<(i64, GpuPick)>;
 /// model.
 pub type NodeType = (u64, u64, usize, Option<u32>);
 
-/// One cached score for a busy node.
+/// One cached score for a busy node, in 16 bytes (four to a cache line: a decision of the
+/// ring reads entries of a few dozen nodes scattered over its shape's row, and twice as many
+/// of them stay in the processor's cache as at 32 bytes).
 #[derive(Clone, Copy, Default)]
 struct Entry {
+    score: i64,
+    /// The GPUs the score assumes; [`NO_FIT`] when the shape does not fit.
+    pick: u32,
     /// The node's generation when computed (0: never; generations start at 1).
     generation: u32,
-    value: Scored,
+}
+
+/// [`Entry::pick`] of a shape that does not fit. A pick that does not fit in 32 bits, or is
+/// this value, is not cached (nodes of 32 GPUs or more: computed every time).
+const NO_FIT: u32 = u32::MAX;
+
+impl Entry {
+    fn value(&self) -> Scored {
+        (self.pick != NO_FIT).then_some((self.score, GpuPick::from(self.pick)))
+    }
+
+    /// The entry holding `value` at `generation`, if it can be held.
+    fn of(value: Scored, generation: u32) -> Option<Entry> {
+        let (score, pick) = match value {
+            None => (0, NO_FIT),
+            Some((score, pick)) => (score, u32::try_from(pick).ok().filter(|&p| p != NO_FIT)?),
+        };
+        Some(Entry {
+            score,
+            pick,
+            generation,
+        })
+    }
 }
 
 /// [`ScoreCache::idle_type`] of a node running something.
@@ -130,11 +157,14 @@ impl CacheRow<'_> {
             return *slot.get_or_insert_with(compute);
         }
         let entry = &mut self.busy[node];
-        if entry.generation != generation {
-            entry.value = compute();
-            entry.generation = generation;
+        if entry.generation == generation {
+            return entry.value();
         }
-        entry.value
+        let value = compute();
+        if let Some(fresh) = Entry::of(value, generation) {
+            *entry = fresh;
+        }
+        value
     }
 }
 
@@ -176,6 +206,29 @@ mod tests {
         // A shape that fits nowhere is remembered too.
         assert_eq!(cache.row(1).get(1, 1, || None), None);
         assert_eq!(cache.row(1).get(1, 1, || compute(1)), None);
+    }
+
+    #[test]
+    fn a_pick_wider_than_an_entry_is_computed_every_time() {
+        let t = (8000, 1024, 40, None);
+        let mut cache = ScoreCache::new(1, &[t], false);
+        let calls = Cell::new(0);
+        let wide = || {
+            calls.set(calls.get() + 1);
+            Some((3, 1u64 << 35))
+        };
+        assert_eq!(cache.row(0).get(0, 1, wide), Some((3, 1 << 35)));
+        assert_eq!(cache.row(0).get(0, 1, wide), Some((3, 1 << 35)));
+        assert_eq!(calls.get(), 2);
+        // All 32 low GPUs: the one 32-bit pick that means "does not fit" in an entry.
+        let all = || Some((4, u64::from(u32::MAX)));
+        assert_eq!(cache.row(0).get(0, 2, all), Some((4, u64::from(u32::MAX))));
+        assert_eq!(cache.row(0).get(0, 2, || None), None);
+        // Narrow picks and misfits are kept.
+        assert_eq!(cache.row(0).get(0, 3, || Some((5, 6))), Some((5, 6)));
+        assert_eq!(cache.row(0).get(0, 3, || Some((7, 8))), Some((5, 6)));
+        assert_eq!(cache.row(0).get(0, 4, || None), None);
+        assert_eq!(cache.row(0).get(0, 4, || Some((9, 9))), None);
     }
 
     #[test]
