@@ -38,6 +38,12 @@ pub(crate) fn name_order(a: &str, b: &str) -> std::cmp::Ordering {
     }
 }
 
+/// Where `name` is (`Ok`) or would go (`Err`) among entries sorted by name, by
+/// [`name_order`]: the one search of a bundle's amounts and of the cluster's dimension index.
+pub(crate) fn find_name<T>(entries: &[(CompactString, T)], name: &str) -> Result<usize, usize> {
+    entries.binary_search_by(|(n, _)| name_order(n, name))
+}
+
 /// A bundle of named scalar resources, each at most once, sorted by name, none zero.
 ///
 /// Names are short (`cpus`, `mem`, `gpu_milli`) and kept inline ([`CompactString`] holds up
@@ -135,7 +141,7 @@ impl Resources {
 
     /// The amount of `name` in thousandths (0 when absent).
     pub fn milli(&self, name: &str) -> u64 {
-        match self.entries.binary_search_by(|(n, _)| name_order(n, name)) {
+        match find_name(&self.entries, name) {
             Ok(i) => self.entries[i].1,
             Err(_) => 0,
         }
@@ -148,7 +154,7 @@ impl Resources {
 
     /// Sets one dimension (0 removes it).
     pub fn set_milli(&mut self, name: &str, milli: u64) {
-        match self.entries.binary_search_by(|(n, _)| name_order(n, name)) {
+        match find_name(&self.entries, name) {
             Ok(i) if milli == 0 => {
                 self.entries.remove(i);
             }
@@ -222,7 +228,7 @@ impl Resources {
     fn position_from(&self, hint: usize, name: &str) -> Result<usize, usize> {
         match self.entries.get(hint) {
             Some((n, _)) if name_order(n, name).is_eq() => Ok(hint),
-            _ => self.entries.binary_search_by(|(n, _)| name_order(n, name)),
+            _ => find_name(&self.entries, name),
         }
     }
 

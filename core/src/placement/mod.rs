@@ -58,7 +58,7 @@ pub mod ring_search {
 
 use std::sync::OnceLock;
 
-use crate::resources::name_order;
+use crate::resources::find_name;
 use compact_str::CompactString;
 use slab::Slab;
 
@@ -238,7 +238,7 @@ impl FreeTable {
 }
 
 /// Dimension names and their indices, sorted by name: a binary search with the short-name
-/// comparison of bundles (`name_order`), no `memcmp` call per probe. A cluster has a few
+/// comparison of bundles (`find_name`), no `memcmp` call per probe. A cluster has a few
 /// dimensions, named on every placement.
 #[derive(Clone, Debug, Default)]
 struct NameIndex {
@@ -247,14 +247,13 @@ struct NameIndex {
 
 impl NameIndex {
     fn get(&self, name: &str) -> Option<&usize> {
-        self.entries
-            .binary_search_by(|(n, _)| name_order(n, name))
+        find_name(&self.entries, name)
             .ok()
             .map(|i| &self.entries[i].1)
     }
 
     fn insert(&mut self, name: &str, index: usize) {
-        match self.entries.binary_search_by(|(n, _)| name_order(n, name)) {
+        match find_name(&self.entries, name) {
             Ok(i) => self.entries[i].1 = index,
             Err(i) => self.entries.insert(i, (CompactString::from(name), index)),
         }
