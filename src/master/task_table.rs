@@ -18,14 +18,23 @@ struct Slot {
     record: TaskRecord,
 }
 
-/// Tasks by key; the subset of `HashMap`'s interface the master uses.
-#[derive(Default)]
-pub(crate) struct TaskTable {
+/// Tasks by key; the subset of `HashMap`'s interface the master uses. The hasher is a
+/// parameter only so tests can make keys' hashes share what the table's probing looks at.
+pub(crate) struct TaskTable<S = RandomState> {
     table: HashTable<Box<Slot>>,
-    hasher: RandomState,
+    hasher: S,
 }
 
-impl TaskTable {
+impl Default for TaskTable {
+    fn default() -> Self {
+        TaskTable {
+            table: HashTable::new(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
+impl<S: BuildHasher> TaskTable<S> {
     fn hash(&self, key: &TaskKey) -> u64 {
         self.hasher.hash_one(key)
     }
@@ -97,10 +106,13 @@ impl TaskTable {
         hashes.dedup();
         let mut keys = Vec::with_capacity(refs.len());
         for hash in hashes {
+            // `iter_hash` yields every slot whose hash probes like this one (the same start
+            // and 7-bit tag), not only those of this hash: a slot of another hash in `refs`
+            // would come back once per hash. Each task only under its own hash.
             keys.extend(
                 self.table
                     .iter_hash(hash)
-                    .filter(|slot| member(&slot.key, &slot.record))
+                    .filter(|slot| self.hash(&slot.key) == hash && member(&slot.key, &slot.record))
                     .map(|slot| slot.key.clone()),
             );
         }
@@ -203,6 +215,59 @@ mod tests {
             table.resolve(&refs, on("a1")),
             vec![make_task_key("f", "t2")]
         );
+    }
+
+    /// Hashes that differ only in bits the table's probing ignores for a small table (above
+    /// its position bits, below the 7-bit tag of the top): a table's `iter_hash` of one of
+    /// them meets the others' slots too.
+    struct Colliding;
+
+    impl BuildHasher for Colliding {
+        type Hasher = CollidingHasher;
+
+        fn build_hasher(&self) -> CollidingHasher {
+            CollidingHasher(0)
+        }
+    }
+
+    struct CollidingHasher(u64);
+
+    impl std::hash::Hasher for CollidingHasher {
+        fn finish(&self) -> u64 {
+            (self.0 % 1_000_003) << 24
+        }
+
+        fn write(&mut self, bytes: &[u8]) {
+            for &b in bytes {
+                self.0 = self.0.wrapping_mul(31).wrapping_add(u64::from(b));
+            }
+        }
+    }
+
+    /// Found by a usage test that summed an agent's memory twice about once in a hundred runs
+    /// (the hasher is random): two tasks whose hashes probe alike each came back twice.
+    #[test]
+    fn refs_resolve_each_task_once_when_hashes_probe_alike() {
+        let mut table = TaskTable {
+            table: HashTable::new(),
+            hasher: Colliding,
+        };
+        let mut refs = TaskRefs::default();
+        let keys: Vec<TaskKey> = (0..6)
+            .map(|i| make_task_key("f", &format!("t{i}")))
+            .collect();
+        let hashes: Vec<u64> = keys.iter().map(|k| table.hash_of(k)).collect();
+        let mut distinct = hashes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), keys.len(), "the test needs distinct hashes");
+        for (key, hash) in keys.iter().zip(&hashes) {
+            refs.insert(*hash);
+            table.insert(key.clone(), TaskRecord::for_tests("a1"));
+        }
+        let mut resolved = table.resolve(&refs, |_, t| t.agent == "a1");
+        resolved.sort();
+        assert_eq!(resolved, keys);
     }
 
     #[test]
