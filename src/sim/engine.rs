@@ -478,61 +478,32 @@ impl<'w> SimCluster<'w> {
                 if let Some((shape, agent)) = held.take() {
                     allocator.give_back(shape, agent)?;
                 }
-                // The ring's tie-break score: FGD's score as the paper's simulator quantises it
-                // (the growth of the node's expected GPU fragment, `fgd_quantised_score`), then
-                // the growth of the node's unfed GPU (`GpuFeed`), ranked by `fgd_rank`; for a
-                // slice of one GPU first the growth of what the expected slices cannot fill
-                // (`ShareFill`, `slice_rank`). With the GPUs that score assumes, cached per
-                // (node, shape) like the paper's. The master's score is the same
-                // (`DeviceFragmentScore`).
+                // The ring's tie-break score (`RingScore`), cached per (node, shape) like the
+                // paper's.
                 let row = RefCell::new(cache.as_mut().map(|c| c.row(shape)));
-                let feed = target.feed();
-                let fill = target.share_fill();
+                let ring_score = RingScore {
+                    shape: s,
+                    target,
+                    nodes,
+                    kinds,
+                    node_fragment,
+                };
+                // A held score is read without building the computation (the common case:
+                // most candidates did not change since their shape was last decided).
                 let fgd = |node: usize| -> Scored {
-                    let compute = || {
-                        let state = &nodes[node];
-                        let view = NodeView {
-                            state,
-                            kinds: &kinds[node],
-                            fragment: node_fragment[node],
-                        };
-                        let unfed = feed
-                            .unfed_growth(
-                                state.cpu_free,
-                                state.memory_free,
-                                state.gpu_free_total(),
-                                &s.into(),
-                            )
-                            .unwrap_or(0);
-                        if !s.is_shared() {
-                            let (negated, pick) = score(PaperPolicy::Fgd, &view, s, target)?;
-                            return Some((fgd_rank(-negated, unfed), pick));
+                    let generation = generation[node];
+                    let held = row.borrow().as_ref().map(|row| row.peek(node, generation));
+                    match held {
+                        Some(Some(value)) => value,
+                        Some(None) => {
+                            let value = ring_score.compute(node);
+                            if let Some(row) = row.borrow_mut().as_mut() {
+                                row.put(node, generation, value);
+                            }
+                            value
                         }
-                        // A slice takes the GPU the target's popular slices leave least
-                        // unfillable (`ShareFill`, as the master binds it), and the node is
-                        // ranked by that growth, the unfed growth, then FGD's score there.
-                        let pick = select_shares_filling(
-                            state.gpu_free(),
-                            1,
-                            s.gpu_milli,
-                            SIM_SELECTION,
-                            Some(fill),
-                        )?;
-                        let gpu = pick.trailing_zeros() as usize;
-                        let fill_growth = fill.growth(state.gpu_free()[gpu], s.gpu_milli)?;
-                        let growth = target.growth(
-                            state.cpu_free,
-                            state.gpu_free(),
-                            state.model,
-                            &s.into(),
-                            &[gpu],
-                            view.fragment,
-                        )?;
-                        let score = target.quantised_score(growth);
-                        Some((slice_rank(fill_growth, unfed, score), pick))
-                    };
-                    let mut row = row.borrow_mut();
-                    cached(row.as_mut(), node, generation, compute)
+                        None => ring_score.compute(node),
+                    }
                 };
                 let ranked = Cell::new(false);
                 let fragment_score = |agent: usize, _: &Resources| {
@@ -652,6 +623,64 @@ impl<'w> SimCluster<'w> {
         let fragment = self.target.node_fragment(n.cpu_free, n.gpu_free(), n.model);
         self.fragment_total = self.fragment_total - self.node_fragment[node] + fragment;
         self.node_fragment[node] = fragment;
+    }
+}
+
+/// What the ring's tie-break score reads: FGD's score as the paper's simulator quantises it
+/// (the growth of the node's expected GPU fragment, `fgd_quantised_score`), then the growth of
+/// the node's unfed GPU (`GpuFeed`), ranked by `fgd_rank`; for a slice of one GPU first the
+/// growth of what the expected slices cannot fill (`ShareFill`, `slice_rank`). With the GPUs
+/// that score assumes. The master's score is the same (`DeviceFragmentScore`).
+struct RingScore<'a> {
+    shape: &'a Shape,
+    target: &'a TargetWorkload,
+    nodes: &'a [NodeState],
+    kinds: &'a [Vec<u32>],
+    node_fragment: &'a [u64],
+}
+
+impl RingScore<'_> {
+    /// The score on `node`, computed (out of line: the cache's hits stay small).
+    #[inline(never)]
+    fn compute(&self, node: usize) -> Scored {
+        let (s, target) = (self.shape, self.target);
+        let state = &self.nodes[node];
+        let view = NodeView {
+            state,
+            kinds: &self.kinds[node],
+            fragment: self.node_fragment[node],
+        };
+        let unfed = target
+            .feed()
+            .unfed_growth(
+                state.cpu_free,
+                state.memory_free,
+                state.gpu_free_total(),
+                &s.into(),
+            )
+            .unwrap_or(0);
+        if !s.is_shared() {
+            let (negated, pick) = score(PaperPolicy::Fgd, &view, s, target)?;
+            return Some((fgd_rank(-negated, unfed), pick));
+        }
+        // A slice takes the GPU the target's popular slices leave least unfillable
+        // (`ShareFill`, as the master binds it), and the node is ranked by that growth, the
+        // unfed growth, then FGD's score there.
+        let fill = target.share_fill();
+        let pick =
+            select_shares_filling(state.gpu_free(), 1, s.gpu_milli, SIM_SELECTION, Some(fill))?;
+        let gpu = pick.trailing_zeros() as usize;
+        let fill_growth = fill.growth(state.gpu_free()[gpu], s.gpu_milli)?;
+        let growth = target.growth(
+            state.cpu_free,
+            state.gpu_free(),
+            state.model,
+            &s.into(),
+            &[gpu],
+            view.fragment,
+        )?;
+        let score = target.quantised_score(growth);
+        Some((slice_rank(fill_growth, unfed, score), pick))
     }
 }
 

@@ -381,10 +381,13 @@ impl TargetWorkload {
         }
         let mut positions = [0usize; MAX_PICK_GPUS];
         select_shares_by_cost(gpu_free, shape.num_gpu, shape.gpu_milli, |pick| {
+            // The set bits, lowest first (a pick holds at most MAX_PICK_GPUS bits).
             let mut len = 0;
-            for i in (0..MAX_PICK_GPUS).filter(|&i| pick & (1 << i) != 0) {
-                positions[len] = i;
+            let mut bits = pick;
+            while bits != 0 && len < MAX_PICK_GPUS {
+                positions[len] = bits.trailing_zeros() as usize;
                 len += 1;
+                bits &= bits - 1;
             }
             self.growth(cpu_free, gpu_free, model, shape, &positions[..len], before)
                 .map(&cost)

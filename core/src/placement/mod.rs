@@ -237,16 +237,53 @@ impl FreeTable {
     }
 }
 
+/// Whether a free-table row is short of `need` (a demand's row, 0 past its dimensions) in any
+/// dimension. Rows of up to four dimensions are compared as that many numbers with one test at
+/// the end (no loop, no branch per dimension); wider ones amount by amount.
+#[inline]
+fn short_of(free: &[u64], need: &[u64; INLINE_DIMENSIONS]) -> bool {
+    match *free {
+        [a] => a < need[0],
+        [a, b] => (a < need[0]) | (b < need[1]),
+        [a, b, c] => (a < need[0]) | (b < need[1]) | (c < need[2]),
+        [a, b, c, d] => (a < need[0]) | (b < need[1]) | (c < need[2]) | (d < need[3]),
+        _ => free.iter().zip(need).any(|(f, n)| f < n),
+    }
+}
+
 /// Dimension names and their indices, sorted by name: a binary search with the short-name
-/// comparison of bundles (`find_name`), no `memcmp` call per probe. A cluster has a few
+/// comparison of bundles (`find_name`), no `memcmp` call per probe; and each name of up to 16
+/// bytes also as one 128-bit key (its bytes, zero-padded), so that a cluster of a few
+/// dimensions finds a short name by comparing numbers in one pass. A cluster has a few
 /// dimensions, named on every placement.
 #[derive(Clone, Debug, Default)]
 struct NameIndex {
     entries: Vec<(CompactString, usize)>,
+    /// `entries`' names as [`short_key`]s, in the same order (`None` for longer names).
+    keys: Vec<Option<(u128, usize)>>,
+}
+
+/// The most dimensions [`NameIndex::get`] compares by key in one pass before searching.
+const KEYED_NAMES: usize = 16;
+
+/// A name of up to 16 bytes as a number and its length: equal exactly when the names are.
+#[inline]
+fn short_key(name: &str) -> Option<(u128, usize)> {
+    let bytes = name.as_bytes();
+    let mut key = [0u8; 16];
+    key.get_mut(..bytes.len())?.copy_from_slice(bytes);
+    Some((u128::from_le_bytes(key), bytes.len()))
 }
 
 impl NameIndex {
+    #[inline]
     fn get(&self, name: &str) -> Option<&usize> {
+        if self.entries.len() <= KEYED_NAMES {
+            if let Some(key) = short_key(name) {
+                let at = self.keys.iter().position(|&k| k == Some(key))?;
+                return self.entries.get(at).map(|(_, i)| i);
+            }
+        }
         find_name(&self.entries, name)
             .ok()
             .map(|i| &self.entries[i].1)
@@ -255,7 +292,10 @@ impl NameIndex {
     fn insert(&mut self, name: &str, index: usize) {
         match find_name(&self.entries, name) {
             Ok(i) => self.entries[i].1 = index,
-            Err(i) => self.entries.insert(i, (CompactString::from(name), index)),
+            Err(i) => {
+                self.entries.insert(i, (CompactString::from(name), index));
+                self.keys.insert(i, short_key(name));
+            }
         }
     }
 
@@ -602,13 +642,22 @@ impl Cluster {
     /// The agent exists and has at least the resolved demand free in every dimension.
     #[inline]
     pub(crate) fn fits(&self, key: AgentKey, demand: &ResolvedDemand) -> bool {
-        if let Some(need) = &demand.row {
+        match &demand.row {
             // Absent agents have no row; a demand with a row is not empty.
-            return self
+            Some(need) => self
                 .free_table
                 .row(key)
-                .is_some_and(|free| free.iter().zip(need).all(|(f, n)| f >= n));
+                .is_some_and(|free| !short_of(free, need)),
+            None => self.fits_by_needs(key, demand),
         }
+    }
+
+    /// [`fits`](Self::fits) for a demand without a free-table row (more dimensions than fit
+    /// inline, or names no agent has): out of line, so the common check stays small enough to
+    /// inline into the search.
+    #[cold]
+    #[inline(never)]
+    fn fits_by_needs(&self, key: AgentKey, demand: &ResolvedDemand) -> bool {
         match demand.len {
             _ if demand.unknown => false,
             // Amounts are 0 for absent agents, so a non-empty demand needs no other check.
@@ -783,6 +832,28 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The index finds exactly the names inserted, with their latest index, by key (up to
+        /// `KEYED_NAMES` names) or by search beyond, names short and long (past 16 bytes),
+        /// prefixes of each other included.
+        #[test]
+        fn the_name_index_finds_what_was_inserted(
+            names in proptest::collection::vec("[a-c_]{1,20}", 0..24),
+            queries in proptest::collection::vec("[a-c_]{1,20}", 0..16),
+        ) {
+            let mut index = NameIndex::default();
+            let mut reference = std::collections::BTreeMap::new();
+            for (i, name) in names.iter().enumerate() {
+                index.insert(name, i);
+                reference.insert(name.clone(), i);
+                for (known, at) in &reference {
+                    proptest::prop_assert_eq!(index.get(known), Some(at));
+                }
+            }
+            for q in names.iter().chain(&queries) {
+                proptest::prop_assert_eq!(index.get(q), reference.get(q));
+            }
+        }
+
         /// The check by resolved demand (one free-table row, or by names past
         /// `INLINE_DIMENSIONS`) says what the agent's free bundle says, for agents taken from,
         /// absent agents, and demands naming dimensions no agent has.
@@ -791,10 +862,11 @@ mod tests {
             agents in proptest::collection::vec(proptest::collection::vec(0u64..4, 10), 1..5),
             taken in proptest::collection::vec(proptest::collection::vec(0u64..3, 10), 5),
             demand in proptest::collection::vec(0u64..4, 11),
-            wide: bool,
+            dims in 1usize..=10,
         ) {
-            // Dimensions d0.. (d9 only when wide, more than fit a row), d10 never on an agent.
-            let dims = if wide { 10 } else { 3 };
+            // Dimensions d0 up to d9 (past 8, more than fit a row; rows of 1 to 4 are compared
+            // as fixed numbers, see `short_of`), d10 never on an agent.
+            let wide = dims > INLINE_DIMENSIONS;
             let bundle = |amounts: &[u64]| {
                 let mut out = Resources::new();
                 for (d, &m) in amounts.iter().enumerate().take(dims) {
