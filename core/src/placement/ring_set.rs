@@ -338,13 +338,15 @@ impl RingSet {
         }
         if out.len() < k {
             if let Some(set) = self.buckets.get(bucket) {
-                let room = k - out.len();
-                out.extend(
-                    set.range((need, 0)..)
-                        .copied()
-                        .filter(|(_, key)| fits(*key))
-                        .take(room),
-                );
+                // A plain loop: no iterator adapters between the tree and the check.
+                for &(free, key) in set.range((need, 0)..) {
+                    if fits(key) {
+                        out.push((free, key));
+                        if out.len() == k {
+                            break;
+                        }
+                    }
+                }
             }
         }
     }
@@ -368,15 +370,31 @@ impl RingSet {
             return;
         };
         out.push(first);
-        let rest = self
-            .buckets
-            .get(bucket)
-            .into_iter()
-            .flat_map(|set| set.range((need, 0)..).rev().copied())
-            .chain(self.empty_members(bucket).filter(|_| need == 0))
-            .filter(|&c| c != first && fits(c.1))
-            .take(k - 1);
-        out.extend(rest);
+        if out.len() == k {
+            return;
+        }
+        // The rest from the largest fitting amount down (the agents above it fit nowhere in
+        // this bucket: `largest_fit` passed them), in plain loops.
+        if let Some(set) = self.buckets.get(bucket).filter(|_| first.0 > 0) {
+            for &(free, key) in set.range((need, 0)..=(first.0, AgentKey::MAX)).rev() {
+                if (free, key) != first && fits(key) {
+                    out.push((free, key));
+                    if out.len() == k {
+                        return;
+                    }
+                }
+            }
+        }
+        if need == 0 {
+            for member in self.empty_members(bucket) {
+                if member != first && fits(member.1) {
+                    out.push(member);
+                    if out.len() == k {
+                        return;
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -345,13 +345,25 @@ fn leftover_search(
     let ring = cluster.ring(name)?;
     let resolved = cluster.resolve(demand);
     let cpu_left = cpu_left(cluster, demand);
-    let (free, agent) = ring
-        .ascending_positive()
-        .take_while(|&(free, _)| free < LEFTOVER_BELOW)
-        .take(LEFTOVER_SCAN_PER_CANDIDATE.saturating_mul(k))
-        .filter(|&(_, key)| cluster.fits(key, &resolved) && eligible(key))
-        .take(k)
-        .min_by_key(|&(_, key)| rank(score, demand, &cpu_left, key))?;
+    // Plain loops: no iterator adapters between the tree and the checks.
+    let limit = LEFTOVER_SCAN_PER_CANDIDATE.saturating_mul(k);
+    let (mut examined, mut ranked) = (0, 0);
+    let mut best: Option<((i64, u64, AgentKey), u64)> = None;
+    for (free, key) in ring.ascending_positive() {
+        if free >= LEFTOVER_BELOW || examined == limit || ranked == k {
+            break;
+        }
+        examined += 1;
+        if !(cluster.fits(key, &resolved) && eligible(key)) {
+            continue;
+        }
+        ranked += 1;
+        let here = rank(score, demand, &cpu_left, key);
+        if best.is_none_or(|(b, _)| here < b) {
+            best = Some((here, free));
+        }
+    }
+    let ((_, _, agent), free) = best?;
     Some(Decision {
         agent,
         phase: Some(Phase::Leftover),
