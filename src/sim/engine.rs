@@ -37,6 +37,7 @@ use super::trace::{Node, Task, GPU_MILLI};
 use crate::dry_run::exact_cycle_input;
 use ringmaster_core::devices::select_shares_filling;
 use ringmaster_core::placement::fragmentation::{fgd_rank, slice_rank};
+use ringmaster_core::placement::placers::context::AgentScore;
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
     PlacementError, PlacerKind, PriorityConfig, Request, RingsConfig, TieredRequest,
@@ -506,9 +507,12 @@ impl<'w> SimCluster<'w> {
                     }
                 };
                 let ranked = Cell::new(false);
-                let fragment_score = |agent: usize, _: &Resources| {
-                    ranked.set(true);
-                    fgd(agent).map_or(i64::MAX, |(score, _)| score)
+                let fragment_score = TieBreak {
+                    score: |agent: usize| {
+                        ranked.set(true);
+                        fgd(agent).map_or(i64::MAX, |(score, _)| score)
+                    },
+                    largest: target.names_models(),
                 };
                 let mut context = PlacementContext::default().with_score(&fragment_score);
                 let agent = match policy {
@@ -623,6 +627,23 @@ impl<'w> SimCluster<'w> {
         let fragment = self.target.node_fragment(n.cpu_free, n.gpu_free(), n.model);
         self.fragment_total = self.fragment_total - self.node_fragment[node] + fragment;
         self.node_fragment[node] = fragment;
+    }
+}
+
+/// The ring's tie-break as the core asks for it: `score` per agent, and the largest candidates
+/// only when the target workload names GPU models (as the master's `DeviceFragmentScore`).
+struct TieBreak<F> {
+    score: F,
+    largest: bool,
+}
+
+impl<F: Fn(AgentKey) -> i64> AgentScore for TieBreak<F> {
+    fn score(&self, agent: AgentKey, _: &Resources) -> i64 {
+        (self.score)(agent)
+    }
+
+    fn ranks_largest(&self) -> bool {
+        self.largest
     }
 }
 

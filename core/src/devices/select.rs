@@ -203,7 +203,41 @@ pub fn select_shares_filling(
     if need == 0 {
         return Some(0);
     }
-    // On the stack: this runs for every candidate a score ranks (no allocation per call).
+    // The two common cases in one pass, without a list (this runs for every candidate a score
+    // ranks). Whole devices: every fitting device is fully free, so the order is by position
+    // alone: the first `count` that fit.
+    if share >= SHARE_CAPACITY {
+        let mut mask = 0u64;
+        let mut found = 0;
+        for (i, &g) in free_share.iter().take(MAX_PICK_DEVICES).enumerate() {
+            if g >= share {
+                mask |= 1 << i;
+                found += 1;
+                if found == need {
+                    return Some(mask);
+                }
+            }
+        }
+        return None;
+    }
+    let growth = |g: u32| fill.and_then(|f| f.growth(g, share));
+    let order = |a: &(u32, usize), b: &(u32, usize)| {
+        growth(a.0)
+            .cmp(&growth(b.0))
+            .then(policy.prefer((a.0, 0), (b.0, 0)))
+            .then(a.1.cmp(&b.1))
+    };
+    // One slice: the least fitting device in that order (positions differ, so it is unique).
+    if need == 1 {
+        let mut best: Option<(u32, usize)> = None;
+        for (i, &g) in free_share.iter().take(MAX_PICK_DEVICES).enumerate() {
+            if g >= share && best.is_none_or(|b| order(&(g, i), &b).is_lt()) {
+                best = Some((g, i));
+            }
+        }
+        return best.map(|(_, i)| 1 << i);
+    }
+    // Several slices: the fitting devices sorted in that order. On the stack (no allocation).
     let mut buffer = [(0u32, 0usize); MAX_PICK_DEVICES];
     let mut len = 0;
     for (i, &g) in free_share.iter().take(MAX_PICK_DEVICES).enumerate() {
@@ -216,24 +250,7 @@ pub fn select_shares_filling(
         return None;
     }
     let fitting = &mut buffer[..len];
-    // Whole devices: every fitting device is fully free, so the order is by position alone.
-    if share < SHARE_CAPACITY {
-        let growth = |g: u32| fill.and_then(|f| f.growth(g, share));
-        let order = |a: &(u32, usize), b: &(u32, usize)| {
-            growth(a.0)
-                .cmp(&growth(b.0))
-                .then(policy.prefer((a.0, 0), (b.0, 0)))
-                .then(a.1.cmp(&b.1))
-        };
-        // One slice: the least in that order (positions differ, so it is unique), no sort.
-        if need == 1 {
-            return fitting
-                .iter()
-                .min_by(|a, b| order(a, b))
-                .map(|&(_, i)| 1 << i);
-        }
-        fitting.sort_unstable_by(order);
-    }
+    fitting.sort_unstable_by(order);
     Some(
         fitting[..need]
             .iter()

@@ -100,6 +100,8 @@ pub struct TargetWorkload {
     fill: ShareFill,
     /// The GPU shapes grouped for [`node_fragment`](Self::node_fragment).
     groups: Vec<FragmentGroup>,
+    /// Some kept GPU shape may run on some GPU models only.
+    names_models: bool,
 }
 
 /// The kept GPU shapes that ask for the same GPUs (count, per-GPU share, models), by cpu: a
@@ -193,13 +195,22 @@ impl TargetWorkload {
             covered += weight;
             shapes.push(TargetShape { shape, weight });
         }
+        let groups = FragmentGroup::of(&shapes);
         TargetWorkload {
-            groups: FragmentGroup::of(&shapes),
+            names_models: groups.iter().any(|g| g.gpus.models != 0),
+            groups,
             shapes,
             total_weight: covered,
             feed: feed.ratio(),
             fill: ShareFill::from_counts(slices),
         }
+    }
+
+    /// Whether some of the target's GPU shapes may run on some GPU models only: then the
+    /// fragment of a node depends on its model, and nodes of a model few shapes need are worth
+    /// offering to the score beside the best fits ([`AgentScore::ranks_largest`]).
+    pub fn names_models(&self) -> bool {
+        self.names_models
     }
 
     /// Which GPU a slice should take, from the target's popular slice sizes ([`ShareFill`]).
@@ -733,6 +744,12 @@ impl DeviceFragmentScore<'_> {
 /// better): the same score the simulator gives the ring; `i64::MAX` when the devices cannot hold
 /// the demand.
 impl AgentScore for DeviceFragmentScore<'_> {
+    /// The largest candidates only when the target names GPU models
+    /// ([`TargetWorkload::names_models`]).
+    fn ranks_largest(&self) -> bool {
+        self.target.names_models()
+    }
+
     fn score(&self, agent: AgentKey, demand: &Resources) -> i64 {
         // The agent's state and free amounts looked up once for both parts (K calls a decision).
         let (Some(state), Some(free)) = (self.devices.state(agent), self.free.get(&agent)) else {
@@ -763,6 +780,25 @@ mod tests {
             models: 0,
             memory_mib: 0,
         }
+    }
+
+    /// A target names GPU models when one of its kept GPU shapes is bound to some; a bound
+    /// CPU-only shape or a bound shape too rare to be kept does not count.
+    #[test]
+    fn a_target_names_models_through_its_kept_gpu_shapes() {
+        let any = gpu_shape(1000, 1, 1000);
+        let bound = TaskShape {
+            models: 0b10,
+            ..any
+        };
+        let cpu_bound = TaskShape {
+            models: 0b10,
+            ..gpu_shape(1000, 0, 0)
+        };
+        assert!(!TargetWorkload::from_counts([(any, 9), (cpu_bound, 3)]).names_models());
+        assert!(TargetWorkload::from_counts([(any, 9), (bound, 3)]).names_models());
+        // 1 in 101 falls outside the 95 % the target keeps.
+        assert!(!TargetWorkload::from_counts([(any, 100), (bound, 1)]).names_models());
     }
 
     fn demand(text: &str) -> Resources {

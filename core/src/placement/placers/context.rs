@@ -465,6 +465,14 @@ const KEPT_PENDING_DIMENSIONS: usize = 16;
 /// are eligible. Closures `Fn(AgentKey, &Resources) -> i64` implement it.
 pub trait AgentScore {
     fn score(&self, agent: AgentKey, demand: &Resources) -> i64;
+
+    /// Whether the search also ranks the largest fitting agents beside the best fits
+    /// ([`super::ring::RingSearch::largest`]). They are there to offer the score agents of
+    /// another kind than the best fits (on openb, nodes of a GPU model few tasks need); a score
+    /// that tells no such kinds apart says no and saves their cost. Yes unless said.
+    fn ranks_largest(&self) -> bool {
+        true
+    }
 }
 
 impl<F: Fn(AgentKey, &Resources) -> i64> AgentScore for F {

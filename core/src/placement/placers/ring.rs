@@ -286,7 +286,10 @@ fn ring_search(
     };
     if let Some(score) = score.filter(|_| k > 1) {
         let cpu_left = cpu_left(cluster, demand);
-        let largest = cluster.rings_config().search().largest();
+        let largest = match score.ranks_largest() {
+            true => cluster.rings_config().search().largest(),
+            false => 0,
+        };
         return scored_search(ring, need, &fitting, (k, largest), demand, score, &cpu_left)
             .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
     }
@@ -712,6 +715,28 @@ mod tests {
         assert_eq!((place_flat(2), place_flat(3), place_flat(4)), (1, 0, 0));
     }
 
+    /// Where a scored search with `candidates` and `largest` places one GPU among five 2-GPU
+    /// agents (keys 0–4) and one 8-GPU agent (key 5), and in which phase.
+    fn five_small_one_large(
+        candidates: usize,
+        largest: usize,
+        score: &dyn AgentScore,
+    ) -> Option<(AgentKey, Phase)> {
+        let mut rings = RingsConfig::default();
+        let search = RingSearch::new(vec!["gpus".into()], candidates)
+            .and_then(|s| s.with_largest(largest))
+            .unwrap();
+        rings.set_search(search);
+        let mut cluster = ring_cluster(rings);
+        for _ in 0..5 {
+            cluster.add_agent(r("cpus:8;mem:100;gpus:2"));
+        }
+        cluster.add_agent(r("cpus:8;mem:100;gpus:8"));
+        let mut context = PlacementContext::default().with_score(score);
+        let d = cluster.place_in(&r("cpus:1;mem:1;gpus:1"), &|_| true, &mut context);
+        d.map(|d| (d.agent, d.phase.unwrap()))
+    }
+
     /// The largest candidates: beside the first K in best-fit order, the score also ranks up
     /// to `largest` of the largest fitting agents from the top bucket down (above the last
     /// bucket the search took, so none twice). Five 2-GPU agents fill K = 2; the 8-GPU agent 5,
@@ -719,21 +744,8 @@ mod tests {
     #[test]
     fn largest_candidates_reach_past_the_best_fits() {
         let score = |agent: AgentKey, _: &Resources| if agent == 5 { -1 } else { 0 };
-        let demand = r("cpus:1;mem:1;gpus:1");
         let place = |largest: usize, candidates: usize| {
-            let mut rings = RingsConfig::default();
-            let search = RingSearch::new(vec!["gpus".into()], candidates)
-                .and_then(|s| s.with_largest(largest))
-                .unwrap();
-            rings.set_search(search);
-            let mut cluster = ring_cluster(rings);
-            for _ in 0..5 {
-                cluster.add_agent(r("cpus:8;mem:100;gpus:2"));
-            }
-            cluster.add_agent(r("cpus:8;mem:100;gpus:8"));
-            let mut context = PlacementContext::default().with_score(&score);
-            let d = cluster.place_in(&demand, &|_| true, &mut context).unwrap();
-            (d.agent, d.phase.unwrap())
+            five_small_one_large(candidates, largest, &score).unwrap()
         };
         assert_eq!(place(0, 2), (0, Phase::Up));
         assert_eq!(place(1, 2), (5, Phase::Down));
@@ -747,6 +759,29 @@ mod tests {
         );
         // K = 8 runs out of the five and reaches agent 5 in the upward window itself.
         assert_eq!(place(0, 8), (5, Phase::Up));
+    }
+
+    /// A score that does not rank the largest ([`AgentScore::ranks_largest`] false: the
+    /// fragment score of a target that names no GPU model) is offered the best fits alone,
+    /// whatever `largest` says.
+    #[test]
+    fn a_score_may_decline_the_largest_candidates() {
+        struct Score(bool);
+        impl AgentScore for Score {
+            fn score(&self, agent: AgentKey, _: &Resources) -> i64 {
+                if agent == 5 {
+                    -1
+                } else {
+                    0
+                }
+            }
+            fn ranks_largest(&self) -> bool {
+                self.0
+            }
+        }
+        let place = |score: &Score| five_small_one_large(2, 4, score);
+        assert_eq!(place(&Score(true)), Some((5, Phase::Down)));
+        assert_eq!(place(&Score(false)), Some((0, Phase::Up)));
     }
 
     /// Equal scores go to the candidate with the least cpu left after the placement, before the
