@@ -21,7 +21,9 @@
 //!   chosen, which is exactly the seed's search. The cost is O(K log n) for a fixed, small K;
 //! - **largest candidates** ([`RingSearch::largest`]): beside the K, the score also ranks the
 //!   largest fitting agents of the topmost buckets, so it can choose an agent of another kind
-//!   than the best fits (on openb, a larger node of a GPU model few tasks need).
+//!   than the best fits (on openb, a larger node of a GPU model few tasks need) — when the
+//!   score asks for them ([`AgentScore::ranks_largest`]; the fragment score does when its
+//!   target workload names GPU models).
 
 use super::context::{AgentScore, PlacementContext};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
@@ -76,7 +78,8 @@ pub enum RingSearchError {
 }
 
 impl Default for RingSearch {
-    /// Spare `gpus`, rank 40 candidates and the 24 largest (when the caller supplies a score).
+    /// Spare `gpus`, rank 40 candidates and the 24 largest (when the caller supplies a score
+    /// that asks for the largest).
     fn default() -> Self {
         RingSearch {
             spare: vec!["gpus".to_string()],
