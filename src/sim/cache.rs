@@ -166,27 +166,6 @@ impl CacheRow<'_> {
         }
         value
     }
-
-    /// The score on `node` if the table holds it at `generation` (what [`get`](Self::get)
-    /// returns without computing), `None` when it would compute.
-    #[inline]
-    pub fn peek(&self, node: usize, generation: u32) -> Option<Scored> {
-        if !self.idle.is_empty() && self.idle_type[node] != BUSY {
-            return self.idle[self.idle_type[node] as usize];
-        }
-        let entry = &self.busy[node];
-        (entry.generation == generation).then(|| entry.value())
-    }
-
-    /// Keeps `value`, computed for `node` at `generation`, where [`get`](Self::get) would
-    /// have kept it.
-    pub fn put(&mut self, node: usize, generation: u32, value: Scored) {
-        if !self.idle.is_empty() && self.idle_type[node] != BUSY {
-            self.idle[self.idle_type[node] as usize] = Some(value);
-        } else if let Some(fresh) = Entry::of(value, generation) {
-            self.busy[node] = fresh;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -227,37 +206,6 @@ mod tests {
         // A shape that fits nowhere is remembered too.
         assert_eq!(cache.row(1).get(1, 1, || None), None);
         assert_eq!(cache.row(1).get(1, 1, || compute(1)), None);
-    }
-
-    /// `peek` then `put` on a miss keeps and returns what `get` does, idle or busy.
-    #[test]
-    fn peek_and_put_are_get_in_two_steps() {
-        let t = (8000, 1024, 2, Some(0));
-        let mut a = ScoreCache::new(1, &[t, t], true);
-        let mut b = ScoreCache::new(1, &[t, t], true);
-        let two_steps = |c: &mut ScoreCache, node: usize, generation: u32, v: Scored| {
-            let mut row = c.row(0);
-            row.peek(node, generation).unwrap_or_else(|| {
-                row.put(node, generation, v);
-                v
-            })
-        };
-        let steps: [(usize, u32, Scored, bool); 6] = [
-            (0, 1, Some((5, 1)), true),
-            (1, 1, Some((9, 2)), true),
-            (1, 2, None, false),
-            (1, 2, Some((3, 3)), false),
-            (1, 3, Some((4, 1)), false),
-            (0, 3, Some((6, 1)), true),
-        ];
-        for (node, generation, v, idle) in steps {
-            a.set_idle(node, idle);
-            b.set_idle(node, idle);
-            let by_get = a.row(0).get(node, generation, || v);
-            assert_eq!(two_steps(&mut b, node, generation, v), by_get);
-        }
-        assert_eq!(b.row(0).peek(1, 4), None);
-        assert_eq!(b.row(0).peek(1, 3), Some(Some((4, 1))));
     }
 
     #[test]

@@ -489,22 +489,9 @@ impl<'w> SimCluster<'w> {
                     kinds,
                     node_fragment,
                 };
-                // A held score is read without building the computation (the common case:
-                // most candidates did not change since their shape was last decided).
                 let fgd = |node: usize| -> Scored {
-                    let generation = generation[node];
-                    let held = row.borrow().as_ref().map(|row| row.peek(node, generation));
-                    match held {
-                        Some(Some(value)) => value,
-                        Some(None) => {
-                            let value = ring_score.compute(node);
-                            if let Some(row) = row.borrow_mut().as_mut() {
-                                row.put(node, generation, value);
-                            }
-                            value
-                        }
-                        None => ring_score.compute(node),
-                    }
+                    let mut row = row.borrow_mut();
+                    cached(row.as_mut(), node, generation, || ring_score.compute(node))
                 };
                 let ranked = Cell::new(false);
                 let fragment_score = TieBreak {
