@@ -467,8 +467,14 @@ impl GpuFeed {
     pub fn unfed(&self, cpu_free: u64, memory_free: u64, gpu_free_milli: u64) -> u64 {
         let fed = |free: u64, per_gpu: u64| match per_gpu {
             0 => u64::MAX,
-            per => u64::try_from(u128::from(free) * u128::from(WHOLE_GPU_MILLI) / u128::from(per))
-                .unwrap_or(u64::MAX),
+            // In u64 when the product fits (a 128-bit division is a library call), else in u128.
+            per => match free.checked_mul(u64::from(WHOLE_GPU_MILLI)) {
+                Some(product) => product / per,
+                None => {
+                    u64::try_from(u128::from(free) * u128::from(WHOLE_GPU_MILLI) / u128::from(per))
+                        .unwrap_or(u64::MAX)
+                }
+            },
         };
         let fed =
             fed(cpu_free, self.cpu_milli_per_gpu).min(fed(memory_free, self.memory_mib_per_gpu));
@@ -1223,6 +1229,27 @@ mod tests {
         let cpu_only = TargetWorkload::from_tasks([gpu_shape(1000, 0, 0)]);
         assert_eq!(cpu_only.feed(), GpuFeed::default());
         assert_eq!(GpuFeed::default().unfed(0, 0, 8000), 0);
+    }
+
+    proptest::proptest! {
+        /// Unfed GPU computed in u64 where the product fits is the 128-bit computation, up to
+        /// amounts whose product does not fit.
+        #[test]
+        fn unfed_is_the_wide_computation(
+            cpu in proptest::prop_oneof![0u64..200_000, proptest::num::u64::ANY],
+            memory in proptest::prop_oneof![0u64..2_000_000, proptest::num::u64::ANY],
+            gpu in 0u64..100_000,
+            per_cpu in 0u64..50_000,
+            per_memory in 0u64..500_000,
+        ) {
+            let feed = GpuFeed { cpu_milli_per_gpu: per_cpu, memory_mib_per_gpu: per_memory };
+            let wide = |free: u64, per: u64| match per {
+                0 => u64::MAX,
+                per => u64::try_from(u128::from(free) * 1000 / u128::from(per)).unwrap_or(u64::MAX),
+            };
+            let fed = wide(cpu, per_cpu).min(wide(memory, per_memory));
+            proptest::prop_assert_eq!(feed.unfed(cpu, memory, gpu), gpu.saturating_sub(fed));
+        }
     }
 
     /// Unfed GPU by hand, at its edges, and its growth.
