@@ -350,6 +350,7 @@ impl<'w> SimCluster<'w> {
                 for (i, s) in states.iter().enumerate() {
                     let key = cluster.add_agent(scalar(s.cpu_total, s.memory_total, s.gpu_total()));
                     debug_assert_eq!(key, i, "agent keys follow node order");
+                    cluster.set_grade(key, "gpus", s.grade());
                 }
                 let requests = workload
                     .shapes
@@ -501,7 +502,12 @@ impl<'w> SimCluster<'w> {
                     },
                     largest: target.names_models(),
                 };
-                let mut context = PlacementContext::default().with_score(&fragment_score);
+                // The ring walks only nodes whose GPU grade can take the task (`changed`).
+                let grade = s.grade();
+                let shape_grade = move |_: &Resources| grade;
+                let mut context = PlacementContext::default()
+                    .with_score(&fragment_score)
+                    .with_grade(&shape_grade);
                 let agent = match policy {
                     // Not a cycle: the master has no such step (its ring spares `gpus` by
                     // itself, RingSearch::spare), and a cycle's allocation step always places
@@ -607,6 +613,11 @@ impl<'w> SimCluster<'w> {
 
     fn changed(&mut self, node: usize) {
         self.generation[node] = self.generation[node].wrapping_add(1).max(1);
+        if let Some(allocator) = self.allocator.as_mut() {
+            allocator
+                .cluster
+                .set_grade(node, "gpus", self.nodes[node].grade());
+        }
         if let Some(cache) = self.cache.as_mut() {
             cache.set_idle(node, self.running[node] == 0);
         }

@@ -46,6 +46,38 @@ impl Shape {
     pub fn is_shared(&self) -> bool {
         self.num_gpu == 1 && self.gpu_milli < GPU_MILLI
     }
+
+    /// The GPU grade a node needs to take this task ([`NodeState::grade`]): a slice's quarter
+    /// of a GPU, or how many idle GPUs; 0 (every node) for CPU-only tasks and for shares of
+    /// several GPUs.
+    pub fn grade(&self) -> u8 {
+        if self.gpu_milli == GPU_MILLI {
+            idle_grade(self.num_gpu)
+        } else if self.num_gpu == 1 {
+            slice_grade(self.gpu_milli)
+        } else {
+            0
+        }
+    }
+}
+
+/// The grade of a slice, or of a node's largest free part of a GPU: 0–3, by quarters of a
+/// GPU (below [`GPU_MILLI`]).
+fn slice_grade(milli: u32) -> u8 {
+    (milli.min(GPU_MILLI - 1) / (GPU_MILLI / 4)) as u8
+}
+
+/// The grade of a count of idle GPUs: 4 for 1, 5 for 2–3, 6 for 4–7, 7 for 8 or more
+/// (nondecreasing in the count, so a node's grade below a task's means fewer idle GPUs than
+/// the task asks for).
+fn idle_grade(idle: u32) -> u8 {
+    match idle {
+        0 => 0,
+        1 => 4,
+        2..=3 => 5,
+        4..=7 => 6,
+        _ => 7,
+    }
 }
 
 /// What the fragment measure sees of a task (memory only for the target's `GpuFeed`).
@@ -92,6 +124,17 @@ pub struct NodeState {
 pub struct NodeAccountingError(pub &'static str);
 
 impl NodeState {
+    /// The node's GPU grade for the ring's graded walk (`Cluster::set_grade` on `gpus`): with
+    /// an idle GPU, the grade of the idle count; else the quarter of a GPU its fullest GPU has
+    /// free. Never below the grade of a task the node can take ([`Shape::grade`]): a task of
+    /// whole GPUs needs that many idle, a slice one GPU with that much free.
+    pub fn grade(&self) -> u8 {
+        match self.idle_gpus {
+            0 => slice_grade(self.max_gpu_free),
+            idle => idle_grade(idle),
+        }
+    }
+
     pub fn new(cpu_milli: u64, memory_mib: u64, gpus: u32, model: Option<u32>) -> Self {
         NodeState {
             cpu_total: cpu_milli,
@@ -332,7 +375,9 @@ mod tests {
 
     proptest::proptest! {
         /// After any takes and gives back, `fits` (from the node's summary of its GPUs) agrees
-        /// with counting the GPUs, for whole GPUs, shares of one and shares of several.
+        /// with counting the GPUs, for whole GPUs, shares of one and shares of several; and a
+        /// node that fits a task is graded at least as high as the task (the ring's graded walk
+        /// relies on it).
         #[test]
         fn fits_agrees_with_counting_the_gpus(
             gpus in 0u32..=8,
@@ -365,6 +410,12 @@ mod tests {
                                 fits_by_counting(&node, &s),
                                 "{:?} on {:?}", s, node
                             );
+                            if node.fits(&s) {
+                                proptest::prop_assert!(
+                                    node.grade() >= s.grade(),
+                                    "{:?} graded {} on {:?} graded {}", s, s.grade(), node, node.grade()
+                                );
+                            }
                         }
                     }
                 }

@@ -437,8 +437,9 @@ impl Cluster {
                 dimension.total = dimension
                     .total
                     .saturating_sub(u128::from(entry.total.milli(name)));
-                // The key will be reused: the next agent starts from 0 here.
+                // The key will be reused: the next agent starts from 0 here, ungraded.
                 self.free_table.set(key, d, 0);
+                dimension.ring.set_grade(key, 0, ring_set::UNGRADED);
                 self.total.set_milli(name, clamp_sum(dimension.total));
             }
         }
@@ -681,6 +682,21 @@ impl Cluster {
 
     pub fn placer(&self) -> PlacerKind {
         self.placer
+    }
+
+    /// Files the agent under `grade` in the ring of `dimension` ([`RingSet::set_grade`]): the
+    /// caller promises that the agent cannot take a demand whose grade
+    /// ([`PlacementContext::with_grade`]) is higher, so the ring search need not walk past it.
+    /// Nothing happens for an unknown agent or a dimension no agent has had. A removed agent's
+    /// grade is forgotten.
+    pub fn set_grade(&mut self, key: AgentKey, dimension: &str, grade: u8) {
+        if !self.agents.contains(key) {
+            return;
+        }
+        if let Some(&d) = self.index.get(dimension) {
+            let free = self.free_table.get(key, d);
+            self.dimensions[d].ring.set_grade(key, free, grade);
+        }
     }
 
     /// The ring set of one dimension, if any agent has had that dimension.

@@ -190,6 +190,7 @@ pub struct PlacementContext<'s> {
     pending: BTreeMap<String, BTreeMap<u64, u64>>,
     cache: Option<WeightCache>,
     score: Option<&'s dyn AgentScore>,
+    grade: Option<&'s dyn Fn(&Resources) -> u8>,
 }
 
 impl std::fmt::Debug for PlacementContext<'_> {
@@ -199,6 +200,7 @@ impl std::fmt::Debug for PlacementContext<'_> {
             .field("pending", &self.pending)
             .field("cache", &self.cache)
             .field("score", &self.score.map(|_| "caller's"))
+            .field("grade", &self.grade.map(|_| "caller's"))
             .finish()
     }
 }
@@ -224,6 +226,22 @@ impl<'s> PlacementContext<'s> {
     /// The caller's per-agent score, if it gave one.
     pub fn score(&self) -> Option<&'s dyn AgentScore> {
         self.score
+    }
+
+    /// The grade a demand needs ([`Cluster::set_grade`]): the ring search then walks only the
+    /// agents the caller graded that high or higher in a graded ring. `grade` must not exceed
+    /// what any agent able to take the demand was graded, or the search misses that agent.
+    ///
+    /// [`Cluster::set_grade`]: crate::placement::Cluster::set_grade
+    pub fn with_grade(mut self, grade: &'s dyn Fn(&Resources) -> u8) -> Self {
+        self.grade = Some(grade);
+        self
+    }
+
+    /// The grade `demand` needs: the caller's ([`with_grade`](Self::with_grade)), else 0 (every
+    /// agent).
+    pub fn grade_of(&self, demand: &Resources) -> u8 {
+        self.grade.map_or(0, |grade| grade(demand))
     }
 
     /// Replaces the pending set.

@@ -178,6 +178,11 @@ impl Placer for RingPlacer {
     ) -> Option<Decision> {
         let search = cluster.rings_config().search();
         let (k, score) = tie_break(search, context);
+        let walk = Walk {
+            k,
+            score,
+            grade: context.grade_of(demand),
+        };
         // Spared dimensions this demand does not ask for, which some agent has none of free.
         let mut spared: [usize; 4] = [0; 4];
         let mut n_spared = 0;
@@ -198,12 +203,12 @@ impl Placer for RingPlacer {
             // cluster's plain rings hold exactly those when every spared dimension is spared
             // (the usual case); otherwise the full rings, walking past the others.
             let found = if cluster.plain_rings_spare(spared) {
-                ring_search(cluster, Rings::Plain, demand, eligible, k, score)
+                ring_search(cluster, Rings::Plain, demand, eligible, walk)
             } else {
                 let without = |key: AgentKey| {
                     spared.iter().all(|&d| cluster.free_in(key, d) == 0) && eligible(key)
                 };
-                ring_search(cluster, Rings::All, demand, &without, k, score)
+                ring_search(cluster, Rings::All, demand, &without, walk)
             };
             if found.is_some() {
                 return found;
@@ -215,7 +220,7 @@ impl Placer for RingPlacer {
                 }
             }
         }
-        ring_search(cluster, Rings::All, demand, eligible, k, score)
+        ring_search(cluster, Rings::All, demand, eligible, walk)
     }
 }
 
@@ -256,16 +261,26 @@ enum Rings {
     Plain,
 }
 
+/// How one search walks: how many candidates its score ranks (1 and none: the first fitting),
+/// and the grade the demand needs ([`PlacementContext::with_grade`]).
+#[derive(Clone, Copy)]
+struct Walk<'s> {
+    k: usize,
+    score: Option<&'s dyn AgentScore>,
+    grade: u8,
+}
+
 /// One ring search (the three phases) among `eligible` agents of `rings`; with a score and
 /// `k` > 1, the first `k` fitting agents in the search's order are ranked by the score
-/// ([`scored_search`]).
+/// ([`scored_search`]). In a graded ring the best-fit phases walk only agents of the demand's
+/// grade or more once the walk has passed a few that do not fit
+/// ([`RingSet::best_fits_across`]): the same answer, fewer agents checked.
 fn ring_search(
     cluster: &Cluster,
     rings: Rings,
     demand: &Resources,
     eligible: &dyn Fn(AgentKey) -> bool,
-    k: usize,
-    score: Option<&dyn AgentScore>,
+    Walk { k, score, grade }: Walk,
 ) -> Option<Decision> {
     let dimension = searched_dimension(cluster, demand)?;
     let ring = match rings {
@@ -293,19 +308,18 @@ fn ring_search(
             true => cluster.rings_config().search().largest(),
             false => 0,
         };
-        return scored_search(ring, need, &fitting, (k, largest), demand, score, &cpu_left)
+        let walk = (k, largest, grade);
+        return scored_search(ring, need, &fitting, walk, demand, score, &cpu_left)
             .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
     }
     let k = ring.bucket_of(need);
     let top = ring.len() - 1;
-    if let Some((_, agent)) = ring.best_fit(k, need, &fitting) {
-        return Some(decided(agent, Phase::Bucket, k));
-    }
     let n = k.saturating_add(ring.search_up()).min(top);
-    for bucket in k + 1..=n {
-        if let Some((_, agent)) = ring.best_fit(bucket, need, &fitting) {
-            return Some(decided(agent, Phase::Up, bucket));
-        }
+    let mut first = Candidates::new();
+    ring.best_fits_across(k..=n, need, grade, &fitting, 1, &mut first);
+    if let Some(&(free, agent)) = first.first() {
+        let bucket = ring.bucket_of(free);
+        return Some(decided(agent, phase_of(bucket, k), bucket));
     }
     for bucket in (n + 1..=top).rev() {
         if let Some((_, agent)) = ring.largest_fit(bucket, need, &fitting) {
@@ -393,7 +407,7 @@ fn scored_search(
     ring: &RingSet,
     need: u64,
     fitting: &dyn Fn(AgentKey) -> bool,
-    (k, largest): (usize, usize),
+    (k, largest, grade): (usize, usize, u8),
     demand: &Resources,
     score: &dyn AgentScore,
     cpu_left: &dyn Fn(AgentKey) -> u64,
@@ -403,20 +417,16 @@ fn scored_search(
     let n = kf.saturating_add(ring.search_up()).min(top);
     let mut best = Best::new(score, demand, cpu_left);
     let mut some = Candidates::new();
-    let mut last = kf;
-    for bucket in kf..=n {
-        last = bucket;
-        ring.best_fits(bucket, need, fitting, k - best.seen, &mut some);
-        let phase = if bucket == kf {
-            Phase::Bucket
-        } else {
-            Phase::Up
-        };
-        best.offer_all(&some, phase, bucket);
-        if best.seen >= k {
-            break;
-        }
+    // The best-fit buckets in one walk.
+    ring.best_fits_across(kf..=n, need, grade, fitting, k, &mut some);
+    for &(free, key) in &some {
+        let bucket = ring.bucket_of(free);
+        best.offer(key, phase_of(bucket, kf), bucket);
     }
+    let last = match some.last() {
+        Some(&(free, _)) if best.seen >= k => ring.bucket_of(free),
+        _ => n,
+    };
     if best.seen < k {
         for bucket in (n + 1..=top).rev() {
             ring.largest_fits(bucket, need, fitting, k - best.seen, &mut some);
@@ -481,17 +491,30 @@ impl<'a> Best<'a> {
     /// Ranks the candidates one bucket gave, found in `phase` in `bucket`.
     fn offer_all(&mut self, candidates: &[(u64, AgentKey)], phase: Phase, bucket: usize) {
         for &(_, key) in candidates {
-            self.seen += 1;
-            let score = self.score.score(key, self.demand);
-            if self.found.is_some() && score > self.rank.0 {
-                continue;
-            }
-            let rank = (score, (self.cpu_left)(key), key);
-            if self.found.is_none() || rank < self.rank {
-                self.rank = rank;
-                self.found = Some((key, phase, bucket));
-            }
+            self.offer(key, phase, bucket);
         }
+    }
+
+    /// Ranks one candidate, found in `phase` in `bucket`.
+    fn offer(&mut self, key: AgentKey, phase: Phase, bucket: usize) {
+        self.seen += 1;
+        let score = self.score.score(key, self.demand);
+        if self.found.is_some() && score > self.rank.0 {
+            return;
+        }
+        let rank = (score, (self.cpu_left)(key), key);
+        if self.found.is_none() || rank < self.rank {
+            self.rank = rank;
+            self.found = Some((key, phase, bucket));
+        }
+    }
+}
+
+/// The phase of a best fit found in `bucket` when the demand's bucket is `first`.
+fn phase_of(bucket: usize, first: usize) -> Phase {
+    match bucket == first {
+        true => Phase::Bucket,
+        false => Phase::Up,
     }
 }
 
@@ -912,6 +935,7 @@ mod tests {
     ) -> Option<Decision> {
         let search = cluster.rings_config().search();
         let (k, score) = tie_break(search, context);
+        let walk = Walk { k, score, grade: 0 };
         let spared: Vec<usize> = search
             .spare()
             .iter()
@@ -924,7 +948,7 @@ mod tests {
             let without = |key: AgentKey| {
                 spared.iter().all(|&d| cluster.free_in(key, d) == 0) && eligible(key)
             };
-            if let Some(found) = ring_search(cluster, Rings::All, demand, &without, k, score) {
+            if let Some(found) = ring_search(cluster, Rings::All, demand, &without, walk) {
                 return Some(found);
             }
             // The leftover pass, by a sort of every agent instead of the ring.
@@ -959,7 +983,7 @@ mod tests {
                 }
             }
         }
-        ring_search(cluster, Rings::All, demand, eligible, k, score)
+        ring_search(cluster, Rings::All, demand, eligible, walk)
     }
 
     mod best {
@@ -1172,6 +1196,140 @@ mod tests {
                         }
                     }
                     check_plain_rings(&cluster)?;
+                }
+            }
+        }
+    }
+
+    mod graded {
+        use super::*;
+        use crate::placement::ring_set::UNGRADED;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// cpus (quarters), whole GPUs.
+            Add(u64, u64),
+            Remove(usize),
+            /// cpus (quarters) and milli-GPU taken.
+            Take(usize, u64, u64),
+            GiveBack(usize),
+            /// The agent can now take demands up to grade `cap`; graded `cap + over`.
+            Capable(usize, u8, u8),
+            /// cpus (quarters), milli-GPU, the demand's grade, with the score.
+            Place(u64, u64, u8, bool),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                2 => (1u64..=64, 1u64..=8).prop_map(|(c, g)| Op::Add(c, g)),
+                1 => any::<usize>().prop_map(Op::Remove),
+                4 => (any::<usize>(), 0u64..=8, prop::sample::select(vec![250u64, 500, 1000, 2000]))
+                    .prop_map(|(i, c, g)| Op::Take(i, c, g)),
+                1 => any::<usize>().prop_map(Op::GiveBack),
+                4 => (any::<usize>(), 0u8..8, prop_oneof![3 => Just(0u8), 1 => 1u8..4])
+                    .prop_map(|(i, c, o)| Op::Capable(i, c, o)),
+                4 => (0u64..=8, prop::sample::select(vec![250u64, 500, 1000, 3000]), 0u8..8, any::<bool>())
+                    .prop_map(|(c, g, d, s)| Op::Place(c, g, d, s)),
+            ]
+        }
+
+        fn bundle(cpu_quarters: u64, gpu_milli: u64) -> Resources {
+            Resources::from_milli(
+                [("cpus", cpu_quarters * 250), ("gpus", gpu_milli)]
+                    .into_iter()
+                    .filter(|&(_, m)| m > 0),
+            )
+            .unwrap()
+        }
+
+        fn nth_key(cluster: &Cluster, i: usize) -> Option<AgentKey> {
+            let keys: Vec<AgentKey> = cluster.agents().map(|(k, _)| k).collect();
+            (!keys.is_empty()).then(|| keys[i % keys.len()])
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// A graded ring walk finds what the plain walk finds whenever the grades keep
+            /// their promise (an agent graded below a demand's grade cannot take it; here each
+            /// agent can take demands up to a hidden capability, and is graded at or above it),
+            /// however the agents' free amounts and grades change.
+            #[test]
+            fn a_graded_walk_places_as_the_plain_walk(
+                candidates in prop_oneof![Just(1usize), Just(4), Just(40)],
+                agents in prop::collection::vec((1u64..=64, 1u64..=8), 0..40),
+                ops in prop::collection::vec(op(), 1..120),
+            ) {
+                let mut rings = RingsConfig::default();
+                rings.set_search(RingSearch::new(vec!["gpus".into()], candidates).unwrap());
+                let mut cluster = ring_cluster(rings);
+                // Each agent's hidden capability by key (7, any demand, until said).
+                let mut capable: Vec<u8> = Vec::new();
+                let set_capable = |cluster: &mut Cluster, capable: &mut Vec<u8>, key: AgentKey, cap: u8, over: u8| {
+                    if capable.len() <= key {
+                        capable.resize(key + 1, 7);
+                    }
+                    capable[key] = cap;
+                    cluster.set_grade(key, "gpus", cap.saturating_add(over));
+                };
+                for (c, g) in agents {
+                    let key = cluster.add_agent(bundle(c, g * 1000));
+                    set_capable(&mut cluster, &mut capable, key, 7, 0);
+                }
+                let score = |agent: AgentKey, demand: &Resources| {
+                    ((agent as u64 * 7919 + demand.milli("gpus") / 250) % 3) as i64
+                };
+                for op in ops {
+                    match op {
+                        Op::Add(c, g) => {
+                            let key = cluster.add_agent(bundle(c, g * 1000));
+                            // A new agent under a reused key starts ungraded: capable of all.
+                            prop_assert_eq!(cluster.ring("gpus").unwrap().grade(key), UNGRADED);
+                            set_capable(&mut cluster, &mut capable, key, 7, 0);
+                        }
+                        Op::Remove(i) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                cluster.remove_agent(key);
+                            }
+                        }
+                        Op::Take(i, c, g) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                let _ = cluster.take(key, &bundle(c, g));
+                            }
+                        }
+                        Op::GiveBack(i) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                let agent = cluster.agent(key).unwrap();
+                                let used = agent.total.saturating_sub(&agent.free);
+                                cluster.give_back(key, &used).unwrap();
+                            }
+                        }
+                        Op::Capable(i, cap, over) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                set_capable(&mut cluster, &mut capable, key, cap, over);
+                            }
+                        }
+                        Op::Place(c, g, grade, scored) => {
+                            let demand = bundle(c, g);
+                            let caps = &capable;
+                            let eligible = |key: AgentKey| caps.get(key).is_none_or(|&cap| cap >= grade);
+                            let demand_grade = move |_: &Resources| grade;
+                            let context = |graded: bool| {
+                                let mut context = PlacementContext::default();
+                                if scored {
+                                    context = context.with_score(&score);
+                                }
+                                if graded {
+                                    context = context.with_grade(&demand_grade);
+                                }
+                                context
+                            };
+                            let got = cluster.place_in(&demand, &eligible, &mut context(true));
+                            let plain = cluster.place_in(&demand, &eligible, &mut context(false));
+                            prop_assert_eq!(got, plain, "demand {} grade {}", demand, grade);
+                        }
+                    }
                 }
             }
         }
