@@ -1,5 +1,7 @@
 //! Placement benchmarks: one decision and one full allocation step, ring against linear best fit;
-//! and one decision of each placer (ring, balance, least-requested, most-balanced) side by side.
+//! and one decision of each placer (ring, balance, least-requested, most-balanced) side by side;
+//! and one scored decision where most agents fail a device check, the plain walk against the
+//! graded one.
 //!
 //! Agents are a seeded, deterministic mix of sizes (1–64 cpus, 1–256 GiB, some with GPUs), partly
 //! used for the single-decision benchmark so they spread over the buckets. Run with
@@ -210,5 +212,65 @@ fn placers(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, one_decision, allocation_step, placers);
+/// One scored decision for a slice of a GPU among GPU agents of which four in five cannot hold
+/// it (their free GPU is spread over GPUs too small for the slice, which the eligibility check
+/// says one agent at a time): the plain walk passes them one by one; the graded walk
+/// ([`Cluster::set_grade`], the caller's grade of each agent) skips them after a few. The same
+/// agents, demands and score in both, and the same answers (checked before timing).
+fn graded_walk(c: &mut Criterion) {
+    let mut group = c.benchmark_group("place-graded");
+    group.sample_size(20);
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    let demands = [res(2000, 4096, 0), res(4000, 8192, 0), res(1000, 2048, 0)]
+        .map(|r| Resources::from_milli(r.iter().chain([("gpus", 500)])).expect("valid demand"));
+    let score = |agent: usize, _: &Resources| (agent % 7) as i64;
+    // Grade 2 and up holds a half GPU slice.
+    let slice_grade = |_: &Resources| 2u8;
+    for n in [1_000, 10_000, 100_000] {
+        let mut rng = Rng(0x5eed_0002 + n as u64);
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        let mut grade = Vec::with_capacity(n);
+        for _ in 0..n {
+            let key = cluster.add_agent(res(64_000, 262_144, 1 + rng.below(8)));
+            let take = res(rng.below(32_000), rng.below(131_072), 0);
+            cluster.take(key, &take).expect("take less than total");
+            // Four in five agents hold at most a quarter GPU on any one GPU.
+            let g = if rng.below(5) == 0 {
+                2 + rng.below(6)
+            } else {
+                rng.below(2)
+            } as u8;
+            grade.push(g);
+        }
+        let eligible = |key: usize| grade[key] >= 2;
+        let plain = cluster.clone();
+        for (key, &g) in grade.iter().enumerate() {
+            cluster.set_grade(key, "gpus", g);
+        }
+        for demand in &demands {
+            let mut context = PlacementContext::default().with_score(&score);
+            let expected = plain.place_in(demand, &eligible, &mut context);
+            let mut context = context.with_grade(&slice_grade);
+            let got = cluster.place_in(demand, &eligible, &mut context);
+            assert_eq!(got, expected, "graded and plain walks decide alike");
+        }
+        for (name, cluster, graded) in [("plain", &plain, false), ("graded", &cluster, true)] {
+            let mut i = 0;
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+                b.iter(|| {
+                    i = (i + 1) % demands.len();
+                    let mut context = PlacementContext::default().with_score(&score);
+                    if graded {
+                        context = context.with_grade(&slice_grade);
+                    }
+                    black_box(cluster.place_in(&demands[i], &eligible, &mut context))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, one_decision, allocation_step, placers, graded_walk);
 criterion_main!(benches);
