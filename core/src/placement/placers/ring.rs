@@ -417,15 +417,21 @@ fn scored_search(
     let n = kf.saturating_add(ring.search_up()).min(top);
     let mut best = Best::new(score, demand, cpu_left);
     let mut some = Candidates::new();
-    // The best-fit buckets in one walk.
+    // The best-fit buckets in one walk; the candidates come in increasing free amount, so
+    // each one's bucket is found by stepping past the bounds below it (no lookup each).
     ring.best_fits_across(kf..=n, need, grade, fitting, k, &mut some);
+    let mut bucket = kf;
+    let mut upper = ring.layout().range(bucket).1;
     for &(free, key) in &some {
-        let bucket = ring.bucket_of(free);
+        while upper.is_some_and(|u| free >= u) && bucket < n {
+            bucket += 1;
+            upper = ring.layout().range(bucket).1;
+        }
         best.offer(key, phase_of(bucket, kf), bucket);
     }
-    let last = match some.last() {
-        Some(&(free, _)) if best.seen >= k => ring.bucket_of(free),
-        _ => n,
+    let last = match best.seen >= k {
+        true => bucket,
+        false => n,
     };
     if best.seen < k {
         for bucket in (n + 1..=top).rev() {
