@@ -1,11 +1,14 @@
 //! Property tests of the device model: the packed encoding round-trips and refuses what does not
-//! fit, and the packed fit test always agrees with the plain one (SPEC seed 004).
+//! fit, and the packed fit test always agrees with the plain one (SPEC seed 004); an agent that
+//! fits a demand is graded at least as high (the graded ring's promise).
 
 use proptest::prelude::*;
 use ringmaster_core::devices::{
     Device, DeviceError, DeviceRequest, DeviceSelection, DeviceState, GpuDemand, LaneLayout,
-    PackedLanes, SHARE_CAPACITY,
+    PackedLanes, GPUS, GPU_MEM, GPU_MILLI, SHARE_CAPACITY,
 };
+use ringmaster_core::placement::devices::DeviceBook;
+use ringmaster_core::resources::{Resources, MILLI};
 
 fn layout_and_values() -> impl Strategy<Value = (LaneLayout, Vec<u64>)> {
     (1u32..=63, prop::bool::ANY).prop_flat_map(|(bits, wide)| {
@@ -173,6 +176,42 @@ proptest! {
                 if n >= limit { break; }
             }
             prop_assert_eq!(n, per_device.min(limit));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// After any bindings, an agent whose devices hold a demand is graded at least as high as
+    /// the demand: the promise the graded `gpu_milli` ring's walk relies on.
+    #[test]
+    fn an_agent_that_fits_a_demand_is_graded_as_high(
+        state in device_state(),
+        bound in prop::collection::vec(request(), 0..8),
+        asked in request(),
+    ) {
+        let mut book = DeviceBook::new();
+        prop_assume!(!state.devices().is_empty());
+        book.set_agent(0, state.devices().to_vec()).unwrap();
+        for request in &bound {
+            // Chooses devices and takes them, or nothing when the request does not fit.
+            let _ = book.bind(0, request, DeviceSelection::LeastUsed);
+        }
+        let scalars = match asked.demand {
+            GpuDemand::Whole { count } => vec![(GPUS, u64::from(count) * MILLI)],
+            GpuDemand::Slice { share, memory_mib } => {
+                vec![(GPU_MILLI, u64::from(share) * MILLI), (GPU_MEM, memory_mib * MILLI)]
+            }
+        };
+        let demand =
+            Resources::from_milli(scalars.into_iter().filter(|&(_, m)| m > 0)).unwrap();
+        if book.fits(0, &demand) {
+            prop_assert!(
+                book.grade(0) >= DeviceBook::demand_grade(&demand),
+                "{} graded {} on an agent graded {}: {:?}",
+                demand, DeviceBook::demand_grade(&demand), book.grade(0), book.state(0)
+            );
         }
     }
 }

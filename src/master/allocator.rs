@@ -32,7 +32,7 @@ use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, CycleInput, DrfSorter, Filter, FrameworkKey, Grant, Outcome,
     PlacementContext, PlacementError, QuotaLedger, RunningTask, TieredRequest,
 };
-use ringmaster_proto::devices::{Device, DeviceBinding, DeviceError, ShareFill};
+use ringmaster_proto::devices::{Device, DeviceBinding, DeviceError, ShareFill, GPU_MILLI};
 use ringmaster_proto::resources::{Resources, MILLI};
 
 use crate::config::Config;
@@ -106,8 +106,17 @@ impl Allocator {
     ) -> (AgentKey, Result<(), DeviceError>) {
         let key = self.cluster.add_agent(total);
         let devices = self.devices.set_agent(key, devices);
+        self.regrade(key);
         self.agent_by_key.insert(key, id.to_string());
         (key, devices)
+    }
+
+    /// Files the agent in the `gpu_milli` ring under its devices' grade
+    /// ([`DeviceBook::grade`]), after its devices changed: a slice's ring walk then passes no
+    /// more than a few agents whose free share is spread over devices too small for it.
+    fn regrade(&mut self, key: AgentKey) {
+        self.cluster
+            .set_grade(key, GPU_MILLI, self.devices.grade(key));
     }
 
     /// Drops an agent from the cluster, the device book and the key map.
@@ -207,6 +216,7 @@ impl Allocator {
             if let Err(e) = self.devices.take(agent, binding) {
                 problems.devices = Some(e);
             }
+            self.regrade(agent);
         }
         problems
     }
@@ -223,6 +233,7 @@ impl Allocator {
         if let Some(agent) = agent {
             let _ = self.cluster.give_back(agent, resources);
             self.devices.release(agent, binding);
+            self.regrade(agent);
         }
         if let Some(framework) = framework {
             self.drf.unallocated(framework, resources);
@@ -313,7 +324,8 @@ impl Allocator {
             DeviceFragmentScore::new(target, devices, free, config.devices.selection)
         });
         // The requests are the real pending demands; the balance placer weighs what blocks them.
-        let mut context = PlacementContext::new(config.balance.clone());
+        let demand_grade = DeviceBook::demand_grade;
+        let mut context = PlacementContext::new(config.balance.clone()).with_grade(&demand_grade);
         if let Some(score) = &fragment_growth {
             context = context.with_score(score);
         }
@@ -366,6 +378,8 @@ impl Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringmaster_core::devices::BoundDevice;
+    use ringmaster_core::placement::ring_set::UNGRADED;
     use ringmaster_core::placement::Request;
     use ringmaster_proto::devices::{parse_agent_resources, DeviceRequest};
 
@@ -389,6 +403,37 @@ mod tests {
 
     fn allocation(alloc: &Allocator, fw: FrameworkKey) -> Resources {
         alloc.drf().allocation(fw).cloned().unwrap_or_default()
+    }
+
+    /// The agent's grade in the `gpu_milli` ring follows its devices: 4 while a device is
+    /// entirely free, else the quarter of a GPU its emptiest device has free.
+    #[test]
+    fn holding_and_releasing_devices_regrades_the_agent() {
+        let (mut alloc, agent, fw) = with_gpu_agent();
+        let grade = |alloc: &Allocator| alloc.cluster().ring(GPU_MILLI).unwrap().grade(agent);
+        assert_eq!(grade(&alloc), 4);
+        let bound = |index: u32, share: u32| DeviceBinding {
+            devices: vec![BoundDevice {
+                index,
+                share,
+                memory_mib: 1024,
+            }],
+        };
+        let slice = res("cpus:1;mem:128;gpu_milli:700;gpu_mem:1024");
+        alloc.hold(agent, Some(fw), &slice, Some(&bound(0, 700)));
+        assert_eq!(grade(&alloc), 4, "device 1 is still entirely free");
+        let whole = res("cpus:1;mem:128;gpu_milli:1000;gpu_mem:1024");
+        alloc.hold(agent, Some(fw), &whole, Some(&bound(1, 1000)));
+        assert_eq!(grade(&alloc), 1, "300 milli left on device 0");
+        alloc.release(Some(agent), Some(fw), &slice, &bound(0, 700));
+        assert_eq!(grade(&alloc), 4);
+        // A slice bigger than a quarter is asked at grade 2: the walk skips agents graded 0–1.
+        assert_eq!(DeviceBook::demand_grade(&res("gpu_milli:600")), 2);
+        alloc.remove_agent(agent);
+        assert_eq!(
+            alloc.cluster().ring(GPU_MILLI).unwrap().grade(agent),
+            UNGRADED
+        );
     }
 
     #[test]

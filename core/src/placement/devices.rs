@@ -46,6 +46,14 @@ impl AgentDevices {
     }
 }
 
+/// A share's grade: its quarter of a GPU (0–3), 4 for a whole GPU's share (1000 milli).
+fn share_grade(share: u32) -> u8 {
+    match share {
+        1000.. => 4,
+        share => (share / 250) as u8,
+    }
+}
+
 /// Every agent's devices by agent key; agents without devices are absent.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceBook {
@@ -80,6 +88,33 @@ impl DeviceBook {
     /// The agent's devices and what each has free.
     pub fn state(&self, agent: AgentKey) -> Option<&DeviceState> {
         self.agents.get(&agent).map(|a| &a.state)
+    }
+
+    /// The agent's grade in the graded `gpu_milli` ring ([`Cluster::set_grade`]): the quarter of
+    /// a GPU share its emptiest device has free, 4 with a device entirely free; ungraded (every
+    /// walk sees it) without devices. An agent that fits a slice is graded at least as high as
+    /// the slice ([`DeviceBook::demand_grade`]): the slice needs that much share on one device.
+    ///
+    /// [`Cluster::set_grade`]: super::Cluster::set_grade
+    pub fn grade(&self, agent: AgentKey) -> u8 {
+        self.agents
+            .get(&agent)
+            .map_or(super::ring_set::UNGRADED, |a| {
+                share_grade(a.state.free_share().iter().copied().max().unwrap_or(0))
+            })
+    }
+
+    /// The grade an agent needs to take `demand` ([`grade`](DeviceBook::grade)): a slice's
+    /// share by quarters of a GPU (4 for a whole one); 0, every agent, for whole GPUs, a slice
+    /// of memory only and demands without GPU scalars.
+    pub fn demand_grade(demand: &Resources) -> u8 {
+        match DeviceRequest::from_scalars(demand, Vec::new()) {
+            Ok(Some(DeviceRequest {
+                demand: GpuDemand::Slice { share, .. },
+                ..
+            })) => share_grade(share),
+            _ => 0,
+        }
     }
 
     /// The device side of "does this demand fit this agent": true for a demand without GPU

@@ -440,6 +440,9 @@ impl Cluster {
                 // The key will be reused: the next agent starts from 0 here, ungraded.
                 self.free_table.set(key, d, 0);
                 dimension.ring.set_grade(key, 0, ring_set::UNGRADED);
+                if let Some(plain) = &mut dimension.plain {
+                    plain.set_grade(key, 0, ring_set::UNGRADED);
+                }
                 self.total.set_milli(name, clamp_sum(dimension.total));
             }
         }
@@ -695,7 +698,12 @@ impl Cluster {
         }
         if let Some(&d) = self.index.get(dimension) {
             let free = self.free_table.get(key, d);
-            self.dimensions[d].ring.set_grade(key, free, grade);
+            let dimension = &mut self.dimensions[d];
+            dimension.ring.set_grade(key, free, grade);
+            // The plain ring keeps the grade too, for when the agent is (or is filed) there.
+            if let Some(plain) = &mut dimension.plain {
+                plain.set_grade(key, free, grade);
+            }
         }
     }
 
