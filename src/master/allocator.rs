@@ -68,6 +68,9 @@ pub(crate) struct Allocator {
     ledger: QuotaLedger,
     /// Every agent's GPUs, device by device (docs/devices.md).
     devices: DeviceBook,
+    /// Each agent with devices: its free cpu and memory, kept as agents change (never within a
+    /// run), for the fragment score, so that a run does not list every agent to build it.
+    device_free: HashMap<AgentKey, CpuMemFree>,
     /// The shapes of recent launches: the target workload of the ring's fragmentation
     /// tie-break (docs/placement.md).
     launched_shapes: ShapeWindow,
@@ -86,6 +89,7 @@ impl Allocator {
             drf: DrfSorter::default(),
             ledger: QuotaLedger::default(),
             devices: DeviceBook::default(),
+            device_free: HashMap::new(),
             launched_shapes: ShapeWindow::default(),
             share_fill: Arc::default(),
             agent_by_key: HashMap::new(),
@@ -107,8 +111,14 @@ impl Allocator {
         let key = self.cluster.add_agent(total);
         let devices = self.devices.set_agent(key, devices);
         self.regrade(key);
+        self.note_free(key);
         self.agent_by_key.insert(key, id.to_string());
         (key, devices)
+    }
+
+    /// Keeps `device_free` for the agent after its free resources or devices changed.
+    fn note_free(&mut self, key: AgentKey) {
+        note_free_in(&mut self.device_free, &self.cluster, &self.devices, key);
     }
 
     /// Files the agent in the `gpu_milli` ring under its devices' grade
@@ -123,6 +133,7 @@ impl Allocator {
     pub fn remove_agent(&mut self, key: AgentKey) {
         self.cluster.remove_agent(key);
         self.devices.remove_agent(key);
+        self.device_free.remove(&key);
         self.agent_by_key.remove(&key);
     }
 
@@ -167,6 +178,7 @@ impl Allocator {
     ) -> Result<(), PlacementError> {
         self.cluster.take(agent, resources)?;
         self.drf.allocated(framework, resources);
+        self.note_free(agent);
         Ok(())
     }
 
@@ -184,6 +196,7 @@ impl Allocator {
         }
         if let Some(agent) = agent {
             let _ = self.cluster.give_back(agent, resources);
+            self.note_free(agent);
         }
     }
 
@@ -218,6 +231,7 @@ impl Allocator {
             }
             self.regrade(agent);
         }
+        self.note_free(agent);
         problems
     }
 
@@ -234,6 +248,7 @@ impl Allocator {
             let _ = self.cluster.give_back(agent, resources);
             self.devices.release(agent, binding);
             self.regrade(agent);
+            self.note_free(agent);
         }
         if let Some(framework) = framework {
             self.drf.unallocated(framework, resources);
@@ -271,6 +286,7 @@ impl Allocator {
             cluster,
             drf,
             devices,
+            device_free,
             launched_shapes,
             share_fill,
             agent_by_key,
@@ -309,19 +325,11 @@ impl Allocator {
             let bindings = victims.iter().filter_map(|t| (facts.binding)(t));
             devices.fits_after_release(agent, demand, bindings)
         };
+        // The free cpu and memory of every agent with devices, kept as they change: checked
+        // against the cluster in debug builds, never rebuilt here (no pass over every agent).
+        debug_assert_eq!(*device_free, device_free_of(cluster, devices));
         let fragment_growth = target.as_ref().map(|target| {
-            let free = devices
-                .agents()
-                .filter_map(|key| {
-                    let free = &cluster.agent(key)?.free;
-                    let free = CpuMemFree {
-                        cpu_milli: free.milli("cpus"),
-                        memory_mib: free.milli("mem") / MILLI,
-                    };
-                    Some((key, free))
-                })
-                .collect();
-            DeviceFragmentScore::new(target, devices, free, config.devices.selection)
+            DeviceFragmentScore::new(target, devices, device_free, config.devices.selection)
         });
         // The requests are the real pending demands; the balance placer weighs what blocks them.
         let demand_grade = DeviceBook::demand_grade;
@@ -337,7 +345,13 @@ impl Allocator {
             running: facts.running,
             devices: &device_check,
         };
-        run_cycle(cluster, drf, requests, &input, &mut context)
+        let outcome = run_cycle(cluster, drf, requests, &input, &mut context);
+        drop(context);
+        // The granted agents were taken from.
+        for grant in &outcome.grants {
+            note_free_in(device_free, cluster, devices, grant.agent);
+        }
+        outcome
     }
 
     // --- reads ---
@@ -375,6 +389,40 @@ impl Allocator {
     }
 }
 
+/// An agent's free cpu and memory as the fragment score reads them.
+fn cpu_mem_free(free: &Resources) -> CpuMemFree {
+    CpuMemFree {
+        cpu_milli: free.milli("cpus"),
+        memory_mib: free.milli("mem") / MILLI,
+    }
+}
+
+/// Records the agent's free cpu and memory in `device_free` if it has devices, else forgets it.
+fn note_free_in(
+    device_free: &mut HashMap<AgentKey, CpuMemFree>,
+    cluster: &Cluster,
+    devices: &DeviceBook,
+    key: AgentKey,
+) {
+    match (devices.state(key), cluster.agent(key)) {
+        (Some(_), Some(agent)) => {
+            device_free.insert(key, cpu_mem_free(&agent.free));
+        }
+        _ => {
+            device_free.remove(&key);
+        }
+    }
+}
+
+/// `device_free` rebuilt from the cluster: what it must equal between runs (checked in debug
+/// builds).
+fn device_free_of(cluster: &Cluster, devices: &DeviceBook) -> HashMap<AgentKey, CpuMemFree> {
+    devices
+        .agents()
+        .filter_map(|key| Some((key, cpu_mem_free(&cluster.agent(key)?.free))))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,6 +451,55 @@ mod tests {
 
     fn allocation(alloc: &Allocator, fw: FrameworkKey) -> Resources {
         alloc.drf().allocation(fw).cloned().unwrap_or_default()
+    }
+
+    /// The free cpu and memory the fragment score reads are kept through every change of an
+    /// agent with devices, equal to what a pass over the cluster would find.
+    #[test]
+    fn the_kept_free_cpu_and_memory_follow_every_change() {
+        let (mut alloc, agent, fw) = with_gpu_agent();
+        let (plain, _) = alloc.add_agent("a2", res("cpus:4;mem:1024"), Vec::new());
+        let kept = |alloc: &Allocator| {
+            assert_eq!(
+                alloc.device_free,
+                device_free_of(&alloc.cluster, &alloc.devices)
+            );
+            alloc.device_free.get(&agent).copied()
+        };
+        assert_eq!(kept(&alloc).map(|f| f.cpu_milli), Some(8000));
+        let slice = res("cpus:2;mem:512;gpu_milli:500");
+        alloc.offer_taken(agent, fw, &slice).unwrap();
+        assert_eq!(
+            kept(&alloc).map(|f| (f.cpu_milli, f.memory_mib)),
+            Some((6000, 3584))
+        );
+        alloc.offer_returned(Some(agent), Some(fw), &slice);
+        alloc.hold(agent, Some(fw), &slice, None);
+        assert_eq!(kept(&alloc).map(|f| f.cpu_milli), Some(6000));
+        alloc.release(Some(agent), Some(fw), &slice, &DeviceBinding::default());
+        assert_eq!(kept(&alloc).map(|f| f.cpu_milli), Some(8000));
+        // A cycle's whole-agent grant empties the agent.
+        let mut requests = vec![request(fw, "cpus:1;mem:128;gpu_milli:200")];
+        let facts = CycleFacts::<u32> {
+            feasible: &|_, _, fits: &dyn Fn(&Resources) -> bool| {
+                fits(&res("gpu_milli:200"))
+                    .then_some(())
+                    .ok_or(Filter::Devices)
+            },
+            waiting: &|_| false,
+            running: &Vec::new,
+            binding: &|_| None,
+        };
+        alloc.launched(TaskShape::of_demand(&res("cpus:1;gpu_milli:200")).unwrap());
+        let outcome = alloc.run(&mut requests, &Config::default(), &facts);
+        assert_eq!(outcome.grants.first().map(|g| g.agent), Some(agent));
+        assert_eq!(kept(&alloc).map(|f| f.cpu_milli), Some(0));
+        assert!(
+            !alloc.device_free.contains_key(&plain),
+            "an agent without devices is not kept"
+        );
+        alloc.remove_agent(agent);
+        assert_eq!(kept(&alloc), None);
     }
 
     /// The agent's grade in the `gpu_milli` ring follows its devices: 4 while a device is

@@ -643,17 +643,18 @@ pub struct CpuMemFree {
 pub struct DeviceFragmentScore<'a> {
     target: &'a TargetWorkload,
     devices: &'a DeviceBook,
-    free: HashMap<AgentKey, CpuMemFree>,
+    free: &'a HashMap<AgentKey, CpuMemFree>,
     selection: DeviceSelection,
 }
 
 impl<'a> DeviceFragmentScore<'a> {
-    /// `free`: each agent's free cpu and memory, taken before the allocation run; an agent is
-    /// offered whole, so it is not placed on twice within a run.
+    /// `free`: each agent's free cpu and memory as before the allocation run (the caller keeps
+    /// it as its agents change, not rebuilt each run); an agent is offered whole, so it is not
+    /// placed on twice within a run.
     pub fn new(
         target: &'a TargetWorkload,
         devices: &'a DeviceBook,
-        free: HashMap<AgentKey, CpuMemFree>,
+        free: &'a HashMap<AgentKey, CpuMemFree>,
         selection: DeviceSelection,
     ) -> Self {
         DeviceFragmentScore {
@@ -1094,13 +1095,9 @@ mod tests {
             memory_mib: 1 << 20,
         };
         let free: HashMap<AgentKey, CpuMemFree> = [(1, free), (2, free), (3, free)].into();
-        let pack = DeviceFragmentScore::new(
-            &target,
-            &book,
-            free.clone(),
-            DeviceSelection::MostUsedThatFits,
-        );
-        let spread = DeviceFragmentScore::new(&target, &book, free, DeviceSelection::LeastUsed);
+        let pack =
+            DeviceFragmentScore::new(&target, &book, &free, DeviceSelection::MostUsedThatFits);
+        let spread = DeviceFragmentScore::new(&target, &book, &free, DeviceSelection::LeastUsed);
         let d3 = demand("cpus:1;gpu_milli:300");
         // Packing puts 0.3 on the 700 GPU of agent 1: 400 left, stranded for a half GPU.
         assert_eq!(pack.growth(1, &d3), 400);
