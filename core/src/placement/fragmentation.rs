@@ -1152,12 +1152,9 @@ mod tests {
             cpu_milli: 64_000,
             memory_mib: 1 << 20,
         };
-        let pack = DeviceFragmentScore::new(
-            &target,
-            &book,
-            [(1, free)].into(),
-            DeviceSelection::MostUsedThatFits,
-        );
+        let agents = [(1, free)].into();
+        let pack =
+            DeviceFragmentScore::new(&target, &book, &agents, DeviceSelection::MostUsedThatFits);
         let d = demand("cpus:1;gpu_milli:230");
         // 0.23 on the 350 leaves 120, none of it fillable (30 was: 350 = 320 + 30): +90; on
         // the whole GPU it leaves 770 = 230 + 470 + 70: +70. The best fit would take GPU 0.

@@ -486,12 +486,12 @@ impl RingSet {
     /// `fits` (the caller's promise, [`set_grade`](RingSet::set_grade)), without walking past
     /// those agents (one range per grade, merged in (free, key) order). A short walk stays
     /// plain: the merge costs a tree descent per grade.
-    pub fn best_fits_across(
+    pub fn best_fits_across<F: Fn(AgentKey) -> bool + ?Sized>(
         &self,
         buckets: std::ops::RangeInclusive<usize>,
         need: u64,
         grade: u8,
-        fits: &dyn Fn(AgentKey) -> bool,
+        fits: &F,
         k: usize,
         out: &mut Candidates,
     ) {
@@ -526,7 +526,7 @@ impl RingSet {
                         let upper = self.layout().range(last).1;
                         let to = upper.map_or(Bound::Unbounded, |u| Bound::Excluded((u, 0)));
                         let from = Bound::Excluded((free, key));
-                        return grades.merged((from, to), grade, fits, k, out);
+                        return grades.merged((from, to), grade, &|key| fits(key), k, out);
                     }
                 }
             }

@@ -403,10 +403,10 @@ fn leftover_search(
 /// the largest fitting agents of at most [`LARGEST_BUCKETS`] buckets from the top down, all
 /// above the last bucket taken. O((k + largest) log n) ordered-set steps plus the buckets
 /// visited, and `k + largest` calls of `score` and `cpu_left`.
-fn scored_search(
+fn scored_search<F: Fn(AgentKey) -> bool>(
     ring: &RingSet,
     need: u64,
-    fitting: &dyn Fn(AgentKey) -> bool,
+    fitting: &F,
     (k, largest, grade): (usize, usize, u8),
     demand: &Resources,
     score: &dyn AgentScore,
