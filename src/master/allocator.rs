@@ -110,23 +110,19 @@ impl Allocator {
     ) -> (AgentKey, Result<(), DeviceError>) {
         let key = self.cluster.add_agent(total);
         let devices = self.devices.set_agent(key, devices);
-        self.regrade(key);
-        self.note_free(key);
+        self.changed(key);
         self.agent_by_key.insert(key, id.to_string());
         (key, devices)
     }
 
-    /// Keeps `device_free` for the agent after its free resources or devices changed.
-    fn note_free(&mut self, key: AgentKey) {
-        note_free_in(&mut self.device_free, &self.cluster, &self.devices, key);
-    }
-
-    /// Files the agent in the `gpu_milli` ring under its devices' grade
-    /// ([`DeviceBook::grade`]), after its devices changed: a slice's ring walk then passes no
-    /// more than a few agents whose free share is spread over devices too small for it.
-    fn regrade(&mut self, key: AgentKey) {
+    /// After the agent's free resources or devices changed: files it in the `gpu_milli` ring
+    /// under its devices' grade ([`DeviceBook::grade`]; a slice's ring walk then passes no more
+    /// than a few agents whose free share is spread over devices too small for it), and keeps
+    /// `device_free`.
+    fn changed(&mut self, key: AgentKey) {
         self.cluster
             .set_grade(key, GPU_MILLI, self.devices.grade(key));
+        note_free_in(&mut self.device_free, &self.cluster, &self.devices, key);
     }
 
     /// Drops an agent from the cluster, the device book and the key map.
@@ -178,7 +174,7 @@ impl Allocator {
     ) -> Result<(), PlacementError> {
         self.cluster.take(agent, resources)?;
         self.drf.allocated(framework, resources);
-        self.note_free(agent);
+        self.changed(agent);
         Ok(())
     }
 
@@ -196,7 +192,7 @@ impl Allocator {
         }
         if let Some(agent) = agent {
             let _ = self.cluster.give_back(agent, resources);
-            self.note_free(agent);
+            self.changed(agent);
         }
     }
 
@@ -229,9 +225,8 @@ impl Allocator {
             if let Err(e) = self.devices.take(agent, binding) {
                 problems.devices = Some(e);
             }
-            self.regrade(agent);
         }
-        self.note_free(agent);
+        self.changed(agent);
         problems
     }
 
@@ -247,8 +242,7 @@ impl Allocator {
         if let Some(agent) = agent {
             let _ = self.cluster.give_back(agent, resources);
             self.devices.release(agent, binding);
-            self.regrade(agent);
-            self.note_free(agent);
+            self.changed(agent);
         }
         if let Some(framework) = framework {
             self.drf.unallocated(framework, resources);

@@ -16,6 +16,7 @@
 
 use super::trace::GPU_MILLI;
 use ringmaster_core::devices::{select_shares, DeviceSelection};
+use ringmaster_core::placement::devices::share_grade;
 use ringmaster_core::placement::fragmentation::TaskShape;
 
 /// The device selection the simulator binds GPUs by when no score chose them: best fit
@@ -54,20 +55,15 @@ impl Shape {
         if self.gpu_milli == GPU_MILLI {
             idle_grade(self.num_gpu)
         } else if self.num_gpu == 1 {
-            slice_grade(self.gpu_milli)
+            share_grade(self.gpu_milli)
         } else {
             0
         }
     }
 }
 
-/// The grade of a slice, or of a node's largest free part of a GPU: 0–3, by quarters of a
-/// GPU (below [`GPU_MILLI`]).
-fn slice_grade(milli: u32) -> u8 {
-    (milli.min(GPU_MILLI - 1) / (GPU_MILLI / 4)) as u8
-}
-
-/// The grade of a count of idle GPUs: 4 for 1, 5 for 2–3, 6 for 4–7, 7 for 8 or more
+/// The grade of a count of idle GPUs: 4 for 1 (the grade of a whole GPU's share,
+/// [`share_grade`]), 5 for 2–3, 6 for 4–7, 7 for 8 or more
 /// (nondecreasing in the count, so a node's grade below a task's means fewer idle GPUs than
 /// the task asks for).
 fn idle_grade(idle: u32) -> u8 {
@@ -130,7 +126,7 @@ impl NodeState {
     /// whole GPUs needs that many idle, a slice one GPU with that much free.
     pub fn grade(&self) -> u8 {
         match self.idle_gpus {
-            0 => slice_grade(self.max_gpu_free),
+            0 => share_grade(self.max_gpu_free),
             idle => idle_grade(idle),
         }
     }

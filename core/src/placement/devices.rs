@@ -46,8 +46,10 @@ impl AgentDevices {
     }
 }
 
-/// A share's grade: its quarter of a GPU (0–3), 4 for a whole GPU's share (1000 milli).
-fn share_grade(share: u32) -> u8 {
+/// A share's grade for a graded GPU ring: its quarter of a GPU (0–3), 4 for a whole GPU's
+/// share (1000 milli). Nondecreasing in the share, so a device's free share graded below a
+/// slice's cannot hold the slice. The master's device book and the simulator grade by it.
+pub fn share_grade(share: u32) -> u8 {
     match share {
         1000.. => 4,
         share => (share / 250) as u8,

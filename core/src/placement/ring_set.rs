@@ -52,7 +52,7 @@ pub const UNGRADED: u8 = (GRADES - 1) as u8;
 struct Grades {
     /// Each agent's grade by key ([`UNGRADED`] past the end).
     of: Vec<u8>,
-    by_grade: [BTreeSet<(u64, AgentKey)>; GRADES],
+    by_grade: [BTreeSet<Entry>; GRADES],
 }
 
 impl Grades {
@@ -322,11 +322,6 @@ impl RingSet {
         self.grades.as_ref().map_or(UNGRADED, |g| g.of(key))
     }
 
-    /// True once some agent has been graded.
-    pub fn is_graded(&self) -> bool {
-        self.grades.is_some()
-    }
-
     /// Refiles an agent whose free amount changed from `old` to `new`.
     pub fn relocate(&mut self, key: AgentKey, old: u64, new: u64) {
         if old != new {
@@ -452,30 +447,7 @@ impl RingSet {
         k: usize,
         out: &mut Candidates,
     ) {
-        out.clear();
-        if k == 0 {
-            return;
-        }
-        if need == 0 {
-            out.extend(
-                self.empty_members(bucket)
-                    .filter(|(_, key)| fits(*key))
-                    .take(k),
-            );
-        }
-        if out.len() < k {
-            if let Some(set) = self.buckets.get(bucket) {
-                // A plain loop: no iterator adapters between the tree and the check.
-                for &(free, key) in set.range((need, 0)..) {
-                    if fits(key) {
-                        out.push((free, key));
-                        if out.len() == k {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
+        self.best_fits_across(bucket..=bucket, need, 0, fits, k, out);
     }
 
     /// Up to `k` fitting agents of the buckets `buckets` (in order) with at least `need` free,
