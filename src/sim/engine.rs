@@ -38,6 +38,7 @@ use crate::dry_run::exact_cycle_input;
 use ringmaster_core::devices::select_shares_filling;
 use ringmaster_core::placement::fragmentation::{fgd_rank, slice_rank};
 use ringmaster_core::placement::placers::context::AgentScore;
+use ringmaster_core::placement::ring_set::ALL_CLASSES;
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
     PlacementError, PlacerKind, PriorityConfig, Request, RingsConfig, TieredRequest,
@@ -347,10 +348,16 @@ impl<'w> SimCluster<'w> {
                     _ => (RingsConfig::seed_001(), PlacerKind::Ring),
                 };
                 let mut cluster = Cluster::new(rings, kind);
+                // Nodes are classed by model only when some task names a model: the class
+                // index costs an ordered-set update per placement.
+                let classed = workload.shapes.iter().any(|s| s.classes() != ALL_CLASSES);
                 for (i, s) in states.iter().enumerate() {
                     let key = cluster.add_agent(scalar(s.cpu_total, s.memory_total, s.gpu_total()));
                     debug_assert_eq!(key, i, "agent keys follow node order");
                     cluster.set_grade(key, "gpus", s.grade());
+                    if classed {
+                        cluster.set_class(key, "gpus", s.class());
+                    }
                 }
                 let requests = workload
                     .shapes
@@ -502,12 +509,16 @@ impl<'w> SimCluster<'w> {
                     },
                     largest: target.names_models(),
                 };
-                // The ring walks only nodes whose GPU grade can take the task (`changed`).
+                // The ring walks only nodes whose GPU grade can take the task (`changed`), of
+                // the models it allows (`NodeState::class`).
                 let grade = s.grade();
                 let shape_grade = move |_: &Resources| grade;
+                let classes = s.classes();
+                let shape_classes = move |_: &Resources| classes;
                 let mut context = PlacementContext::default()
                     .with_score(&fragment_score)
-                    .with_grade(&shape_grade);
+                    .with_grade(&shape_grade)
+                    .with_classes(&shape_classes);
                 let agent = match policy {
                     // Not a cycle: the master has no such step (its ring spares `gpus` by
                     // itself, RingSearch::spare), and a cycle's allocation step always places

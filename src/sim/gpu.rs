@@ -18,6 +18,7 @@ use super::trace::GPU_MILLI;
 use ringmaster_core::devices::{select_shares, DeviceSelection};
 use ringmaster_core::placement::devices::share_grade;
 use ringmaster_core::placement::fragmentation::TaskShape;
+use ringmaster_core::placement::ring_set::{ALL_CLASSES, UNCLASSED};
 
 /// The device selection the simulator binds GPUs by when no score chose them: best fit
 /// (`most-used-that-fits`, "pack"), as the paper's policies do. The master's default is
@@ -58,6 +59,16 @@ impl Shape {
             share_grade(self.gpu_milli)
         } else {
             0
+        }
+    }
+
+    /// The ring classes whose nodes may take this task ([`NodeState::class`], bit `c` for
+    /// class `c`): the models it allows when it asks for GPUs and names some, else every
+    /// class (a CPU-only task runs on a node of any model).
+    pub fn classes(&self) -> u64 {
+        match (self.num_gpu, self.models) {
+            (0, _) | (_, 0) => ALL_CLASSES,
+            (_, models) => models,
         }
     }
 }
@@ -129,6 +140,16 @@ impl NodeState {
             0 => share_grade(self.max_gpu_free),
             idle => idle_grade(idle),
         }
+    }
+
+    /// The node's class in the ring's classed walk (`Cluster::set_class` on `gpus`): its GPU
+    /// model's index, [`UNCLASSED`] (walked for every task) without a model or for an index
+    /// past the classes. A task naming models can take a node only of one of them
+    /// ([`NodeState::model_allowed`]), so it never needs the other classes ([`Shape::classes`]).
+    pub fn class(&self) -> u8 {
+        self.model
+            .filter(|&m| m < u32::from(UNCLASSED))
+            .map_or(UNCLASSED, |m| m as u8)
     }
 
     pub fn new(cpu_milli: u64, memory_mib: u64, gpus: u32, model: Option<u32>) -> Self {
@@ -372,14 +393,15 @@ mod tests {
     proptest::proptest! {
         /// After any takes and gives back, `fits` (from the node's summary of its GPUs) agrees
         /// with counting the GPUs, for whole GPUs, shares of one and shares of several; and a
-        /// node that fits a task is graded at least as high as the task (the ring's graded walk
-        /// relies on it).
+        /// node that fits a task is graded at least as high as the task and is of a class the
+        /// task allows (the ring's graded and classed walks rely on both), whatever its model.
         #[test]
         fn fits_agrees_with_counting_the_gpus(
             gpus in 0u32..=8,
+            model in proptest::option::of(proptest::prop_oneof![0u32..3, 60u32..70]),
             steps in proptest::collection::vec((0u32..=3, 1u32..=1000, 0u64..256, proptest::bool::ANY), 0..40),
         ) {
-            let mut node = NodeState::new(64_000, 1000, gpus, Some(1));
+            let mut node = NodeState::new(64_000, 1000, gpus, model);
             let mut running: Vec<(Shape, GpuPick)> = Vec::new();
             for (num_gpu, milli, pick, give) in steps {
                 if give && !running.is_empty() {
@@ -398,7 +420,7 @@ mod tests {
                 }
                 for num_gpu in 0..=4 {
                     for milli in [1, 250, 500, 999, 1000, 1001] {
-                        for models in [0, 0b10, 0b01] {
+                        for models in [0, 0b10, 0b01, 0b110, 1 << 63 | 1 << 62] {
                             let mut s = shape(100, num_gpu, milli);
                             s.models = models;
                             proptest::prop_assert_eq!(
@@ -410,6 +432,10 @@ mod tests {
                                 proptest::prop_assert!(
                                     node.grade() >= s.grade(),
                                     "{:?} graded {} on {:?} graded {}", s, s.grade(), node, node.grade()
+                                );
+                                proptest::prop_assert!(
+                                    s.classes() & (1 << node.class() | 1 << UNCLASSED) != 0,
+                                    "{:?} allows {:b}, {:?} is of class {}", s, s.classes(), node, node.class()
                                 );
                             }
                         }

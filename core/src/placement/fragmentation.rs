@@ -98,10 +98,16 @@ pub struct TargetWorkload {
     total_weight: u64,
     feed: GpuFeed,
     fill: ShareFill,
-    /// The GPU shapes grouped for [`node_fragment`](Self::node_fragment).
+    /// The GPU shapes a node of a model no kept shape names may run (those naming no model),
+    /// grouped for [`node_fragment`](Self::node_fragment).
     groups: Vec<FragmentGroup>,
-    /// Some kept GPU shape may run on some GPU models only.
-    names_models: bool,
+    /// Bit m: some kept GPU shape names model m (below 64).
+    named_models: u64,
+    /// For each model m of `named_models`, at index m: the GPU shapes a node of model m may
+    /// run, grouped with their model lists left out (for that node they are alike), so a
+    /// node's fragment passes only the groups that count for it. Empty when no shape names a
+    /// model.
+    model_groups: Vec<Vec<FragmentGroup>>,
 }
 
 /// The kept GPU shapes that ask for the same GPUs (count, per-GPU share, models), by cpu: a
@@ -117,15 +123,17 @@ struct FragmentGroup {
 }
 
 impl FragmentGroup {
-    /// Groups the GPU shapes among `shapes`, in a fixed order.
-    fn of(shapes: &[TargetShape]) -> Vec<FragmentGroup> {
+    /// Groups the GPU shapes among `shapes` that a node of `model` may run, in a fixed order;
+    /// with `model`, their model lists are left out of the groups.
+    fn of(shapes: &[TargetShape], model: Option<u32>) -> Vec<FragmentGroup> {
         let mut gpu: Vec<(TaskShape, u64, u64)> = shapes
             .iter()
-            .filter(|t| t.shape.num_gpu > 0)
+            .filter(|t| t.shape.num_gpu > 0 && t.shape.model_allowed(model))
             .map(|t| {
                 let gpus = TaskShape {
                     cpu_milli: 0,
                     memory_mib: 0,
+                    models: if model.is_some() { 0 } else { t.shape.models },
                     ..t.shape
                 };
                 (gpus, t.shape.cpu_milli, t.weight)
@@ -195,10 +203,23 @@ impl TargetWorkload {
             covered += weight;
             shapes.push(TargetShape { shape, weight });
         }
-        let groups = FragmentGroup::of(&shapes);
+        let named_models = shapes
+            .iter()
+            .filter(|t| t.shape.num_gpu > 0)
+            .fold(0, |named, t| named | t.shape.models);
+        let model_groups = match named_models {
+            0 => Vec::new(),
+            _ => (0..64u32)
+                .map(|m| match named_models & 1 << m {
+                    0 => Vec::new(),
+                    _ => FragmentGroup::of(&shapes, Some(m)),
+                })
+                .collect(),
+        };
         TargetWorkload {
-            names_models: groups.iter().any(|g| g.gpus.models != 0),
-            groups,
+            groups: FragmentGroup::of(&shapes, None),
+            named_models,
+            model_groups,
             shapes,
             total_weight: covered,
             feed: feed.ratio(),
@@ -210,7 +231,15 @@ impl TargetWorkload {
     /// fragment of a node depends on its model, and nodes of a model few shapes need are worth
     /// offering to the score beside the best fits ([`AgentScore::ranks_largest`]).
     pub fn names_models(&self) -> bool {
-        self.names_models
+        self.named_models != 0
+    }
+
+    /// The groups that count for a node of `model` ([`TargetWorkload::model_groups`]).
+    fn groups_for(&self, model: Option<u32>) -> &[FragmentGroup] {
+        match model.filter(|&m| m < 64 && self.named_models & 1 << m != 0) {
+            Some(m) => &self.model_groups[m as usize],
+            None => &self.groups,
+        }
     }
 
     /// Which GPU a slice should take, from the target's popular slice sizes ([`ShareFill`]).
@@ -270,10 +299,7 @@ impl TargetWorkload {
         // Every shape strands all free GPU but those that fit, which strand all but the free
         // GPU on the GPUs holding their share: subtract that part, by group.
         let mut kept = 0u64;
-        for FragmentGroup { gpus, by_cpu } in &self.groups {
-            if !gpus.model_allowed(model) {
-                continue;
-            }
+        for FragmentGroup { gpus, by_cpu } in self.groups_for(model) {
             let usable = sorted.partition_point(|&g| g >= gpus.gpu_milli);
             if usable < gpus.num_gpu as usize {
                 continue;

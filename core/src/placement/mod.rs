@@ -440,8 +440,10 @@ impl Cluster {
                 // The key will be reused: the next agent starts from 0 here, ungraded.
                 self.free_table.set(key, d, 0);
                 dimension.ring.set_grade(key, 0, ring_set::UNGRADED);
+                dimension.ring.set_class(key, 0, ring_set::UNCLASSED);
                 if let Some(plain) = &mut dimension.plain {
                     plain.set_grade(key, 0, ring_set::UNGRADED);
+                    plain.set_class(key, 0, ring_set::UNCLASSED);
                 }
                 self.total.set_milli(name, clamp_sum(dimension.total));
             }
@@ -693,16 +695,35 @@ impl Cluster {
     /// Nothing happens for an unknown agent or a dimension no agent has had. A removed agent's
     /// grade is forgotten.
     pub fn set_grade(&mut self, key: AgentKey, dimension: &str, grade: u8) {
+        self.label(key, dimension, |ring, free| {
+            ring.set_grade(key, free, grade)
+        });
+    }
+
+    /// Files the agent under `class` in the ring of `dimension` ([`RingSet::set_class`]): the
+    /// caller promises that the agent cannot take a demand whose classes
+    /// ([`PlacementContext::with_classes`]) leave `class` out, so the ring search need not walk
+    /// past it. A class is the agent's for as long as it is there (the simulator files each
+    /// node under its GPU model). Nothing happens for an unknown agent or a dimension no agent
+    /// has had. A removed agent's class is forgotten.
+    pub fn set_class(&mut self, key: AgentKey, dimension: &str, class: u8) {
+        self.label(key, dimension, |ring, free| {
+            ring.set_class(key, free, class)
+        });
+    }
+
+    /// Applies `label` to the rings of `dimension` (the plain one too, for when the agent is,
+    /// or is filed, there) with the agent's free amount there.
+    fn label(&mut self, key: AgentKey, dimension: &str, label: impl Fn(&mut RingSet, u64)) {
         if !self.agents.contains(key) {
             return;
         }
         if let Some(&d) = self.index.get(dimension) {
             let free = self.free_table.get(key, d);
             let dimension = &mut self.dimensions[d];
-            dimension.ring.set_grade(key, free, grade);
-            // The plain ring keeps the grade too, for when the agent is (or is filed) there.
+            label(&mut dimension.ring, free);
             if let Some(plain) = &mut dimension.plain {
-                plain.set_grade(key, free, grade);
+                label(plain, free);
             }
         }
     }

@@ -17,6 +17,12 @@
 //! the plain walk. The agents of lower grade are the ones a device check would refuse one by
 //! one: on a GPU-sharing-heavy workload, nodes whose free GPU adds up to the slice while no
 //! single GPU holds it.
+//!
+//! A ring may also be *classed* ([`RingSet::set_class`]): the caller files each agent under a
+//! class that never changes while the agent is there (the simulator: its GPU model), and a
+//! search for a demand that only agents of some classes can take ([`Reach::classes`]) walks
+//! only those classes' agents, again in the plain walk's order: on a workload where a third of
+//! the GPU tasks name a GPU model, the walk no longer passes the nodes of every other model.
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
@@ -46,32 +52,185 @@ pub const GRADED_AFTER: usize = 8;
 /// it.
 pub const UNGRADED: u8 = (GRADES - 1) as u8;
 
-/// A graded ring's second index: its agents with more than 0 free, by grade, each grade's set
-/// in the buckets' (free, key) order.
-#[derive(Clone, Debug, Default)]
-struct Grades {
-    /// Each agent's grade by key ([`UNGRADED`] past the end).
-    of: Vec<u8>,
-    by_grade: [BTreeSet<Entry>; GRADES],
+/// How many classes a classed ring tells apart ([`RingSet::set_class`]).
+pub const CLASSES: usize = 64;
+
+/// The class of an agent the caller has not classed: every classed search walks it.
+pub const UNCLASSED: u8 = (CLASSES - 1) as u8;
+
+/// Every class ([`Reach::classes`]): no agent is skipped for its class.
+pub const ALL_CLASSES: u64 = u64::MAX;
+
+/// Which agents a ring walk may leave out unchecked, on the caller's promise that they cannot
+/// take the demand: those graded below `grade` ([`RingSet::set_grade`]) and those whose class
+/// (bit `class` of `classes`, [`RingSet::set_class`]) is not set. [`Reach::ALL`] leaves out
+/// none: the plain walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reach {
+    pub grade: u8,
+    pub classes: u64,
 }
 
-impl Grades {
+impl Reach {
+    /// Every agent.
+    pub const ALL: Reach = Reach {
+        grade: 0,
+        classes: ALL_CLASSES,
+    };
+
+    /// Every agent of grade `grade` or more.
+    pub fn graded(grade: u8) -> Reach {
+        Reach {
+            grade,
+            ..Reach::ALL
+        }
+    }
+
+    /// The classes walked: the caller's and [`UNCLASSED`].
+    fn walked_classes(&self) -> u64 {
+        self.classes | 1 << UNCLASSED
+    }
+}
+
+impl Default for Reach {
+    fn default() -> Self {
+        Reach::ALL
+    }
+}
+
+/// The entries of several ordered sets within one range, merged in (free, key) order,
+/// ascending or (`down`) descending: a walk of their union without building it.
+struct Merged<'a> {
+    heads: SmallVec<[(Entry, std::collections::btree_set::Range<'a, Entry>); 8]>,
+    down: bool,
+}
+
+impl<'a> Merged<'a> {
+    fn new(
+        sets: impl Iterator<Item = &'a BTreeSet<Entry>>,
+        range: (Bound<Entry>, Bound<Entry>),
+        down: bool,
+    ) -> Self {
+        let mut heads = SmallVec::new();
+        for set in sets {
+            let mut range = set.range(range);
+            let first = match down {
+                false => range.next(),
+                true => range.next_back(),
+            };
+            if let Some(&first) = first {
+                heads.push((first, range));
+            }
+        }
+        Merged { heads, down }
+    }
+}
+
+impl Iterator for Merged<'_> {
+    type Item = Entry;
+
+    #[inline]
+    fn next(&mut self) -> Option<Entry> {
+        let heads = &mut self.heads;
+        let mut next = 0;
+        for i in 1..heads.len() {
+            if (heads[i].0 < heads[next].0) != self.down {
+                next = i;
+            }
+        }
+        let (entry, range) = heads.get_mut(next)?;
+        let found = *entry;
+        let following = match self.down {
+            false => range.next(),
+            true => range.next_back(),
+        };
+        match following {
+            Some(&following) => *entry = following,
+            None => drop(heads.swap_remove(next)),
+        }
+        Some(found)
+    }
+}
+
+/// A graded or classed ring's second index: its agents with more than 0 free by a small label
+/// (a grade, [`RingSet::set_grade`], or a class, [`RingSet::set_class`]), each label's set in
+/// the buckets' (free, key) order.
+#[derive(Clone, Debug)]
+struct Labels {
+    /// Each agent's label by key (`unlabelled` past the end).
+    of: Vec<u8>,
+    /// The label of an agent never labelled: the one every restricted walk takes.
+    unlabelled: u8,
+    sets: Vec<BTreeSet<Entry>>,
+}
+
+impl Labels {
+    /// `count` labels, every agent of `positive` (the ring's agents with more than 0 free)
+    /// under `unlabelled`.
+    fn new(count: usize, unlabelled: u8, positive: impl Iterator<Item = Entry>) -> Box<Labels> {
+        let mut sets = vec![BTreeSet::new(); count];
+        sets[usize::from(unlabelled)] = positive.collect();
+        Box::new(Labels {
+            of: Vec::new(),
+            unlabelled,
+            sets,
+        })
+    }
+
     fn of(&self, key: AgentKey) -> u8 {
-        self.of.get(key).copied().unwrap_or(UNGRADED)
+        self.of.get(key).copied().unwrap_or(self.unlabelled)
+    }
+
+    fn insert(&mut self, (free, key): Entry) {
+        let label = self.of(key);
+        self.sets[usize::from(label)].insert((free, key));
+    }
+
+    fn remove(&mut self, (free, key): Entry) {
+        let label = self.of(key);
+        self.sets[usize::from(label)].remove(&(free, key));
+    }
+
+    /// Files the agent, `free` free, under `label`.
+    fn relabel(&mut self, key: AgentKey, free: u64, label: u8) {
+        let old = self.of(key);
+        if old == label {
+            return;
+        }
+        if key >= self.of.len() {
+            self.of.resize(key + 1, self.unlabelled);
+        }
+        self.of[key] = label;
+        if free > 0 && self.sets[usize::from(old)].remove(&(free, key)) {
+            self.sets[usize::from(label)].insert((free, key));
+        }
+    }
+
+    /// The entries of the labels in `labels` (bit l for label l) within `range`, merged.
+    fn merged(&self, range: (Bound<Entry>, Bound<Entry>), labels: u64, down: bool) -> Merged<'_> {
+        let sets = self
+            .sets
+            .iter()
+            .enumerate()
+            .filter(move |&(label, _)| labels & 1 << label != 0)
+            .map(|(_, set)| set);
+        Merged::new(sets, range, down)
     }
 
     /// Appends to `out`, up to `k` in all, the agents of grade `grade` or more with (free, key)
-    /// in `range` that `fits` accepts, in (free, key) order: one range per grade, merged.
-    fn merged(
+    /// in `range` that `fits` accepts, in (free, key) order: one range per grade, merged. The
+    /// graded walk's own loop rather than [`Merged`]: on the hottest path (every slice of a
+    /// GPU-sharing-heavy workload) it measured faster (docs/results.md, "Stop 38").
+    fn graded<F: Fn(AgentKey) -> bool + ?Sized>(
         &self,
         range: (Bound<Entry>, Bound<Entry>),
         grade: u8,
-        fits: &dyn Fn(AgentKey) -> bool,
+        fits: &F,
         k: usize,
         out: &mut Candidates,
     ) {
         let mut heads: SmallVec<[_; GRADES]> = SmallVec::new();
-        for set in &self.by_grade[usize::from(grade.min(UNGRADED))..] {
+        for set in &self.sets[usize::from(grade.min(UNGRADED))..] {
             let mut range = set.range(range);
             if let Some(&first) = range.next() {
                 heads.push((first, range));
@@ -93,6 +252,43 @@ impl Grades {
             if fits(key) {
                 out.push((free, key));
             }
+        }
+    }
+}
+
+/// Files the agent `key`, `free` free, under `label` (at most the kind's unlabelled one) in
+/// `labels` of a kind of `count` labels: the first label other than the unlabelled one builds
+/// the index from the ring's `buckets`, every agent in it unlabelled.
+fn set_label(
+    labels: &mut Option<Box<Labels>>,
+    buckets: &[BTreeSet<Entry>],
+    (count, unlabelled): (usize, u8),
+    (key, free): (AgentKey, u64),
+    label: u8,
+) {
+    let label = label.min(unlabelled);
+    if labels.is_none() && label != unlabelled {
+        let positive = buckets.iter().flatten().copied();
+        *labels = Some(Labels::new(count, unlabelled, positive));
+    }
+    if let Some(labels) = labels {
+        labels.relabel(key, free, label);
+    }
+}
+
+/// Appends to `out` the entries `fitting` accepts until `out` holds `k`.
+fn take_fitting<F: Fn(AgentKey) -> bool + ?Sized>(
+    entries: impl Iterator<Item = Entry>,
+    fits: &F,
+    k: usize,
+    out: &mut Candidates,
+) {
+    for (free, key) in entries {
+        if out.len() >= k {
+            return;
+        }
+        if fits(key) {
+            out.push((free, key));
         }
     }
 }
@@ -213,7 +409,9 @@ pub struct RingSet {
     /// Agents in `buckets` (those with more than 0 free).
     positive: usize,
     /// The grades, once the caller has graded some agent.
-    grades: Option<Box<Grades>>,
+    grades: Option<Box<Labels>>,
+    /// The classes, once the caller has classed some agent.
+    classes: Option<Box<Labels>>,
 }
 
 impl RingSet {
@@ -228,6 +426,7 @@ impl RingSet {
             zero_bucket,
             positive: 0,
             grades: None,
+            classes: None,
         }
     }
 
@@ -266,9 +465,8 @@ impl RingSet {
         if self.buckets[b].insert((free, key)) {
             self.positive += 1;
         }
-        if let Some(grades) = &mut self.grades {
-            let g = grades.of(key);
-            grades.by_grade[usize::from(g)].insert((free, key));
+        for labels in [&mut self.grades, &mut self.classes].into_iter().flatten() {
+            labels.insert((free, key));
         }
     }
 
@@ -280,11 +478,42 @@ impl RingSet {
         let b = self.bucket_of(free);
         let removed = self.buckets[b].remove(&(free, key));
         self.positive -= usize::from(removed);
-        if let Some(grades) = self.grades.as_mut().filter(|_| removed) {
-            let g = grades.of(key);
-            grades.by_grade[usize::from(g)].remove(&(free, key));
+        if removed {
+            for labels in [&mut self.grades, &mut self.classes].into_iter().flatten() {
+                labels.remove((free, key));
+            }
         }
         removed
+    }
+
+    /// Files the agent, whose free amount here is `free`, under `class` (below [`CLASSES`];
+    /// higher is taken as [`UNCLASSED`]). The first class given makes the ring classed, every
+    /// agent not classed yet at [`UNCLASSED`]. The caller keeps the promise a classed search
+    /// relies on: an agent whose class a demand's [`Reach::classes`] leaves out cannot take
+    /// that demand.
+    pub fn set_class(&mut self, key: AgentKey, free: u64, class: u8) {
+        let kind = (CLASSES, UNCLASSED);
+        set_label(&mut self.classes, &self.buckets, kind, (key, free), class);
+    }
+
+    /// The agent's class ([`UNCLASSED`] unless [`set_class`](RingSet::set_class) said).
+    pub fn class(&self, key: AgentKey) -> u8 {
+        self.classes.as_ref().map_or(UNCLASSED, |c| c.of(key))
+    }
+
+    /// The class index to walk for a demand of `need` reaching `reach`: only when some class
+    /// is left out, and for a positive need (agents with 0 free are not in it).
+    fn classed(&self, need: u64, reach: Reach) -> Option<&Labels> {
+        let restricted = reach.walked_classes() != ALL_CLASSES;
+        self.classes.as_deref().filter(|_| need > 0 && restricted)
+    }
+
+    /// The (free, key) range of buckets `first..=last` from `need` up.
+    fn span(&self, first: usize, last: usize, need: u64) -> (Bound<Entry>, Bound<Entry>) {
+        let lower = self.layout().range(first).0.max(need);
+        let upper = self.layout().range(last).1;
+        let to = upper.map_or(Bound::Unbounded, |u| Bound::Excluded((u, 0)));
+        (Bound::Included((lower, 0)), to)
     }
 
     /// Files the agent, whose free amount here is `free`, under `grade` (at most [`UNGRADED`];
@@ -292,29 +521,8 @@ impl RingSet {
     /// agent not graded yet at [`UNGRADED`]. The caller keeps the promise a graded search
     /// relies on: an agent of grade below a demand's cannot take that demand.
     pub fn set_grade(&mut self, key: AgentKey, free: u64, grade: u8) {
-        let grade = grade.min(UNGRADED);
-        if self.grades.is_none() {
-            if grade == UNGRADED {
-                return;
-            }
-            let mut grades = Box::<Grades>::default();
-            grades.by_grade[usize::from(UNGRADED)] = self.ascending_positive().collect();
-            self.grades = Some(grades);
-        }
-        let Some(grades) = &mut self.grades else {
-            return;
-        };
-        let old = grades.of(key);
-        if old == grade {
-            return;
-        }
-        if key >= grades.of.len() {
-            grades.of.resize(key + 1, UNGRADED);
-        }
-        grades.of[key] = grade;
-        if free > 0 && grades.by_grade[usize::from(old)].remove(&(free, key)) {
-            grades.by_grade[usize::from(grade)].insert((free, key));
-        }
+        let kind = (GRADES, UNGRADED);
+        set_label(&mut self.grades, &self.buckets, kind, (key, free), grade);
     }
 
     /// The agent's grade ([`UNGRADED`] unless [`set_grade`](RingSet::set_grade) said).
@@ -447,22 +655,24 @@ impl RingSet {
         k: usize,
         out: &mut Candidates,
     ) {
-        self.best_fits_across(bucket..=bucket, need, 0, fits, k, out);
+        self.best_fits_across(bucket..=bucket, need, Reach::ALL, fits, k, out);
     }
 
     /// Up to `k` fitting agents of the buckets `buckets` (in order) with at least `need` free,
     /// in best-fit order across the buckets: what [`best_fits`](RingSet::best_fits) finds
     /// bucket after bucket, appended to `out` (cleared first). In a graded ring, after
     /// [`GRADED_AFTER`] agents that do not fit, the rest of the walk takes only the agents of
-    /// grade `grade` or more: the same candidates whenever every agent of lower grade fails
-    /// `fits` (the caller's promise, [`set_grade`](RingSet::set_grade)), without walking past
-    /// those agents (one range per grade, merged in (free, key) order). A short walk stays
-    /// plain: the merge costs a tree descent per grade.
+    /// grade `reach.grade` or more: the same candidates whenever every agent of lower grade
+    /// fails `fits` (the caller's promise, [`set_grade`](RingSet::set_grade)), without walking
+    /// past those agents (one range per grade, merged in (free, key) order). A short walk stays
+    /// plain: the merge costs a tree descent per grade. In a classed ring a demand that leaves
+    /// out some class walks only the others' agents from the start (one range per class,
+    /// merged), on the same promise ([`set_class`](RingSet::set_class)).
     pub fn best_fits_across<F: Fn(AgentKey) -> bool + ?Sized>(
         &self,
         buckets: std::ops::RangeInclusive<usize>,
         need: u64,
-        grade: u8,
+        reach: Reach,
         fits: &F,
         k: usize,
         out: &mut Candidates,
@@ -472,6 +682,12 @@ impl RingSet {
         if k == 0 || first > last || last >= self.buckets.len() {
             return;
         }
+        if let Some(classes) = self.classed(need, reach) {
+            let range = self.span(first, last, need);
+            let entries = classes.merged(range, reach.walked_classes(), false);
+            return take_fitting(entries, fits, k, out);
+        }
+        let grade = reach.grade;
         if need == 0 {
             out.extend(
                 self.empty_members(first)
@@ -498,7 +714,7 @@ impl RingSet {
                         let upper = self.layout().range(last).1;
                         let to = upper.map_or(Bound::Unbounded, |u| Bound::Excluded((u, 0)));
                         let from = Bound::Excluded((free, key));
-                        return grades.merged((from, to), grade, &|key| fits(key), k, out);
+                        return grades.graded((from, to), grade, fits, k, out);
                     }
                 }
             }
@@ -507,11 +723,13 @@ impl RingSet {
 
     /// Up to `k` fitting agents of one bucket for the downward phase: the first is
     /// [`largest_fit`](RingSet::largest_fit)'s answer, the others the next largest. `out` is
-    /// cleared first.
+    /// cleared first. In a classed ring, a demand whose `reach` leaves out some class walks
+    /// only the other classes' agents ([`best_fits_across`](RingSet::best_fits_across)).
     pub fn largest_fits(
         &self,
         bucket: usize,
         need: u64,
+        reach: Reach,
         fits: &dyn Fn(AgentKey) -> bool,
         k: usize,
         out: &mut Candidates,
@@ -519,6 +737,9 @@ impl RingSet {
         out.clear();
         if k == 0 {
             return;
+        }
+        if let Some(classes) = self.classed(need, reach).filter(|_| bucket < self.len()) {
+            return self.largest_fits_classed(classes, bucket, need, reach, fits, k, out);
         }
         let Some(first) = self.largest_fit(bucket, need, fits) else {
             return;
@@ -549,6 +770,39 @@ impl RingSet {
                 }
             }
         }
+    }
+
+    /// [`largest_fits`](RingSet::largest_fits) among the classes `reach` walks: the same
+    /// steps over their sets merged, within the bucket's amounts.
+    #[allow(clippy::too_many_arguments)]
+    fn largest_fits_classed(
+        &self,
+        classes: &Labels,
+        bucket: usize,
+        need: u64,
+        reach: Reach,
+        fits: &dyn Fn(AgentKey) -> bool,
+        k: usize,
+        out: &mut Candidates,
+    ) {
+        let walked = reach.walked_classes();
+        let (lower, upper) = self.span(bucket, bucket, need);
+        // The largest fitting amount, then the lowest fitting key with it.
+        let Some((free, highest)) = classes
+            .merged((lower, upper), walked, true)
+            .find(|&(_, key)| fits(key))
+        else {
+            return;
+        };
+        let same = (Bound::Included((free, 0)), Bound::Included((free, highest)));
+        let first = classes
+            .merged(same, walked, false)
+            .find(|&(_, key)| fits(key))
+            .unwrap_or((free, highest));
+        out.push(first);
+        let below = (lower, Bound::Included((free, AgentKey::MAX)));
+        let rest = classes.merged(below, walked, true).filter(|&e| e != first);
+        take_fitting(rest, fits, k, out);
     }
 }
 
@@ -613,11 +867,11 @@ mod tests {
         assert_eq!(out[..], [(1500, 1), (1800, 4)]);
         ring.best_fits(1, 1000, &all, 0, &mut out);
         assert!(out.is_empty());
-        ring.largest_fits(1, 0, &all, 3, &mut out);
+        ring.largest_fits(1, 0, Reach::ALL, &all, 3, &mut out);
         assert_eq!(out[..], [(1800, 3), (1800, 4), (1500, 1)]);
-        ring.largest_fits(1, 1600, &|k| k != 3, 3, &mut out);
+        ring.largest_fits(1, 1600, Reach::ALL, &|k| k != 3, 3, &mut out);
         assert_eq!(out[..], [(1800, 4)]);
-        ring.largest_fits(2, 0, &all, 3, &mut out);
+        ring.largest_fits(2, 0, Reach::ALL, &all, 3, &mut out);
         assert!(out.is_empty());
     }
 
@@ -693,7 +947,7 @@ mod tests {
             key % 2 == 0
         };
         let mut out = Candidates::new();
-        ring.best_fits_across(1..=3, 1000, 2, &even, 10, &mut out);
+        ring.best_fits_across(1..=3, 1000, Reach::graded(2), &even, 10, &mut out);
         let expected: Vec<(u64, AgentKey)> =
             (0..20).step_by(2).map(|k| (1500 + k as u64, k)).collect();
         assert_eq!(out[..], expected[..]);
@@ -701,12 +955,66 @@ mod tests {
         assert_eq!(checked.get(), 2 * GRADED_AFTER + 2);
         // Grade 0 is the plain walk: every agent up to the tenth even one.
         checked.set(0);
-        ring.best_fits_across(1..=3, 1000, 0, &even, 10, &mut out);
+        ring.best_fits_across(1..=3, 1000, Reach::ALL, &even, 10, &mut out);
         assert_eq!((out[..] == expected[..], checked.get()), (true, 19));
         // Past the window's last bucket nothing is taken; agent 29 (3.5 free) is in bucket 3.
-        ring.best_fits_across(1..=1, 1000, 1, &|_| true, 40, &mut out);
+        ring.best_fits_across(1..=1, 1000, Reach::graded(1), &|_| true, 40, &mut out);
         assert_eq!(out.len(), 29);
-        ring.best_fits_across(1..=3, 1000, 1, &|k| k == 29, 40, &mut out);
+        ring.best_fits_across(1..=3, 1000, Reach::graded(1), &|k| k == 29, 40, &mut out);
         assert_eq!(out[..], [(3500, 29)]);
+    }
+
+    #[test]
+    fn a_classed_walk_checks_only_the_classes_the_demand_allows() {
+        // 30 agents with 1.5 GPUs free, keys 0..30, of class key % 3; agent 29 unclassed.
+        let mut ring = four_buckets("gpus", 3);
+        for key in 0..30 {
+            ring.insert(key, 1500 + key as u64);
+        }
+        assert_eq!(ring.class(3), UNCLASSED);
+        for key in 0..29 {
+            ring.set_class(key, 1500 + key as u64, (key % 3) as u8);
+        }
+        // Filed again at another amount, an agent keeps its class.
+        ring.relocate(27, 1527, 3500);
+        assert_eq!(ring.class(27), 0);
+        let checked = std::cell::Cell::new(0);
+        let of_class_0 = |key: AgentKey| {
+            checked.set(checked.get() + 1);
+            key % 3 == 0
+        };
+        let class_0 = Reach {
+            classes: 1,
+            ..Reach::ALL
+        };
+        let mut out = Candidates::new();
+        ring.best_fits_across(1..=3, 1000, class_0, &of_class_0, 40, &mut out);
+        let expected: Vec<(u64, AgentKey)> = (0..27)
+            .step_by(3)
+            .map(|k| (1500 + k as u64, k))
+            .chain([(3500, 27)])
+            .collect();
+        assert_eq!(out[..], expected[..]);
+        // Only class 0 and the unclassed agent 29 were checked.
+        assert_eq!(checked.get(), 11);
+        // Every class is the plain walk: all 30 checked.
+        checked.set(0);
+        ring.best_fits_across(1..=3, 1000, Reach::ALL, &of_class_0, 40, &mut out);
+        assert_eq!((out[..] == expected[..], checked.get()), (true, 30));
+        // The downward phase: the largest of the class first, then down; the lowest key among
+        // equals first.
+        ring.relocate(24, 1524, 3500);
+        checked.set(0);
+        ring.largest_fits(3, 1000, class_0, &of_class_0, 2, &mut out);
+        assert_eq!(
+            (&out[..], checked.get()),
+            (&[(3500, 24), (3500, 27)][..], 3)
+        );
+        ring.largest_fits(1, 1000, class_0, &of_class_0, 3, &mut out);
+        assert_eq!(out[..], [(1521, 21), (1518, 18), (1515, 15)]);
+        // A removed agent leaves its class's set; an unclassed ring walks plain.
+        assert!(ring.remove(21, 1521));
+        ring.largest_fits(1, 1000, class_0, &of_class_0, 1, &mut out);
+        assert_eq!(out[..], [(1518, 18)]);
     }
 }

@@ -17,6 +17,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
+use crate::placement::ring_set::{Reach, ALL_CLASSES};
 use crate::placement::{AgentKey, Cluster, Resources};
 
 /// How far the configured initial weights may sum from 1 (they are then scaled to exactly 1).
@@ -191,6 +192,7 @@ pub struct PlacementContext<'s> {
     cache: Option<WeightCache>,
     score: Option<&'s dyn AgentScore>,
     grade: Option<&'s dyn Fn(&Resources) -> u8>,
+    classes: Option<&'s dyn Fn(&Resources) -> u64>,
 }
 
 impl std::fmt::Debug for PlacementContext<'_> {
@@ -201,6 +203,7 @@ impl std::fmt::Debug for PlacementContext<'_> {
             .field("cache", &self.cache)
             .field("score", &self.score.map(|_| "caller's"))
             .field("grade", &self.grade.map(|_| "caller's"))
+            .field("classes", &self.classes.map(|_| "caller's"))
             .finish()
     }
 }
@@ -242,6 +245,27 @@ impl<'s> PlacementContext<'s> {
     /// agent).
     pub fn grade_of(&self, demand: &Resources) -> u8 {
         self.grade.map_or(0, |grade| grade(demand))
+    }
+
+    /// The classes whose agents may take a demand ([`Cluster::set_class`]), bit `c` for class
+    /// `c`: the ring search then walks only those classes' agents (and the unclassed) in a
+    /// classed ring. `classes` must keep every class of an agent able to take the demand, or
+    /// the search misses that agent.
+    ///
+    /// [`Cluster::set_class`]: crate::placement::Cluster::set_class
+    pub fn with_classes(mut self, classes: &'s dyn Fn(&Resources) -> u64) -> Self {
+        self.classes = Some(classes);
+        self
+    }
+
+    /// Which agents the ring search may leave out for `demand`: those graded below its grade
+    /// ([`with_grade`](Self::with_grade)) and those of a class it leaves out
+    /// ([`with_classes`](Self::with_classes)); without either, none.
+    pub fn reach_of(&self, demand: &Resources) -> Reach {
+        Reach {
+            grade: self.grade_of(demand),
+            classes: self.classes.map_or(ALL_CLASSES, |classes| classes(demand)),
+        }
     }
 
     /// Replaces the pending set.

@@ -27,7 +27,7 @@
 
 use super::context::{AgentScore, PlacementContext};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
-use crate::placement::ring_set::Candidates;
+use crate::placement::ring_set::{Candidates, Reach};
 use crate::placement::{AgentKey, Cluster, Resources, RingSet};
 
 /// The dimension whose leftover breaks equal scores of the scored tie-break.
@@ -181,7 +181,7 @@ impl Placer for RingPlacer {
         let walk = Walk {
             k,
             score,
-            grade: context.grade_of(demand),
+            reach: context.reach_of(demand),
         };
         // Spared dimensions this demand does not ask for, which some agent has none of free.
         let mut spared: [usize; 4] = [0; 4];
@@ -262,12 +262,13 @@ enum Rings {
 }
 
 /// How one search walks: how many candidates its score ranks (1 and none: the first fitting),
-/// and the grade the demand needs ([`PlacementContext::with_grade`]).
+/// and which agents it may leave out unchecked ([`PlacementContext::reach_of`]: the demand's
+/// grade and classes).
 #[derive(Clone, Copy)]
 struct Walk<'s> {
     k: usize,
     score: Option<&'s dyn AgentScore>,
-    grade: u8,
+    reach: Reach,
 }
 
 /// One ring search (the three phases) among `eligible` agents of `rings`; with a score and
@@ -280,7 +281,7 @@ fn ring_search(
     rings: Rings,
     demand: &Resources,
     eligible: &dyn Fn(AgentKey) -> bool,
-    Walk { k, score, grade }: Walk,
+    Walk { k, score, reach }: Walk,
 ) -> Option<Decision> {
     let dimension = searched_dimension(cluster, demand)?;
     let ring = match rings {
@@ -308,7 +309,7 @@ fn ring_search(
             true => cluster.rings_config().search().largest(),
             false => 0,
         };
-        let walk = (k, largest, grade);
+        let walk = (k, largest, reach);
         return scored_search(ring, need, &fitting, walk, demand, score, &cpu_left)
             .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
     }
@@ -316,13 +317,14 @@ fn ring_search(
     let top = ring.len() - 1;
     let n = k.saturating_add(ring.search_up()).min(top);
     let mut first = Candidates::new();
-    ring.best_fits_across(k..=n, need, grade, &fitting, 1, &mut first);
+    ring.best_fits_across(k..=n, need, reach, &fitting, 1, &mut first);
     if let Some(&(free, agent)) = first.first() {
         let bucket = ring.bucket_of(free);
         return Some(decided(agent, phase_of(bucket, k), bucket));
     }
     for bucket in (n + 1..=top).rev() {
-        if let Some((_, agent)) = ring.largest_fit(bucket, need, &fitting) {
+        ring.largest_fits(bucket, need, reach, &fitting, 1, &mut first);
+        if let Some(&(_, agent)) = first.first() {
             return Some(decided(agent, Phase::Down, bucket));
         }
     }
@@ -407,7 +409,7 @@ fn scored_search<F: Fn(AgentKey) -> bool>(
     ring: &RingSet,
     need: u64,
     fitting: &F,
-    (k, largest, grade): (usize, usize, u8),
+    (k, largest, reach): (usize, usize, Reach),
     demand: &Resources,
     score: &dyn AgentScore,
     cpu_left: &dyn Fn(AgentKey) -> u64,
@@ -419,7 +421,7 @@ fn scored_search<F: Fn(AgentKey) -> bool>(
     let mut some = Candidates::new();
     // The best-fit buckets in one walk; the candidates come in increasing free amount, so
     // each one's bucket is found by stepping past the bounds below it (no lookup each).
-    ring.best_fits_across(kf..=n, need, grade, fitting, k, &mut some);
+    ring.best_fits_across(kf..=n, need, reach, fitting, k, &mut some);
     let mut bucket = kf;
     let mut upper = ring.layout().range(bucket).1;
     for &(free, key) in &some {
@@ -435,7 +437,7 @@ fn scored_search<F: Fn(AgentKey) -> bool>(
     };
     if best.seen < k {
         for bucket in (n + 1..=top).rev() {
-            ring.largest_fits(bucket, need, fitting, k - best.seen, &mut some);
+            ring.largest_fits(bucket, need, reach, fitting, k - best.seen, &mut some);
             best.offer_all(&some, Phase::Down, bucket);
             if best.seen >= k {
                 break;
@@ -454,7 +456,7 @@ fn scored_search<F: Fn(AgentKey) -> bool>(
             if best.seen >= wanted || taken == LARGEST_BUCKETS {
                 break;
             }
-            ring.largest_fits(bucket, need, fitting, wanted - best.seen, &mut some);
+            ring.largest_fits(bucket, need, reach, fitting, wanted - best.seen, &mut some);
             taken += usize::from(!some.is_empty());
             best.offer_all(&some, Phase::Down, bucket);
         }
@@ -941,7 +943,11 @@ mod tests {
     ) -> Option<Decision> {
         let search = cluster.rings_config().search();
         let (k, score) = tie_break(search, context);
-        let walk = Walk { k, score, grade: 0 };
+        let walk = Walk {
+            k,
+            score,
+            reach: Reach::ALL,
+        };
         let spared: Vec<usize> = search
             .spare()
             .iter()
@@ -1209,7 +1215,7 @@ mod tests {
 
     mod graded {
         use super::*;
-        use crate::placement::ring_set::UNGRADED;
+        use crate::placement::ring_set::{ALL_CLASSES, UNCLASSED, UNGRADED};
         use proptest::prelude::*;
 
         #[derive(Clone, Debug)]
@@ -1222,8 +1228,11 @@ mod tests {
             GiveBack(usize),
             /// The agent can now take demands up to grade `cap`; graded `cap + over`.
             Capable(usize, u8, u8),
-            /// cpus (quarters), milli-GPU, the demand's grade, with the score.
-            Place(u64, u64, u8, bool),
+            /// The agent is of class `c` (0..4), or unclassed.
+            Classify(usize, Option<u8>),
+            /// cpus (quarters), milli-GPU, the demand's grade, with the score, the classes it
+            /// allows (bits 0..4).
+            Place(u64, u64, u8, bool, u64),
         }
 
         fn op() -> impl Strategy<Value = Op> {
@@ -1235,8 +1244,9 @@ mod tests {
                 1 => any::<usize>().prop_map(Op::GiveBack),
                 4 => (any::<usize>(), 0u8..8, prop_oneof![3 => Just(0u8), 1 => 1u8..4])
                     .prop_map(|(i, c, o)| Op::Capable(i, c, o)),
-                4 => (0u64..=8, prop::sample::select(vec![250u64, 500, 1000, 3000]), 0u8..8, any::<bool>())
-                    .prop_map(|(c, g, d, s)| Op::Place(c, g, d, s)),
+                2 => (any::<usize>(), prop::option::of(0u8..4)).prop_map(|(i, c)| Op::Classify(i, c)),
+                4 => (0u64..=8, prop::sample::select(vec![250u64, 500, 1000, 3000]), 0u8..8, any::<bool>(), prop_oneof![Just(ALL_CLASSES), 0u64..16])
+                    .prop_map(|(c, g, d, s, m)| Op::Place(c, g, d, s, m)),
             ]
         }
 
@@ -1257,18 +1267,22 @@ mod tests {
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(256))]
 
-            /// A graded ring walk finds what the plain walk finds whenever the grades keep
-            /// their promise (an agent graded below a demand's grade cannot take it; here each
-            /// agent can take demands up to a hidden capability, and is graded at or above it),
-            /// however the agents' free amounts and grades change.
+            /// A graded and classed ring walk finds what the plain walk finds whenever the
+            /// grades and classes keep their promise (an agent graded below a demand's grade,
+            /// or of a class the demand leaves out, cannot take it; here each agent can take
+            /// demands up to a hidden capability, and is graded at or above it, and of its
+            /// class only those allowing it), however the agents' free amounts, grades and
+            /// classes change, with and without the largest candidates.
             #[test]
             fn a_graded_walk_places_as_the_plain_walk(
                 candidates in prop_oneof![Just(1usize), Just(4), Just(40)],
+                largest in prop_oneof![Just(0usize), Just(3)],
                 agents in prop::collection::vec((1u64..=64, 1u64..=8), 0..40),
                 ops in prop::collection::vec(op(), 1..120),
             ) {
                 let mut rings = RingsConfig::default();
-                rings.set_search(RingSearch::new(vec!["gpus".into()], candidates).unwrap());
+                let search = RingSearch::new(vec!["gpus".into()], candidates).unwrap();
+                rings.set_search(search.with_largest(largest).unwrap());
                 let mut cluster = ring_cluster(rings);
                 // Each agent's hidden capability by key (7, any demand, until said).
                 let mut capable: Vec<u8> = Vec::new();
@@ -1278,6 +1292,15 @@ mod tests {
                     }
                     capable[key] = cap;
                     cluster.set_grade(key, "gpus", cap.saturating_add(over));
+                };
+                // Each agent's hidden class by key (none: any demand).
+                let mut class_of: Vec<Option<u8>> = Vec::new();
+                let set_class = |cluster: &mut Cluster, class_of: &mut Vec<Option<u8>>, key: AgentKey, class: Option<u8>| {
+                    if class_of.len() <= key {
+                        class_of.resize(key + 1, None);
+                    }
+                    class_of[key] = class;
+                    cluster.set_class(key, "gpus", class.unwrap_or(UNCLASSED));
                 };
                 for (c, g) in agents {
                     let key = cluster.add_agent(bundle(c, g * 1000));
@@ -1292,7 +1315,9 @@ mod tests {
                             let key = cluster.add_agent(bundle(c, g * 1000));
                             // A new agent under a reused key starts ungraded: capable of all.
                             prop_assert_eq!(cluster.ring("gpus").unwrap().grade(key), UNGRADED);
+                            prop_assert_eq!(cluster.ring("gpus").unwrap().class(key), UNCLASSED);
                             set_capable(&mut cluster, &mut capable, key, 7, 0);
+                            set_class(&mut cluster, &mut class_of, key, None);
                         }
                         Op::Remove(i) => {
                             if let Some(key) = nth_key(&cluster, i) {
@@ -1316,24 +1341,40 @@ mod tests {
                                 set_capable(&mut cluster, &mut capable, key, cap, over);
                             }
                         }
-                        Op::Place(c, g, grade, scored) => {
+                        Op::Classify(i, class) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                set_class(&mut cluster, &mut class_of, key, class);
+                            }
+                        }
+                        Op::Place(c, g, grade, scored, classes) => {
                             let demand = bundle(c, g);
                             let caps = &capable;
-                            let eligible = |key: AgentKey| caps.get(key).is_none_or(|&cap| cap >= grade);
+                            let class_of = &class_of;
+                            let eligible = |key: AgentKey| {
+                                caps.get(key).is_none_or(|&cap| cap >= grade)
+                                    && class_of
+                                        .get(key)
+                                        .copied()
+                                        .flatten()
+                                        .is_none_or(|class| classes & 1 << class != 0)
+                            };
                             let demand_grade = move |_: &Resources| grade;
+                            let demand_classes = move |_: &Resources| classes;
                             let context = |graded: bool| {
                                 let mut context = PlacementContext::default();
                                 if scored {
                                     context = context.with_score(&score);
                                 }
                                 if graded {
-                                    context = context.with_grade(&demand_grade);
+                                    context = context
+                                        .with_grade(&demand_grade)
+                                        .with_classes(&demand_classes);
                                 }
                                 context
                             };
                             let got = cluster.place_in(&demand, &eligible, &mut context(true));
                             let plain = cluster.place_in(&demand, &eligible, &mut context(false));
-                            prop_assert_eq!(got, plain, "demand {} grade {}", demand, grade);
+                            prop_assert_eq!(got, plain, "demand {} grade {} classes {:b}", demand, grade, classes);
                         }
                     }
                 }
