@@ -11,6 +11,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
+use ringmaster_core::placement::ring_set::ALL_CLASSES;
 use ringmaster_core::placement::{
     allocate, BalanceSettings, Cluster, DrfSorter, Grant, PlacementContext, PlacerKind, Request,
     Resources, RingsConfig,
@@ -217,52 +218,66 @@ fn placers(c: &mut Criterion) {
 /// says one agent at a time): the plain walk passes them one by one; the graded walk
 /// ([`Cluster::set_grade`], the caller's grade of each agent) skips them after a few. The same
 /// agents, demands and score in both, and the same answers (checked before timing).
-fn graded_walk(c: &mut Criterion) {
-    let mut group = c.benchmark_group("place-graded");
+/// A walk's restriction as the benches set it: each agent's label drawn from the seeded
+/// generator, how the cluster files it, which labels the demands can take, and the context
+/// that lets the walk skip the others (the demands' grade and classes).
+struct Labelled<'a> {
+    group: &'static str,
+    draw: &'a dyn Fn(&mut Rng) -> u8,
+    file: &'a dyn Fn(&mut Cluster, usize, u8),
+    takes: &'a dyn Fn(u8) -> bool,
+    /// The demands' grade and classes (`PlacementContext::with_grade`, `with_classes`).
+    grade: u8,
+    classes: u64,
+    /// The demands' GPU milli (a slice or whole GPUs).
+    gpu_milli: u64,
+}
+
+/// One scored ring decision (40 candidates, a cheap score) among agents filed under labels
+/// (`Labelled`): `plain` walks them unlabelled, passing the agents the demand cannot take one
+/// by one; the other benchmark files them and gives the demand's restriction. Both are
+/// checked to decide alike first.
+fn labelled_walk(c: &mut Criterion, labelled: Labelled, name: &str) {
+    let mut group = c.benchmark_group(labelled.group);
     group.sample_size(20);
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));
+    let gpus = labelled.gpu_milli;
     let demands = [res(2000, 4096, 0), res(4000, 8192, 0), res(1000, 2048, 0)]
-        .map(|r| Resources::from_milli(r.iter().chain([("gpus", 500)])).expect("valid demand"));
+        .map(|r| Resources::from_milli(r.iter().chain([("gpus", gpus)])).expect("valid demand"));
     let score = |agent: usize, _: &Resources| (agent % 7) as i64;
-    // Grade 2 and up holds a half GPU slice.
-    let slice_grade = |_: &Resources| 2u8;
+    let (grade, classes) = (labelled.grade, labelled.classes);
+    let (grade, classes) = (move |_: &Resources| grade, move |_: &Resources| classes);
     for n in [1_000, 10_000, 100_000] {
         let mut rng = Rng(0x5eed_0002 + n as u64);
         let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
-        let mut grade = Vec::with_capacity(n);
+        let mut label = Vec::with_capacity(n);
         for _ in 0..n {
             let key = cluster.add_agent(res(64_000, 262_144, 1 + rng.below(8)));
             let take = res(rng.below(32_000), rng.below(131_072), 0);
             cluster.take(key, &take).expect("take less than total");
-            // Four in five agents hold at most a quarter GPU on any one GPU.
-            let g = if rng.below(5) == 0 {
-                2 + rng.below(6)
-            } else {
-                rng.below(2)
-            } as u8;
-            grade.push(g);
+            label.push((labelled.draw)(&mut rng));
         }
-        let eligible = |key: usize| grade[key] >= 2;
+        let eligible = |key: usize| (labelled.takes)(label[key]);
         let plain = cluster.clone();
-        for (key, &g) in grade.iter().enumerate() {
-            cluster.set_grade(key, "gpus", g);
+        for (key, &l) in label.iter().enumerate() {
+            (labelled.file)(&mut cluster, key, l);
         }
         for demand in &demands {
             let mut context = PlacementContext::default().with_score(&score);
             let expected = plain.place_in(demand, &eligible, &mut context);
-            let mut context = context.with_grade(&slice_grade);
+            let mut context = context.with_grade(&grade).with_classes(&classes);
             let got = cluster.place_in(demand, &eligible, &mut context);
-            assert_eq!(got, expected, "graded and plain walks decide alike");
+            assert_eq!(got, expected, "restricted and plain walks decide alike");
         }
-        for (name, cluster, graded) in [("plain", &plain, false), ("graded", &cluster, true)] {
+        for (bench, cluster, restricted) in [("plain", &plain, false), (name, &cluster, true)] {
             let mut i = 0;
-            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+            group.bench_with_input(BenchmarkId::new(bench, n), &n, |b, _| {
                 b.iter(|| {
                     i = (i + 1) % demands.len();
                     let mut context = PlacementContext::default().with_score(&score);
-                    if graded {
-                        context = context.with_grade(&slice_grade);
+                    if restricted {
+                        context = context.with_grade(&grade).with_classes(&classes);
                     }
                     black_box(cluster.place_in(&demands[i], &eligible, &mut context))
                 })
@@ -272,5 +287,48 @@ fn graded_walk(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, one_decision, allocation_step, placers, graded_walk);
+/// A half-GPU slice among agents of which four in five hold at most a quarter GPU on any one
+/// GPU (graded 0–1, the rest 2–7): the graded walk keeps to grade 2 and up.
+fn graded_walk(c: &mut Criterion) {
+    let labelled = Labelled {
+        group: "place-graded",
+        draw: &|rng| match rng.below(5) {
+            0 => 2 + rng.below(6) as u8,
+            _ => rng.below(2) as u8,
+        },
+        file: &|cluster, key, grade| cluster.set_grade(key, "gpus", grade),
+        takes: &|grade| grade >= 2,
+        grade: 2,
+        classes: ALL_CLASSES,
+        gpu_milli: 500,
+    };
+    labelled_walk(c, labelled, "graded");
+}
+
+/// A whole GPU of one model among agents of six models (the openb node list's mix: the one
+/// asked for on one agent in nine): the classed walk keeps to that model's agents.
+fn classed_walk(c: &mut Criterion) {
+    let labelled = Labelled {
+        group: "place-classed",
+        draw: &|rng| match rng.below(9) {
+            0 => 0,
+            other => 1 + (other % 5) as u8,
+        },
+        file: &|cluster, key, class| cluster.set_class(key, "gpus", class),
+        takes: &|class| class == 0,
+        grade: 0,
+        classes: 1,
+        gpu_milli: 1000,
+    };
+    labelled_walk(c, labelled, "classed");
+}
+
+criterion_group!(
+    benches,
+    one_decision,
+    allocation_step,
+    placers,
+    graded_walk,
+    classed_walk
+);
 criterion_main!(benches);
