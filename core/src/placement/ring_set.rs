@@ -927,13 +927,20 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_graded_walk_skips_the_agents_graded_below_the_demand() {
-        // 30 agents with 1.5 GPUs free, keys 0..30; the even ones can take grade-2 demands.
+    /// 30 agents with 1.5 GPUs free (plus their key in milli), keys 0..30, in a `gpus` ring of
+    /// 4 buckets of 1000.
+    fn thirty_agents() -> RingSet {
         let mut ring = four_buckets("gpus", 3);
         for key in 0..30 {
             ring.insert(key, 1500 + key as u64);
         }
+        ring
+    }
+
+    #[test]
+    fn a_graded_walk_skips_the_agents_graded_below_the_demand() {
+        // The even ones can take grade-2 demands.
+        let mut ring = thirty_agents();
         assert_eq!(ring.grade(3), UNGRADED);
         for key in 0..30 {
             ring.set_grade(key, 1500 + key as u64, if key % 2 == 0 { 2 } else { 1 });
@@ -966,11 +973,8 @@ mod tests {
 
     #[test]
     fn a_classed_walk_checks_only_the_classes_the_demand_allows() {
-        // 30 agents with 1.5 GPUs free, keys 0..30, of class key % 3; agent 29 unclassed.
-        let mut ring = four_buckets("gpus", 3);
-        for key in 0..30 {
-            ring.insert(key, 1500 + key as u64);
-        }
+        // Of class key % 3; agent 29 unclassed.
+        let mut ring = thirty_agents();
         assert_eq!(ring.class(3), UNCLASSED);
         for key in 0..29 {
             ring.set_class(key, 1500 + key as u64, (key % 3) as u8);
