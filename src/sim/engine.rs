@@ -38,6 +38,7 @@ use crate::dry_run::exact_cycle_input;
 use ringmaster_core::devices::select_shares_filling;
 use ringmaster_core::placement::fragmentation::{fgd_rank, slice_rank};
 use ringmaster_core::placement::placers::context::AgentScore;
+use ringmaster_core::placement::placers::memo::WalkMemo;
 use ringmaster_core::placement::ring_set::ALL_CLASSES;
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, DrfSorter, Filter, FrameworkKey, Outcome, PlacementContext,
@@ -315,6 +316,10 @@ pub struct SimCluster<'w> {
     /// master's offer likewise holds what its cycle granted until the framework launches on it
     /// or declines.
     held: Option<(usize, AgentKey)>,
+    /// Per shape, the ring search's memo of its last search for that shape
+    /// ([`PlacementContext::with_memo`]): a node's eligibility and score are functions of its
+    /// state, which changes only with a take, give-back or grade of its agent.
+    memos: Vec<RefCell<WalkMemo>>,
 }
 
 impl<'w> SimCluster<'w> {
@@ -421,6 +426,9 @@ impl<'w> SimCluster<'w> {
             rng: ChaCha8Rng::seed_from_u64(seed),
             random_ties: ties == Ties::Random || policy == SimPolicy::Paper(PaperPolicy::Random),
             held: None,
+            memos: (0..workload.shapes.len())
+                .map(|_| RefCell::default())
+                .collect(),
         }
     }
 
@@ -477,6 +485,7 @@ impl<'w> SimCluster<'w> {
             rng,
             random_ties,
             held,
+            memos,
             ..
         } = self;
         match *policy {
@@ -515,10 +524,13 @@ impl<'w> SimCluster<'w> {
                 let shape_grade = move |_: &Resources| grade;
                 let classes = s.classes();
                 let shape_classes = move |_: &Resources| classes;
+                let memo = &memos[shape];
+                let recalled = memo.borrow().recalled();
                 let mut context = PlacementContext::default()
                     .with_score(&fragment_score)
                     .with_grade(&shape_grade)
-                    .with_classes(&shape_classes);
+                    .with_classes(&shape_classes)
+                    .with_memo(memo);
                 let agent = match policy {
                     // Not a cycle: the master has no such step (its ring spares `gpus` by
                     // itself, RingSearch::spare), and a cycle's allocation step always places
@@ -537,8 +549,10 @@ impl<'w> SimCluster<'w> {
                 let Some((agent, node)) = agent.and_then(|a| Some((a, nodes.get(a)?))) else {
                     return Ok(None);
                 };
-                // A node chosen by FGD's score gets the GPUs that score assumed.
-                let gpus = match ranked.get() {
+                // A node chosen by FGD's score gets the GPUs that score assumed (a search the
+                // memo answered ranked by it too, though it may have scored nothing new).
+                let ranked = ranked.get() || memo.borrow().recalled() > recalled;
+                let gpus = match ranked {
                     true => fgd(agent).map(|(_, pick)| pick),
                     // Unranked, the master's placers bind a slice by the target's ShareFill
                     // too; the historical ring variants keep the best fit.

@@ -23,6 +23,7 @@
 //! kept as paths to the same items.
 
 pub mod allocation;
+pub mod changes;
 pub mod cycle;
 pub mod devices;
 pub mod drf;
@@ -165,6 +166,8 @@ pub struct Cluster {
     ///
     /// [`RingSearch::spare`]: placers::ring::RingSearch::spare
     spare: Vec<usize>,
+    /// Which agents changed lately, numbered ([`Cluster::changes`]).
+    changes: changes::ChangeLog,
 }
 
 /// One dimension some agent has had: its ring set, every agent's free amount and their sum.
@@ -340,7 +343,15 @@ impl Cluster {
             total: Resources::new(),
             free: OnceLock::new(),
             spare: Vec::new(),
+            changes: changes::ChangeLog::default(),
         }
+    }
+
+    /// The agents that changed lately, in order: every agent added or removed, every take and
+    /// give-back, every grade and class given (even the one it had), so a caller may tie what
+    /// it knows of an agent to these.
+    pub fn changes(&self) -> &changes::ChangeLog {
+        &self.changes
     }
 
     /// The index of a dimension, creating its (empty) ring on first sight.
@@ -418,6 +429,7 @@ impl Cluster {
             free: total,
         });
         debug_assert_eq!(inserted, key);
+        self.changes.record(key);
         key
     }
 
@@ -425,6 +437,7 @@ impl Cluster {
     pub fn remove_agent(&mut self, key: AgentKey) -> Option<AgentEntry> {
         let plain = self.is_plain(key);
         let entry = self.agents.try_remove(key)?;
+        self.changes.record(key);
         for (name, _) in entry.total.iter() {
             if let Some(&d) = self.index.get(name) {
                 let free = self.free_table.get(key, d);
@@ -463,6 +476,7 @@ impl Cluster {
 
     /// Takes `r` out of the agent's free resources (refused if any dimension would go below 0).
     pub fn take(&mut self, key: AgentKey, r: &Resources) -> Result<(), PlacementError> {
+        self.changes.record(key);
         // Taking never gives a spared dimension free amount: a plain agent stays plain.
         let was_plain = self.is_plain(key);
         let entry = self
@@ -507,6 +521,7 @@ impl Cluster {
         if !self.agents.contains(key) {
             return Err(PlacementError::UnknownAgent(key));
         }
+        self.changes.record(key);
         // Everything goes to 0: a plain agent stays plain, any other becomes plain.
         let was_plain = self.is_plain(key);
         for (d, dimension) in self.dimensions.iter_mut().enumerate() {
@@ -531,6 +546,7 @@ impl Cluster {
 
     /// Returns `r` to the agent's free resources (refused if any dimension would exceed total).
     pub fn give_back(&mut self, key: AgentKey, r: &Resources) -> Result<(), PlacementError> {
+        self.changes.record(key);
         let entry = self
             .agents
             .get_mut(key)
@@ -718,6 +734,7 @@ impl Cluster {
         if !self.agents.contains(key) {
             return;
         }
+        self.changes.record(key);
         if let Some(&d) = self.index.get(dimension) {
             let free = self.free_table.get(key, d);
             let dimension = &mut self.dimensions[d];

@@ -721,6 +721,44 @@ impl RingSet {
         }
     }
 
+    /// [`best_fits_across`](RingSet::best_fits_across) continued past `after`, a place the walk
+    /// reached (at least `need` free, in `buckets`): the next up to `k` fitting agents in the
+    /// same order, appended to `out` (cleared first). A graded walk takes the demand's grades
+    /// from the start: it continues a walk that already passed agents that did not fit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn best_fits_after<F: Fn(AgentKey) -> bool + ?Sized>(
+        &self,
+        buckets: std::ops::RangeInclusive<usize>,
+        need: u64,
+        after: (u64, AgentKey),
+        reach: Reach,
+        fits: &F,
+        k: usize,
+        out: &mut Candidates,
+    ) {
+        out.clear();
+        let (first, last) = (*buckets.start(), *buckets.end());
+        if k == 0 || first > last || last >= self.buckets.len() || after.0 < need {
+            return;
+        }
+        let (_, upper) = self.span(first, last, need);
+        let range = (Bound::Excluded(after), upper);
+        if let Some(classes) = self.classed(need, reach) {
+            let entries = classes.merged(range, reach.walked_classes(), false);
+            return take_fitting(entries, fits, k, out);
+        }
+        if let Some(grades) = self.grades.as_ref().filter(|_| reach.grade > 0) {
+            return grades.graded(range, reach.grade, fits, k, out);
+        }
+        for bucket in self.bucket_of(after.0).max(first)..=last {
+            let entries = self.buckets[bucket].range((Bound::Excluded(after), Bound::Unbounded));
+            take_fitting(entries.copied(), fits, k, out);
+            if out.len() == k {
+                return;
+            }
+        }
+    }
+
     /// Up to `k` fitting agents of one bucket for the downward phase: the first is
     /// [`largest_fit`](RingSet::largest_fit)'s answer, the others the next largest. `out` is
     /// cleared first. In a classed ring, a demand whose `reach` leaves out some class walks

@@ -14,9 +14,11 @@
 //! changed: a placement (utilisation), a change of the pending set, or a change of some
 //! dimension's largest free amount (what "blocked" is measured against).
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
+use super::memo::WalkMemo;
 use crate::placement::ring_set::{Reach, ALL_CLASSES};
 use crate::placement::{AgentKey, Cluster, Resources};
 
@@ -193,6 +195,7 @@ pub struct PlacementContext<'s> {
     score: Option<&'s dyn AgentScore>,
     grade: Option<&'s dyn Fn(&Resources) -> u8>,
     classes: Option<&'s dyn Fn(&Resources) -> u64>,
+    memo: Option<&'s RefCell<WalkMemo>>,
 }
 
 impl std::fmt::Debug for PlacementContext<'_> {
@@ -204,6 +207,7 @@ impl std::fmt::Debug for PlacementContext<'_> {
             .field("score", &self.score.map(|_| "caller's"))
             .field("grade", &self.grade.map(|_| "caller's"))
             .field("classes", &self.classes.map(|_| "caller's"))
+            .field("memo", &self.memo.map(|_| "caller's"))
             .finish()
     }
 }
@@ -256,6 +260,24 @@ impl<'s> PlacementContext<'s> {
     pub fn with_classes(mut self, classes: &'s dyn Fn(&Resources) -> u64) -> Self {
         self.classes = Some(classes);
         self
+    }
+
+    /// Lets the scored ring search remember its candidates in `memo` and, next time, re-check
+    /// only the agents that changed since ([`WalkMemo`]): the same placements, fewer agents
+    /// walked and ranked. The caller promises, for as long as it hands this memo to searches:
+    /// that every search through it is for one demand (checked: another demand starts over)
+    /// in one cluster, and that the eligibility and score it gives for an agent change only
+    /// when the cluster records a change of that agent ([`Cluster::changes`]: a take, a
+    /// give-back, a grade or a class given). The simulator keeps one per task shape: its
+    /// verdicts and scores are functions of the node's state, which changes exactly then.
+    pub fn with_memo(mut self, memo: &'s RefCell<WalkMemo>) -> Self {
+        self.memo = Some(memo);
+        self
+    }
+
+    /// The caller's memo ([`with_memo`](Self::with_memo)), if it gave one.
+    pub fn memo(&self) -> Option<&'s RefCell<WalkMemo>> {
+        self.memo
     }
 
     /// Which agents the ring search may leave out for `demand`: those graded below its grade

@@ -26,6 +26,7 @@ pub mod balance;
 pub mod baselines;
 pub mod context;
 pub mod kind;
+pub mod memo;
 pub mod node_preference;
 pub mod ring;
 

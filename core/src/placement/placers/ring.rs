@@ -25,7 +25,10 @@
 //!   score asks for them ([`AgentScore::ranks_largest`]; the fragment score does when its
 //!   target workload names GPU models).
 
+use std::cell::RefCell;
+
 use super::context::{AgentScore, PlacementContext};
+use super::memo::{frontier, Question, Remembered, WalkMemo};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
 use crate::placement::ring_set::{Candidates, Reach};
 use crate::placement::{AgentKey, Cluster, Resources, RingSet};
@@ -182,6 +185,7 @@ impl Placer for RingPlacer {
             k,
             score,
             reach: context.reach_of(demand),
+            memo: context.memo(),
         };
         // Spared dimensions this demand does not ask for, which some agent has none of free.
         let mut spared: [usize; 4] = [0; 4];
@@ -269,6 +273,8 @@ struct Walk<'s> {
     k: usize,
     score: Option<&'s dyn AgentScore>,
     reach: Reach,
+    /// The caller's memo of this demand's searches ([`PlacementContext::with_memo`]).
+    memo: Option<&'s RefCell<WalkMemo>>,
 }
 
 /// One ring search (the three phases) among `eligible` agents of `rings`; with a score and
@@ -281,7 +287,12 @@ fn ring_search(
     rings: Rings,
     demand: &Resources,
     eligible: &dyn Fn(AgentKey) -> bool,
-    Walk { k, score, reach }: Walk,
+    Walk {
+        k,
+        score,
+        reach,
+        memo,
+    }: Walk,
 ) -> Option<Decision> {
     let dimension = searched_dimension(cluster, demand)?;
     let ring = match rings {
@@ -310,8 +321,24 @@ fn ring_search(
             false => 0,
         };
         let walk = (k, largest, reach);
-        return scored_search(ring, need, &fitting, walk, demand, score, &cpu_left)
-            .map(|(agent, phase, bucket)| decided(agent, phase, bucket));
+        let question = |memo| {
+            let question = Question {
+                demand,
+                reach,
+                k,
+                dimension: cluster.dimension_of(dimension)?,
+                plain: rings == Rings::Plain,
+            };
+            Some((memo, question))
+        };
+        let found = match memo.filter(|_| largest == 0).and_then(question) {
+            Some((memo, question)) => {
+                let ranks = (score, &cpu_left as &dyn Fn(AgentKey) -> u64);
+                remembered_search(cluster, ring, need, &fitting, ranks, question, memo)
+            }
+            None => scored_search(ring, need, &fitting, walk, demand, score, &cpu_left),
+        };
+        return found.map(|(agent, phase, bucket)| decided(agent, phase, bucket));
     }
     let k = ring.bucket_of(need);
     let top = ring.len() - 1;
@@ -462,6 +489,69 @@ fn scored_search<F: Fn(AgentKey) -> bool>(
         }
     }
     best.found
+}
+
+/// The scored tie-break of [`scored_search`] without the largest candidates, through the
+/// caller's memo ([`super::memo`]): when the memo holds this demand's last search and few agents
+/// changed since, only those are checked and ranked (and the walk continued past the last
+/// remembered place if candidates left); otherwise the best fits are walked and ranked as in
+/// [`scored_search`] and remembered. The same candidates, so the same answer.
+fn remembered_search<F: Fn(AgentKey) -> bool>(
+    cluster: &Cluster,
+    ring: &RingSet,
+    need: u64,
+    fitting: &F,
+    (score, cpu_left): (&dyn AgentScore, &dyn Fn(AgentKey) -> u64),
+    question: Question,
+    memo: &RefCell<WalkMemo>,
+) -> Option<(AgentKey, Phase, usize)> {
+    let (k, reach) = (question.k, question.reach);
+    let kf = ring.bucket_of(need);
+    let top = ring.len() - 1;
+    let n = kf.saturating_add(ring.search_up()).min(top);
+    let then = cluster.changes().now();
+    let remember = |(free, key): (u64, AgentKey)| Remembered {
+        free,
+        key,
+        score: score.score(key, question.demand),
+        cpu_left: cpu_left(key),
+    };
+    let mut memo = memo.borrow_mut();
+    let mut more = Candidates::new();
+    if let Some((candidates, changed)) = memo.recall(&question, cluster.changes()) {
+        // Without a last place the memo held every fitting agent of the window.
+        let last = frontier(candidates, k);
+        candidates.retain(|r| changed.binary_search(&r.key).is_err());
+        for &key in &changed {
+            let free = cluster.free_in(key, question.dimension);
+            let within = free >= need && last.is_none_or(|last| (free, key) <= last);
+            if within && ring.holds(ring.bucket_of(free), key, free) && fitting(key) {
+                let at = candidates.partition_point(|r| r.place() < (free, key));
+                candidates.insert(at, remember((free, key)));
+            }
+        }
+        candidates.truncate(k);
+        if let Some(last) = last.filter(|_| candidates.len() < k) {
+            let wanted = k - candidates.len();
+            ring.best_fits_after(kf..=n, need, last, reach, fitting, wanted, &mut more);
+            candidates.extend(more.iter().map(|&place| remember(place)));
+        }
+    } else {
+        ring.best_fits_across(kf..=n, need, reach, fitting, k, &mut more);
+        memo.keep(&question, then, more.iter().map(|&place| remember(place)));
+    }
+    let now = memo.candidates(&question)?;
+    // Fewer than k in the window: the downward phase would look further, unless the window
+    // reaches the top bucket (then these are every fitting agent).
+    if now.len() < k && n < top {
+        memo.forget(question.plain);
+        drop(memo);
+        let walk = (k, 0, reach);
+        return scored_search(ring, need, fitting, walk, question.demand, score, cpu_left);
+    }
+    let best = now.iter().min_by_key(|r| r.rank())?;
+    let bucket = ring.bucket_of(best.free);
+    Some((best.key, phase_of(bucket, kf), bucket))
 }
 
 /// The lowest-ranked candidate so far of a scored tie-break ([`rank`]'s order: the score, then
@@ -947,6 +1037,7 @@ mod tests {
             k,
             score,
             reach: Reach::ALL,
+            memo: None,
         };
         let spared: Vec<usize> = search
             .spare()
@@ -1250,7 +1341,7 @@ mod tests {
             ]
         }
 
-        fn bundle(cpu_quarters: u64, gpu_milli: u64) -> Resources {
+        pub(super) fn bundle(cpu_quarters: u64, gpu_milli: u64) -> Resources {
             Resources::from_milli(
                 [("cpus", cpu_quarters * 250), ("gpus", gpu_milli)]
                     .into_iter()
@@ -1259,7 +1350,7 @@ mod tests {
             .unwrap()
         }
 
-        fn nth_key(cluster: &Cluster, i: usize) -> Option<AgentKey> {
+        pub(super) fn nth_key(cluster: &Cluster, i: usize) -> Option<AgentKey> {
             let keys: Vec<AgentKey> = cluster.agents().map(|(k, _)| k).collect();
             (!keys.is_empty()).then(|| keys[i % keys.len()])
         }
@@ -1375,6 +1466,207 @@ mod tests {
                             let got = cluster.place_in(&demand, &eligible, &mut context(true));
                             let plain = cluster.place_in(&demand, &eligible, &mut context(false));
                             prop_assert_eq!(got, plain, "demand {} grade {} classes {:b}", demand, grade, classes);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    mod remembered {
+        use super::graded::{bundle, nth_key};
+        use super::*;
+        use crate::placement::placers::memo::{WalkMemo, REPAIR_AT_MOST};
+        use proptest::prelude::*;
+        use std::cell::RefCell;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// cpus (quarters), whole GPUs.
+            Add(u64, u64),
+            Remove(usize),
+            /// cpus (quarters) and milli-GPU taken.
+            Take(usize, u64, u64),
+            GiveBack(usize),
+            /// The agent can now take demands up to grade `cap` (graded so).
+            Capable(usize, u8),
+            /// Many takes at once: more changes than a memo re-checks.
+            Burst(usize),
+            /// One of the few demands.
+            Place(usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                1 => (1u64..=64, 1u64..=8).prop_map(|(c, g)| Op::Add(c, g)),
+                1 => any::<usize>().prop_map(Op::Remove),
+                6 => (any::<usize>(), 0u64..=4, prop::sample::select(vec![250u64, 500, 1000, 2000]))
+                    .prop_map(|(i, c, g)| Op::Take(i, c, g)),
+                2 => any::<usize>().prop_map(Op::GiveBack),
+                1 => (any::<usize>(), 0u8..8).prop_map(|(i, c)| Op::Capable(i, c)),
+                1 => any::<usize>().prop_map(Op::Burst),
+                8 => (0usize..4).prop_map(Op::Place),
+            ]
+        }
+
+        /// A memo answers the next search of its demand after a take by re-checking the one
+        /// agent taken from, with the plain search's answer; a burst of changes and another
+        /// demand make it walk again.
+        #[test]
+        fn a_memo_answers_the_next_search_of_its_demand() {
+            let mut rings = RingsConfig::default();
+            rings.set_search(RingSearch::new(vec!["gpus".into()], 4).unwrap());
+            let mut cluster = ring_cluster(rings);
+            for g in [1, 2, 2, 4, 8, 8] {
+                cluster.add_agent(bundle(32, g * 1000));
+            }
+            let score = |agent: AgentKey, _: &Resources| (agent % 3) as i64;
+            let memo = RefCell::new(WalkMemo::default());
+            let demand = bundle(1, 1000);
+            let eligible = |_: AgentKey| true;
+            let place = |cluster: &Cluster, memo: Option<&RefCell<WalkMemo>>| {
+                let mut context = PlacementContext::default().with_score(&score);
+                if let Some(memo) = memo {
+                    context = context.with_memo(memo);
+                }
+                cluster
+                    .place_in(&demand, &eligible, &mut context)
+                    .map(|d| d.agent)
+            };
+            assert_eq!(place(&cluster, Some(&memo)), place(&cluster, None));
+            assert_eq!(memo.borrow().recalled(), 0);
+            let mut recalled = 0;
+            for _ in 0..6 {
+                let Some(agent) = place(&cluster, Some(&memo)) else {
+                    break;
+                };
+                recalled += 1;
+                assert_eq!(memo.borrow().recalled(), recalled);
+                assert_eq!(Some(agent), place(&cluster, None));
+                cluster.take(agent, &demand).unwrap();
+            }
+            assert!(recalled >= 4, "{recalled}");
+            // More changes than it re-checks: walked again, not recalled.
+            let before = memo.borrow().recalled();
+            for _ in 0..=REPAIR_AT_MOST {
+                cluster.take(5, &bundle(1, 0)).unwrap();
+                cluster.give_back(5, &bundle(1, 0)).unwrap();
+                cluster.take(4, &bundle(1, 0)).unwrap();
+            }
+            assert_eq!(place(&cluster, Some(&memo)), place(&cluster, None));
+            assert_eq!(
+                memo.borrow().recalled(),
+                before + 1,
+                "two agents changed: recalled"
+            );
+            // Another demand through the same memo: walked, and remembered for that demand.
+            let other = bundle(2, 500);
+            let mut context = PlacementContext::default()
+                .with_score(&score)
+                .with_memo(&memo);
+            let got = cluster
+                .place_in(&other, &eligible, &mut context)
+                .map(|d| d.agent);
+            let mut context = PlacementContext::default().with_score(&score);
+            assert_eq!(
+                got,
+                cluster
+                    .place_in(&other, &eligible, &mut context)
+                    .map(|d| d.agent)
+            );
+            assert_eq!(memo.borrow().recalled(), before + 1);
+        }
+
+        /// The few demands (cpu quarters, milli-GPU, grade), each searched again and again.
+        const DEMANDS: [(u64, u64, u8); 4] = [(1, 250, 1), (2, 1000, 4), (0, 500, 2), (4, 2000, 5)];
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// A search through a memo places as a search without one, however the agents
+            /// change between searches of the same demand (free amounts, grades, presence,
+            /// bursts of more changes than a memo re-checks), with a score and an eligibility
+            /// that follow the agents' state, and a search window that does or does not reach
+            /// the top bucket.
+            #[test]
+            fn a_remembered_walk_places_as_the_plain_walk(
+                candidates in prop_oneof![Just(2usize), Just(5), Just(40)],
+                search_up in prop_oneof![Just(1usize), Just(16)],
+                agents in prop::collection::vec((1u64..=64, 1u64..=8), 0..40),
+                ops in prop::collection::vec(op(), 1..150),
+            ) {
+                let mut rings = RingsConfig::default();
+                rings.set_search(RingSearch::new(vec!["gpus".into()], candidates).unwrap());
+                let gpus = RingSpec::new(RingLayout::Bounds((0..=8).map(|g| g * 1000).collect()), search_up).unwrap();
+                rings.set("gpus", gpus);
+                let mut cluster = ring_cluster(rings);
+                let mut capable: Vec<u8> = Vec::new();
+                let set_capable = |cluster: &mut Cluster, capable: &mut Vec<u8>, key: AgentKey, cap: u8| {
+                    if capable.len() <= key {
+                        capable.resize(key + 1, 7);
+                    }
+                    capable[key] = cap;
+                    cluster.set_grade(key, "gpus", cap);
+                };
+                for (c, g) in agents {
+                    let key = cluster.add_agent(bundle(c, g * 1000));
+                    set_capable(&mut cluster, &mut capable, key, 7);
+                }
+                let memos: Vec<RefCell<WalkMemo>> = (0..DEMANDS.len()).map(|_| RefCell::default()).collect();
+                for op in ops {
+                    match op {
+                        Op::Add(c, g) => {
+                            let key = cluster.add_agent(bundle(c, g * 1000));
+                            set_capable(&mut cluster, &mut capable, key, 7);
+                        }
+                        Op::Remove(i) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                cluster.remove_agent(key);
+                            }
+                        }
+                        Op::Take(i, c, g) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                let _ = cluster.take(key, &bundle(c, g));
+                            }
+                        }
+                        Op::GiveBack(i) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                let agent = cluster.agent(key).unwrap();
+                                let used = agent.total.saturating_sub(&agent.free);
+                                cluster.give_back(key, &used).unwrap();
+                            }
+                        }
+                        Op::Capable(i, cap) => {
+                            if let Some(key) = nth_key(&cluster, i) {
+                                set_capable(&mut cluster, &mut capable, key, cap);
+                            }
+                        }
+                        Op::Burst(i) => {
+                            for j in 0..=REPAIR_AT_MOST {
+                                if let Some(key) = nth_key(&cluster, i + j) {
+                                    let _ = cluster.take(key, &bundle(0, 250));
+                                }
+                            }
+                        }
+                        Op::Place(d) => {
+                            let (c, g, grade) = DEMANDS[d];
+                            let demand = bundle(c, g);
+                            // Score and eligibility follow the agents' state (free GPU, grade).
+                            let free: Vec<u64> = (0..capable.len())
+                                .map(|key| cluster.agent(key).map_or(0, |a| a.free.milli("gpus")))
+                                .collect();
+                            let score = |agent: AgentKey, _: &Resources| {
+                                ((agent as u64 * 7919 + free.get(agent).copied().unwrap_or(0) / 250) % 5) as i64
+                            };
+                            let caps = &capable;
+                            let eligible = |key: AgentKey| caps.get(key).is_none_or(|&cap| cap >= grade);
+                            let demand_grade = move |_: &Resources| grade;
+                            let context = || PlacementContext::default()
+                                .with_score(&score)
+                                .with_grade(&demand_grade);
+                            let remembered = cluster.place_in(&demand, &eligible, &mut context().with_memo(&memos[d]));
+                            let plain = cluster.place_in(&demand, &eligible, &mut context());
+                            prop_assert_eq!(remembered, plain, "demand {}", demand);
                         }
                     }
                 }
