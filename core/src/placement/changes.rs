@@ -12,6 +12,9 @@ use super::AgentKey;
 /// How many of the latest changes are kept.
 pub const KEPT: usize = 256;
 
+/// [`ChangeLog::latest`] of an agent never recorded.
+const NEVER: u64 = u64::MAX;
+
 /// The latest changes of a cluster's agents; see the module doc.
 #[derive(Clone, Debug, Default)]
 pub struct ChangeLog {
@@ -19,6 +22,9 @@ pub struct ChangeLog {
     next: u64,
     /// The agents of changes `next − recent.len()` … `next − 1`.
     recent: VecDeque<AgentKey>,
+    /// By agent key: the number of the agent's latest change ([`NEVER`] for a key never
+    /// recorded). Kept for every key, so "did it change since n" is one read.
+    latest: Vec<u64>,
 }
 
 impl ChangeLog {
@@ -28,7 +34,32 @@ impl ChangeLog {
             self.recent.pop_front();
         }
         self.recent.push_back(key);
+        if self.latest.len() <= key {
+            self.latest.resize(key + 1, NEVER);
+        }
+        self.latest[key] = self.next;
         self.next += 1;
+    }
+
+    /// Whether `key` changed at or after change number `then`: O(1).
+    pub fn changed_since(&self, key: AgentKey, then: u64) -> bool {
+        self.latest
+            .get(key)
+            .is_some_and(|&at| at != NEVER && at >= then)
+    }
+
+    /// The agents that changed since `then`, each once (at its latest change), in the order of
+    /// those changes; `None` as for [`since`](Self::since).
+    pub fn distinct_since(&self, then: u64) -> Option<impl Iterator<Item = AgentKey> + '_> {
+        let oldest = self.next - self.recent.len() as u64;
+        let changes = self.since(then)?;
+        let first = then.max(oldest);
+        Some(
+            changes
+                .zip(first..)
+                .filter(|&(key, at)| self.latest.get(key) == Some(&at))
+                .map(|(key, _)| key),
+        )
     }
 
     /// The number the next change will get: what a caller remembers.
@@ -71,6 +102,13 @@ mod tests {
         assert_eq!(log.since(start).unwrap().collect::<Vec<_>>(), [3, 5, 3]);
         assert_eq!(log.since(start + 2).unwrap().collect::<Vec<_>>(), [3]);
         assert_eq!(log.count_since(start + 1), Some(2));
+        // Each agent once, at its latest change.
+        assert_eq!(
+            log.distinct_since(start).unwrap().collect::<Vec<_>>(),
+            [5, 3]
+        );
+        assert!(log.changed_since(3, start + 2) && !log.changed_since(5, start + 2));
+        assert!(log.changed_since(5, start) && !log.changed_since(4, start));
         assert!(log.since(log.now() + 1).is_none());
         let mark = log.now();
         for key in 0..KEPT {

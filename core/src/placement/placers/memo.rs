@@ -25,7 +25,7 @@ use crate::placement::{AgentKey, Resources};
 
 /// More changed agents than this since the last search: walking again costs less than
 /// re-checking them one by one.
-pub const REPAIR_AT_MOST: usize = 16;
+pub const REPAIR_AT_MOST: usize = 32;
 
 /// More recorded changes than this since the last search (an agent's take and its new grade
 /// are two): not counted one by one, walked again.
@@ -61,6 +61,16 @@ pub(crate) struct Question<'d> {
     /// The searched dimension's index, and whether the plain ring was searched.
     pub dimension: usize,
     pub plain: bool,
+}
+
+/// A remembered search recalled for repair ([`WalkMemo::recall`]).
+pub(crate) struct Recalled<'m> {
+    /// Its candidates, to repair in place.
+    pub candidates: &'m mut Vec<Remembered>,
+    /// The agents changed since, each once.
+    pub changed: SmallVec<[AgentKey; REPAIR_AT_MOST]>,
+    /// The change number it was remembered at.
+    pub then: u64,
 }
 
 /// One remembered search.
@@ -104,28 +114,32 @@ impl WalkMemo {
     }
 
     /// The remembered search for `question`, if its change number is still in `changes` and
-    /// at most [`REPAIR_AT_MOST`] agents changed since: its candidates (to repair in place) and
-    /// the agents changed since (sorted, without repeats). The search is then taken as begun
-    /// at `changes`' present number.
+    /// at most [`REPAIR_AT_MOST`] agents changed since: its candidates (to repair in place),
+    /// the agents changed since (each once) and the change number it was remembered at. The
+    /// search is then taken as begun at `changes`' present number.
     pub(crate) fn recall(
         &mut self,
         question: &Question,
         changes: &ChangeLog,
-    ) -> Option<(&mut Vec<Remembered>, SmallVec<[AgentKey; RECORDS_AT_MOST]>)> {
+    ) -> Option<Recalled<'_>> {
         let search = self.searches[usize::from(question.plain)].as_mut()?;
         if changes.count_since(search.then)? > RECORDS_AT_MOST as u64 || !search.answers(question) {
             return None;
         }
-        let mut changed: SmallVec<[AgentKey; RECORDS_AT_MOST]> =
-            changes.since(search.then)?.collect();
-        changed.sort_unstable();
-        changed.dedup();
-        if changed.len() > REPAIR_AT_MOST {
-            return None;
+        let mut changed: SmallVec<[AgentKey; REPAIR_AT_MOST]> = SmallVec::new();
+        for key in changes.distinct_since(search.then)? {
+            if changed.len() == REPAIR_AT_MOST {
+                return None;
+            }
+            changed.push(key);
         }
-        search.then = changes.now();
+        let then = std::mem::replace(&mut search.then, changes.now());
         self.recalled += 1;
-        Some((&mut search.candidates, changed))
+        Some(Recalled {
+            candidates: &mut search.candidates,
+            changed,
+            then,
+        })
     }
 
     /// Remembers the `candidates` (in walk order) of a search for `question` begun at change
@@ -160,11 +174,6 @@ impl WalkMemo {
     pub(crate) fn candidates(&self, question: &Question) -> Option<&[Remembered]> {
         let search = self.searches[usize::from(question.plain)].as_ref()?;
         Some(&search.candidates)
-    }
-
-    /// Forgets the search for `question`'s ring (it was not one to remember).
-    pub(crate) fn forget(&mut self, plain: bool) {
-        self.searches[usize::from(plain)] = None;
     }
 }
 

@@ -28,7 +28,7 @@
 use std::cell::RefCell;
 
 use super::context::{AgentScore, PlacementContext};
-use super::memo::{frontier, Question, Remembered, WalkMemo};
+use super::memo::{frontier, Question, Recalled, Remembered, WalkMemo};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
 use crate::placement::ring_set::{Candidates, Reach};
 use crate::placement::{AgentKey, Cluster, Resources, RingSet};
@@ -331,7 +331,11 @@ fn ring_search(
             };
             Some((memo, question))
         };
-        let found = match memo.filter(|_| largest == 0).and_then(question) {
+        // Remembered: searches of the first k best fits alone, in a window reaching the top
+        // bucket (else a window short of k fitting agents goes on into the downward phase).
+        let reaches_top = ring.bucket_of(need).saturating_add(ring.search_up()) >= ring.len() - 1;
+        let remembered = largest == 0 && reaches_top;
+        let found = match memo.filter(|_| remembered).and_then(question) {
             Some((memo, question)) => {
                 let ranks = (score, &cpu_left as &dyn Fn(AgentKey) -> u64);
                 remembered_search(cluster, ring, need, &fitting, ranks, question, memo)
@@ -491,11 +495,12 @@ fn scored_search<F: Fn(AgentKey) -> bool>(
     best.found
 }
 
-/// The scored tie-break of [`scored_search`] without the largest candidates, through the
-/// caller's memo ([`super::memo`]): when the memo holds this demand's last search and few agents
-/// changed since, only those are checked and ranked (and the walk continued past the last
-/// remembered place if candidates left); otherwise the best fits are walked and ranked as in
-/// [`scored_search`] and remembered. The same candidates, so the same answer.
+/// The scored tie-break of [`scored_search`] without the largest candidates, in a window that
+/// reaches the top bucket (so no downward phase), through the caller's memo ([`super::memo`]):
+/// when the memo holds this demand's last search and few agents changed since, only those are
+/// checked and ranked (and the walk continued past the last remembered place if candidates
+/// left); otherwise the best fits are walked, ranked and remembered. The same candidates as
+/// [`scored_search`], so the same answer.
 fn remembered_search<F: Fn(AgentKey) -> bool>(
     cluster: &Cluster,
     ring: &RingSet,
@@ -518,19 +523,39 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
     };
     let mut memo = memo.borrow_mut();
     let mut more = Candidates::new();
-    if let Some((candidates, changed)) = memo.recall(&question, cluster.changes()) {
+    let changes = cluster.changes();
+    if let Some(recalled) = memo.recall(&question, changes) {
+        let Recalled {
+            candidates,
+            changed,
+            then: remembered_at,
+        } = recalled;
+        let moved = |key: AgentKey| changes.changed_since(key, remembered_at);
         // Without a last place the memo held every fitting agent of the window.
         let last = frontier(candidates, k);
-        candidates.retain(|r| changed.binary_search(&r.key).is_err());
+        candidates.retain(|r| !moved(r.key));
         for &key in &changed {
             let free = cluster.free_in(key, question.dimension);
             let within = free >= need && last.is_none_or(|last| (free, key) <= last);
             if within && ring.holds(ring.bucket_of(free), key, free) && fitting(key) {
                 let at = candidates.partition_point(|r| r.place() < (free, key));
-                candidates.insert(at, remember((free, key)));
+                let unranked = Remembered {
+                    free,
+                    key,
+                    score: 0,
+                    cpu_left: 0,
+                };
+                candidates.insert(at, unranked);
             }
         }
         candidates.truncate(k);
+        // Ranked only if among the first k: the changed agents that fit now are the ones whose
+        // scores are likely out of date (the caller recomputes them).
+        for candidate in candidates.iter_mut() {
+            if moved(candidate.key) {
+                *candidate = remember(candidate.place());
+            }
+        }
         if let Some(last) = last.filter(|_| candidates.len() < k) {
             let wanted = k - candidates.len();
             ring.best_fits_after(kf..=n, need, last, reach, fitting, wanted, &mut more);
@@ -541,14 +566,6 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
         memo.keep(&question, then, more.iter().map(|&place| remember(place)));
     }
     let now = memo.candidates(&question)?;
-    // Fewer than k in the window: the downward phase would look further, unless the window
-    // reaches the top bucket (then these are every fitting agent).
-    if now.len() < k && n < top {
-        memo.forget(question.plain);
-        drop(memo);
-        let walk = (k, 0, reach);
-        return scored_search(ring, need, fitting, walk, question.demand, score, cpu_left);
-    }
     let best = now.iter().min_by_key(|r| r.rank())?;
     let bucket = ring.bucket_of(best.free);
     Some((best.key, phase_of(bucket, kf), bucket))
@@ -1476,6 +1493,7 @@ mod tests {
     mod remembered {
         use super::graded::{bundle, nth_key};
         use super::*;
+        use crate::placement::changes::KEPT;
         use crate::placement::placers::memo::{WalkMemo, REPAIR_AT_MOST};
         use proptest::prelude::*;
         use std::cell::RefCell;
@@ -1546,19 +1564,23 @@ mod tests {
                 cluster.take(agent, &demand).unwrap();
             }
             assert!(recalled >= 4, "{recalled}");
-            // More changes than it re-checks: walked again, not recalled.
+            // Many changes of two agents: each re-checked once, recalled.
             let before = memo.borrow().recalled();
-            for _ in 0..=REPAIR_AT_MOST {
-                cluster.take(5, &bundle(1, 0)).unwrap();
-                cluster.give_back(5, &bundle(1, 0)).unwrap();
-                cluster.take(4, &bundle(1, 0)).unwrap();
+            for _ in 0..REPAIR_AT_MOST / 2 {
+                for key in [4, 5] {
+                    cluster.take(key, &bundle(1, 0)).unwrap();
+                    cluster.give_back(key, &bundle(1, 0)).unwrap();
+                }
             }
             assert_eq!(place(&cluster, Some(&memo)), place(&cluster, None));
-            assert_eq!(
-                memo.borrow().recalled(),
-                before + 1,
-                "two agents changed: recalled"
-            );
+            assert_eq!(memo.borrow().recalled(), before + 1, "two agents changed");
+            // Far more changes than that: walked again, not recalled.
+            for _ in 0..KEPT {
+                cluster.take(5, &bundle(1, 0)).unwrap();
+                cluster.give_back(5, &bundle(1, 0)).unwrap();
+            }
+            assert_eq!(place(&cluster, Some(&memo)), place(&cluster, None));
+            assert_eq!(memo.borrow().recalled(), before + 1, "walked");
             // Another demand through the same memo: walked, and remembered for that demand.
             let other = bundle(2, 500);
             let mut context = PlacementContext::default()
