@@ -331,14 +331,14 @@ fn ring_search(
             };
             Some((memo, question))
         };
-        // Remembered: searches of the first k best fits alone, in a window reaching the top
-        // bucket (else a window short of k fitting agents goes on into the downward phase).
+        // Remembered: the best fits of a window reaching the top bucket (else a window short
+        // of k fitting agents goes on into the downward phase).
         let reaches_top = ring.bucket_of(need).saturating_add(ring.search_up()) >= ring.len() - 1;
-        let remembered = largest == 0 && reaches_top;
-        let found = match memo.filter(|_| remembered).and_then(question) {
+        let found = match memo.filter(|_| reaches_top).and_then(question) {
             Some((memo, question)) => {
                 let ranks = (score, &cpu_left as &dyn Fn(AgentKey) -> u64);
-                remembered_search(cluster, ring, need, &fitting, ranks, question, memo)
+                let walk = (&fitting, largest);
+                remembered_search(cluster, ring, need, walk, ranks, question, memo)
             }
             None => scored_search(ring, need, &fitting, walk, demand, score, &cpu_left),
         };
@@ -505,7 +505,7 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
     cluster: &Cluster,
     ring: &RingSet,
     need: u64,
-    fitting: &F,
+    (fitting, largest): (&F, usize),
     (score, cpu_left): (&dyn AgentScore, &dyn Fn(AgentKey) -> u64),
     question: Question,
     memo: &RefCell<WalkMemo>,
@@ -566,9 +566,32 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
         memo.keep(&question, then, more.iter().map(|&place| remember(place)));
     }
     let now = memo.candidates(&question)?;
-    let best = now.iter().min_by_key(|r| r.rank())?;
-    let bucket = ring.bucket_of(best.free);
-    Some((best.key, phase_of(bucket, kf), bucket))
+    let best = now.iter().min_by_key(|r| r.rank());
+    let mut found = best.map(|best| {
+        let bucket = ring.bucket_of(best.free);
+        (best.rank(), (best.key, phase_of(bucket, kf), bucket))
+    });
+    // The largest, walked afresh as `scored_search` walks them: from the top bucket down to the
+    // one above the k-th best fit's, at most LARGEST_BUCKETS buckets with fitting agents.
+    if let Some(kth) = now.get(k - 1).filter(|_| largest > 0) {
+        let last = ring.bucket_of(kth.free);
+        let (mut seen, mut taken) = (0, 0);
+        for bucket in (last + 1..=top).rev() {
+            if seen >= largest || taken == LARGEST_BUCKETS {
+                break;
+            }
+            ring.largest_fits(bucket, need, reach, fitting, largest - seen, &mut more);
+            taken += usize::from(!more.is_empty());
+            seen += more.len();
+            for &(free, key) in &more {
+                let here = remember((free, key)).rank();
+                if found.as_ref().is_none_or(|(best, _)| here < *best) {
+                    found = Some((here, (key, Phase::Down, bucket)));
+                }
+            }
+        }
+    }
+    found.map(|(_, decision)| decision)
 }
 
 /// The lowest-ranked candidate so far of a scored tie-break ([`rank`]'s order: the score, then
@@ -1599,6 +1622,19 @@ mod tests {
             assert_eq!(memo.borrow().recalled(), before + 1);
         }
 
+        /// A score that asks for the largest candidates too.
+        struct Largest<F>(F);
+
+        impl<F: Fn(AgentKey) -> i64> AgentScore for Largest<F> {
+            fn score(&self, agent: AgentKey, _: &Resources) -> i64 {
+                (self.0)(agent)
+            }
+
+            fn ranks_largest(&self) -> bool {
+                true
+            }
+        }
+
         /// The few demands (cpu quarters, milli-GPU, grade), each searched again and again.
         const DEMANDS: [(u64, u64, u8); 4] = [(1, 250, 1), (2, 1000, 4), (0, 500, 2), (4, 2000, 5)];
 
@@ -1608,17 +1644,19 @@ mod tests {
             /// A search through a memo places as a search without one, however the agents
             /// change between searches of the same demand (free amounts, grades, presence,
             /// bursts of more changes than a memo re-checks), with a score and an eligibility
-            /// that follow the agents' state, and a search window that does or does not reach
-            /// the top bucket.
+            /// that follow the agents' state, with and without the largest candidates, and a
+            /// search window that does or does not reach the top bucket.
             #[test]
             fn a_remembered_walk_places_as_the_plain_walk(
                 candidates in prop_oneof![Just(2usize), Just(5), Just(40)],
+                largest in prop_oneof![Just(0usize), Just(3)],
                 search_up in prop_oneof![Just(1usize), Just(16)],
                 agents in prop::collection::vec((1u64..=64, 1u64..=8), 0..40),
                 ops in prop::collection::vec(op(), 1..150),
             ) {
                 let mut rings = RingsConfig::default();
-                rings.set_search(RingSearch::new(vec!["gpus".into()], candidates).unwrap());
+                let search = RingSearch::new(vec!["gpus".into()], candidates).unwrap();
+                rings.set_search(search.with_largest(largest).unwrap());
                 let gpus = RingSpec::new(RingLayout::Bounds((0..=8).map(|g| g * 1000).collect()), search_up).unwrap();
                 rings.set("gpus", gpus);
                 let mut cluster = ring_cluster(rings);
@@ -1677,9 +1715,9 @@ mod tests {
                             let free: Vec<u64> = (0..capable.len())
                                 .map(|key| cluster.agent(key).map_or(0, |a| a.free.milli("gpus")))
                                 .collect();
-                            let score = |agent: AgentKey, _: &Resources| {
+                            let score = Largest(|agent: AgentKey| {
                                 ((agent as u64 * 7919 + free.get(agent).copied().unwrap_or(0) / 250) % 5) as i64
-                            };
+                            });
                             let caps = &capable;
                             let eligible = |key: AgentKey| caps.get(key).is_none_or(|&cap| cap >= grade);
                             let demand_grade = move |_: &Resources| grade;
