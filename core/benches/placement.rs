@@ -1,16 +1,19 @@
 //! Placement benchmarks: one decision and one full allocation step, ring against linear best fit;
 //! and one decision of each placer (ring, balance, least-requested, most-balanced) side by side;
 //! and one scored decision where most agents fail a device check, the plain walk against the
-//! graded one.
+//! graded one; and one scored decision after one agent changed, walked afresh against
+//! re-checked through the demand's memo.
 //!
 //! Agents are a seeded, deterministic mix of sizes (1–64 cpus, 1–256 GiB, some with GPUs), partly
 //! used for the single-decision benchmark so they spread over the buckets. Run with
 //! `cargo bench -p ringmaster-core --bench placement`; figures are recorded in docs/benchmarks.md.
 
+use std::cell::RefCell;
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
+use ringmaster_core::placement::placers::memo::WalkMemo;
 use ringmaster_core::placement::ring_set::ALL_CLASSES;
 use ringmaster_core::placement::{
     allocate, BalanceSettings, Cluster, DrfSorter, Grant, PlacementContext, PlacerKind, Request,
@@ -323,12 +326,79 @@ fn classed_walk(c: &mut Criterion) {
     labelled_walk(c, labelled, "classed");
 }
 
+/// One scored decision for a whole GPU after one agent changed (a milli-cpu taken and given
+/// back, as a placement changes one agent between two searches): `plain` walks and ranks its 40
+/// candidates again; `remembered` re-checks the changed agent through the demand's memo
+/// ([`PlacementContext::with_memo`]). The same agents, change sequence and score in both, and
+/// the same answers (checked first); both iterations include the change, which `change` times
+/// alone.
+fn remembered_walk(c: &mut Criterion) {
+    let mut group = c.benchmark_group("place-remembered");
+    group.sample_size(20);
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    let demand = res(2000, 4096, 1);
+    let tick = Resources::from_milli([("cpus", 1)]).expect("valid change");
+    let score = |agent: usize, _: &Resources| (agent % 7) as i64;
+    let change = |cluster: &mut Cluster, rng: &mut Rng, n: usize| {
+        let key = rng.below(n as u64) as usize;
+        if cluster.take(key, &tick).is_ok() {
+            cluster
+                .give_back(key, &tick)
+                .expect("give back what was taken");
+        }
+    };
+    for n in [1_000, 10_000, 100_000] {
+        let mut rng = Rng(0x5eed_0003 + n as u64);
+        let mut cluster = Cluster::new(RingsConfig::default(), PlacerKind::Ring);
+        for _ in 0..n {
+            let key = cluster.add_agent(res(64_000, 262_144, 1 + rng.below(8)));
+            let take = res(rng.below(32_000), rng.below(131_072), rng.below(2));
+            cluster.take(key, &take).expect("take less than total");
+        }
+        let memo = RefCell::new(WalkMemo::default());
+        let mut check = cluster.clone();
+        for _ in 0..200 {
+            change(&mut check, &mut rng, n);
+            let mut context = PlacementContext::default().with_score(&score);
+            let expected = check.place_in(&demand, &|_| true, &mut context);
+            let mut context = context.with_memo(&memo);
+            let got = check.place_in(&demand, &|_| true, &mut context);
+            assert_eq!(got, expected, "remembered and plain walks decide alike");
+        }
+        assert!(memo.borrow().recalled() > 0, "the memo answered");
+        // `change`: the change alone, what both others include.
+        for (bench, remembered) in [
+            ("change", None),
+            ("plain", Some(false)),
+            ("remembered", Some(true)),
+        ] {
+            let mut cluster = cluster.clone();
+            let memo = RefCell::new(WalkMemo::default());
+            let mut rng = Rng(0x5eed_0004 + n as u64);
+            group.bench_with_input(BenchmarkId::new(bench, n), &n, |b, _| {
+                b.iter(|| {
+                    change(&mut cluster, &mut rng, n);
+                    let remembered = remembered?;
+                    let mut context = PlacementContext::default().with_score(&score);
+                    if remembered {
+                        context = context.with_memo(&memo);
+                    }
+                    black_box(cluster.place_in(&demand, &|_| true, &mut context))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     one_decision,
     allocation_step,
     placers,
     graded_walk,
-    classed_walk
+    classed_walk,
+    remembered_walk
 );
 criterion_main!(benches);

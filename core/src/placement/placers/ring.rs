@@ -28,7 +28,9 @@
 use std::cell::RefCell;
 
 use super::context::{AgentScore, PlacementContext};
-use super::memo::{frontier, Question, Recalled, Remembered, WalkMemo};
+use smallvec::SmallVec;
+
+use super::memo::{frontier, Question, Recalled, Remembered, WalkMemo, REPAIR_AT_MOST};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
 use crate::placement::ring_set::{Candidates, Reach};
 use crate::placement::{AgentKey, Cluster, Resources, RingSet};
@@ -48,6 +50,10 @@ pub const DEFAULT_CANDIDATES: usize = 40;
 /// dimension without room for the demand (measured: docs/results.md, "Stop 29": 160 stranded
 /// more on the CPU-heavy traces, 640 as little as an unbounded walk).
 pub const LEFTOVER_SCAN_PER_CANDIDATE: usize = 16;
+
+/// A recalled walk with at most this many changed agents finds each in its list by a scan of
+/// the list; with more, it asks each candidate whether it changed (one read each).
+const FEW_CHANGED: usize = 4;
 
 /// The largest candidates come from at most this many buckets (the topmost with fitting
 /// agents).
@@ -530,10 +536,20 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
             changed,
             then: remembered_at,
         } = recalled;
-        let moved = |key: AgentKey| changes.changed_since(key, remembered_at);
         // Without a last place the memo held every fitting agent of the window.
         let last = frontier(candidates, k);
-        candidates.retain(|r| !moved(r.key));
+        // The changed agents out: looked up one by one when few (the list is contiguous),
+        // else each candidate asked whether it changed.
+        if changed.len() <= FEW_CHANGED {
+            for key in &changed {
+                if let Some(at) = candidates.iter().position(|r| r.key == *key) {
+                    candidates.remove(at);
+                }
+            }
+        } else {
+            candidates.retain(|r| !changes.changed_since(r.key, remembered_at));
+        }
+        let mut fresh: SmallVec<[(u64, AgentKey); REPAIR_AT_MOST]> = SmallVec::new();
         for &key in &changed {
             let free = cluster.free_in(key, question.dimension);
             let within = free >= need && last.is_none_or(|last| (free, key) <= last);
@@ -546,14 +562,15 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
                     cpu_left: 0,
                 };
                 candidates.insert(at, unranked);
+                fresh.push((free, key));
             }
         }
         candidates.truncate(k);
         // Ranked only if among the first k: the changed agents that fit now are the ones whose
         // scores are likely out of date (the caller recomputes them).
-        for candidate in candidates.iter_mut() {
-            if moved(candidate.key) {
-                *candidate = remember(candidate.place());
+        for place in fresh {
+            if let Ok(at) = candidates.binary_search_by_key(&place, Remembered::place) {
+                candidates[at] = remember(place);
             }
         }
         if let Some(last) = last.filter(|_| candidates.len() < k) {
