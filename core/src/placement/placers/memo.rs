@@ -12,8 +12,11 @@
 //! search picks, and a property test holds the two equal (`ring.rs`,
 //! `a_remembered_walk_places_as_the_plain_walk`).
 //!
-//! Only searches that rank exactly the first `k` best fits are remembered: not those that
-//! also rank the largest agents, nor those that found fewer than `k` in the upward window.
+//! Only the best fits of a window that reaches the ring's top bucket are remembered (a shorter
+//! window short of `k` fitting agents goes on into the downward phase, which the memo does not
+//! follow); fewer than `k` then means every fitting agent of the window, and a change anywhere
+//! in it is re-checked. Where the score asks for the largest candidates too, those are walked
+//! afresh each time, beside the remembered best fits.
 //!
 //! [`PlacementContext::with_memo`]: super::context::PlacementContext::with_memo
 
