@@ -1,6 +1,7 @@
 //! A scored ring search's memo: the candidates the last search for one demand ranked, with
 //! their ranks, kept so that the next search for the same demand re-checks only the agents
-//! that changed since ([`Cluster::changes`](crate::placement::Cluster::changes)) instead of walking and ranking all `k` again.
+//! that changed since ([`Cluster::changes`](crate::placement::Cluster::changes)) instead of
+//! walking and ranking all `k` again.
 //!
 //! The scored tie-break ([`super::ring`]) ranks the first `k` fitting agents in the ring's
 //! (free, key) order. An agent that did not change has the same free amount, so the same place
