@@ -410,6 +410,7 @@ impl<'w> SimCluster<'w> {
             gpu_total: states.iter().map(|s| s.gpu_total()).sum(),
             ..Usage::default()
         };
+        let allocator_memos = allocator.is_some();
         SimCluster {
             workload,
             target,
@@ -426,9 +427,13 @@ impl<'w> SimCluster<'w> {
             rng: ChaCha8Rng::seed_from_u64(seed),
             random_ties: ties == Ties::Random || policy == SimPolicy::Paper(PaperPolicy::Random),
             held: None,
-            memos: (0..workload.shapes.len())
-                .map(|_| RefCell::default())
-                .collect(),
+            // Only the allocator's ring search reads them.
+            memos: match allocator_memos {
+                true => (0..workload.shapes.len())
+                    .map(|_| RefCell::default())
+                    .collect(),
+                false => Vec::new(),
+            },
         }
     }
 

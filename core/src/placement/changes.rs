@@ -51,12 +51,9 @@ impl ChangeLog {
     /// The agents that changed since `then`, each once (at its latest change), in the order of
     /// those changes; `None` as for [`since`](Self::since).
     pub fn distinct_since(&self, then: u64) -> Option<impl Iterator<Item = AgentKey> + '_> {
-        let oldest = self.next - self.recent.len() as u64;
-        let changes = self.since(then)?;
-        let first = then.max(oldest);
         Some(
-            changes
-                .zip(first..)
+            self.since(then)?
+                .zip(then..)
                 .filter(|&(key, at)| self.latest.get(key) == Some(&at))
                 .map(|(key, _)| key),
         )
@@ -71,11 +68,10 @@ impl ChangeLog {
     /// the changes, repeats included; `None` when changes since then are no longer kept, or
     /// `then` is in the future.
     pub fn since(&self, then: u64) -> Option<impl Iterator<Item = AgentKey> + '_> {
-        let oldest = self.next - self.recent.len() as u64;
-        if then < oldest || then > self.next {
-            return None;
-        }
-        Some(self.recent.range((then - oldest) as usize..).copied())
+        let skip = self
+            .count_since(then)
+            .map(|count| self.recent.len() - count as usize)?;
+        Some(self.recent.range(skip..).copied())
     }
 
     /// How many changes there were since `then`, if they are still kept.

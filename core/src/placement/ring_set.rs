@@ -751,8 +751,7 @@ impl RingSet {
             return grades.graded(range, reach.grade, fits, k, out);
         }
         for bucket in self.bucket_of(after.0).max(first)..=last {
-            let entries = self.buckets[bucket].range((Bound::Excluded(after), Bound::Unbounded));
-            take_fitting(entries.copied(), fits, k, out);
+            take_fitting(self.buckets[bucket].range(range).copied(), fits, k, out);
             if out.len() == k {
                 return;
             }

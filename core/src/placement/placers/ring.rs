@@ -327,21 +327,21 @@ fn ring_search(
             false => 0,
         };
         let walk = (k, largest, reach);
-        let question = |memo| {
-            let question = Question {
-                demand,
-                reach,
-                k,
-                dimension: cluster.dimension_of(dimension)?,
-                plain: rings == Rings::Plain,
-            };
-            Some((memo, question))
-        };
         // Remembered: the best fits of a window reaching the top bucket (else a window short
         // of k fitting agents goes on into the downward phase).
         let reaches_top = ring.bucket_of(need).saturating_add(ring.search_up()) >= ring.len() - 1;
-        let found = match memo.filter(|_| reaches_top).and_then(question) {
-            Some((memo, question)) => {
+        let remembered = memo
+            .filter(|_| reaches_top)
+            .and_then(|memo| Some((memo, cluster.dimension_of(dimension)?)));
+        let found = match remembered {
+            Some((memo, d)) => {
+                let question = Question {
+                    demand,
+                    reach,
+                    k,
+                    dimension: d,
+                    plain: rings == Rings::Plain,
+                };
                 let ranks = (score, &cpu_left as &dyn Fn(AgentKey) -> u64);
                 let walk = (&fitting, largest);
                 remembered_search(cluster, ring, need, walk, ranks, question, memo)
