@@ -618,6 +618,13 @@ impl Cluster {
         self.free_table.get(key, d)
     }
 
+    /// Whether the agent, if it has some of a dimension free, is filed in that dimension's ring
+    /// (`plain`: its plain ring): it is registered and, for a plain ring, plain. O(1), for a
+    /// walk that re-checks a changed agent without looking it up in the ring's tree.
+    pub(crate) fn files(&self, plain: bool, key: AgentKey) -> bool {
+        self.agents.contains(key) && (!plain || self.is_plain(key))
+    }
+
     /// Some agent has none of dimension index `d` free (or lacks it).
     pub(crate) fn some_agent_without(&self, d: usize) -> bool {
         self.dimensions[d].ring.positive() < self.agents.len()

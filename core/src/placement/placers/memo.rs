@@ -6,18 +6,20 @@
 //! The scored tie-break ([`super::ring`]) ranks the first `k` fitting agents in the ring's
 //! (free, key) order. An agent that did not change has the same free amount, so the same place
 //! in that order, and — on the caller's promise ([`PlacementContext::with_memo`]) — still fits
-//! or not and scores as it did. So the first `k` fitting agents now are the first `k` of: the
-//! remembered candidates that did not change, the changed agents that fit now at or before the
-//! last remembered candidate, and, when fewer than `k` remain, the walk continued past that
-//! last candidate. That is what [`WalkMemo`] computes; the winner is the same agent the full
-//! search picks, and a property test holds the two equal (`ring.rs`,
+//! or not and scores as it did. A search remembers the first `k` + [`SPARES`] fitting agents
+//! and the last place it looked at (its frontier), so the first fitting agents now are: the
+//! remembered ones that did not change, the changed agents that fit now at or before the
+//! frontier, and, when fewer than `k` remain, the walk continued past it. That is what
+//! [`WalkMemo`] keeps; only the first `k` are ranked (a spare when it moves up, a changed agent
+//! again), so the winner is the same agent the full search picks. A property test holds the two
+//! equal and the memo's list equal to the ring's fitting agents up to the frontier (`ring.rs`,
 //! `a_remembered_walk_places_as_the_plain_walk`).
 //!
 //! Only the best fits of a window that reaches the ring's top bucket are remembered (a shorter
 //! window short of `k` fitting agents goes on into the downward phase, which the memo does not
-//! follow); fewer than `k` then means every fitting agent of the window, and a change anywhere
-//! in it is re-checked. Where the score asks for the largest candidates too, those are walked
-//! afresh each time, beside the remembered best fits.
+//! follow); a walk that reached the window's end has no frontier, and a change anywhere in it
+//! is re-checked. Where the score asks for the largest candidates too, those are walked afresh
+//! each time, beside the remembered best fits.
 //!
 //! [`PlacementContext::with_memo`]: super::context::PlacementContext::with_memo
 
@@ -35,17 +37,34 @@ pub const REPAIR_AT_MOST: usize = 32;
 /// are two): not counted one by one, walked again.
 const RECORDS_AT_MOST: usize = 4 * REPAIR_AT_MOST;
 
+/// Past the `k` candidates a search ranks, this many more fitting agents are remembered
+/// (unranked until one of the first `k` leaves): a recalled search whose winner no longer fits
+/// takes the next from them instead of walking the ring again.
+pub const SPARES: usize = 8;
+
 /// One remembered candidate: its free amount in the searched dimension and key (its place in
-/// the walk), its score and cpu left (its rank).
+/// the walk), its score and cpu left (its rank) once `ranked`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Remembered {
     pub free: u64,
     pub key: AgentKey,
     pub score: i64,
     pub cpu_left: u64,
+    pub ranked: bool,
 }
 
 impl Remembered {
+    /// A candidate at `place`, not ranked yet.
+    pub fn unranked((free, key): (u64, AgentKey)) -> Self {
+        Remembered {
+            free,
+            key,
+            score: 0,
+            cpu_left: 0,
+            ranked: false,
+        }
+    }
+
     pub fn place(&self) -> (u64, AgentKey) {
         (self.free, self.key)
     }
@@ -71,6 +90,9 @@ pub(crate) struct Question<'d> {
 pub(crate) struct Recalled<'m> {
     /// Its candidates, to repair in place.
     pub candidates: &'m mut Vec<Remembered>,
+    /// The last place its walk looked at, to keep up to date; `None` when it looked at the
+    /// whole window (every fitting agent of it is a candidate).
+    pub frontier: &'m mut Option<(u64, AgentKey)>,
     /// The agents changed since, each once.
     pub changed: SmallVec<[AgentKey; REPAIR_AT_MOST]>,
     /// The change number it was remembered at.
@@ -86,9 +108,12 @@ struct Search {
     dimension: usize,
     /// [`ChangeLog::now`] when the search began.
     then: u64,
-    /// The candidates in walk order: the first `k` fitting agents, or fewer when those are
-    /// every fitting agent of the search's window.
+    /// The candidates in walk order: the first fitting agents up to `frontier`, at most `k` +
+    /// [`SPARES`].
     candidates: Vec<Remembered>,
+    /// The last place the walk looked at (every fitting agent up to it is a candidate); `None`
+    /// when it looked at the whole window.
+    frontier: Option<(u64, AgentKey)>,
 }
 
 impl Search {
@@ -141,25 +166,29 @@ impl WalkMemo {
         self.recalled += 1;
         Some(Recalled {
             candidates: &mut search.candidates,
+            frontier: &mut search.frontier,
             changed,
             then,
         })
     }
 
-    /// Remembers the `candidates` (in walk order) of a search for `question` begun at change
-    /// number `then`.
+    /// Remembers the `candidates` (in walk order, unranked) of a search for `question` begun
+    /// at change number `then`, whose walk looked up to `frontier` (`None`: the whole window).
     pub(crate) fn keep(
         &mut self,
         question: &Question,
         then: u64,
-        candidates: impl Iterator<Item = Remembered>,
+        candidates: &[(u64, AgentKey)],
+        frontier: Option<(u64, AgentKey)>,
     ) {
         let slot = &mut self.searches[usize::from(question.plain)];
+        let unranked = candidates.iter().map(|&place| Remembered::unranked(place));
         match slot {
             Some(search) if search.answers(question) => {
                 search.then = then;
+                search.frontier = frontier;
                 search.candidates.clear();
-                search.candidates.extend(candidates);
+                search.candidates.extend(unranked);
             }
             _ => {
                 *slot = Some(Search {
@@ -168,24 +197,33 @@ impl WalkMemo {
                     k: question.k,
                     dimension: question.dimension,
                     then,
-                    candidates: candidates.collect(),
+                    candidates: unranked.collect(),
+                    frontier,
                 })
             }
         }
     }
 
-    /// The candidates remembered for `question`'s ring.
-    pub(crate) fn candidates(&self, question: &Question) -> Option<&[Remembered]> {
-        let search = self.searches[usize::from(question.plain)].as_ref()?;
-        Some(&search.candidates)
+    /// The candidates remembered for `question`'s ring, to rank in place.
+    pub(crate) fn candidates(&mut self, question: &Question) -> Option<&mut [Remembered]> {
+        let search = self.searches[usize::from(question.plain)].as_mut()?;
+        Some(&mut search.candidates)
     }
 }
 
-/// The last place of a remembered search of `k` candidates, past which it did not look;
-/// `None` when it holds fewer (it looked at the whole window).
-pub(crate) fn frontier(remembered: &[Remembered], k: usize) -> Option<(u64, AgentKey)> {
-    remembered
-        .last()
-        .filter(|_| remembered.len() >= k)
-        .map(Remembered::place)
+#[cfg(test)]
+impl WalkMemo {
+    /// The remembered search of the full rings: the change number it is current at, its
+    /// candidates' places in walk order and its frontier.
+    pub(crate) fn snapshot(&self) -> Option<(u64, Vec<(u64, AgentKey)>, Option<(u64, AgentKey)>)> {
+        let search = self.searches[0].as_ref()?;
+        let places = search.candidates.iter().map(Remembered::place).collect();
+        Some((search.then, places, search.frontier))
+    }
+}
+
+/// The frontier of a walk that asked for `wanted` agents and found `found` (the last one):
+/// that one when it found them all, else `None` (it walked to the window's end).
+pub(crate) fn frontier_of(found: &[(u64, AgentKey)], wanted: usize) -> Option<(u64, AgentKey)> {
+    found.last().copied().filter(|_| found.len() >= wanted)
 }

@@ -28,9 +28,8 @@
 use std::cell::RefCell;
 
 use super::context::{AgentScore, PlacementContext};
-use smallvec::SmallVec;
 
-use super::memo::{frontier, Question, Recalled, Remembered, WalkMemo, REPAIR_AT_MOST};
+use super::memo::{frontier_of, Question, Recalled, Remembered, WalkMemo, SPARES};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
 use crate::placement::ring_set::{Candidates, Reach};
 use crate::placement::{AgentKey, Cluster, Resources, RingSet};
@@ -521,23 +520,20 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
     let top = ring.len() - 1;
     let n = kf.saturating_add(ring.search_up()).min(top);
     let then = cluster.changes().now();
-    let remember = |(free, key): (u64, AgentKey)| Remembered {
-        free,
-        key,
-        score: score.score(key, question.demand),
-        cpu_left: cpu_left(key),
-    };
+    // The first k are ranked, the spares behind them kept unranked for when some leave.
+    let kept = k.saturating_add(SPARES);
     let mut memo = memo.borrow_mut();
     let mut more = Candidates::new();
     let changes = cluster.changes();
     if let Some(recalled) = memo.recall(&question, changes) {
         let Recalled {
             candidates,
+            frontier,
             changed,
             then: remembered_at,
         } = recalled;
-        // Without a last place the memo held every fitting agent of the window.
-        let last = frontier(candidates, k);
+        // Without a frontier the memo held every fitting agent of the window.
+        let last = *frontier;
         // The changed agents out: looked up one by one when few (the list is contiguous),
         // else each candidate asked whether it changed.
         if changed.len() <= FEW_CHANGED {
@@ -549,41 +545,40 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
         } else {
             candidates.retain(|r| !changes.changed_since(r.key, remembered_at));
         }
-        let mut fresh: SmallVec<[(u64, AgentKey); REPAIR_AT_MOST]> = SmallVec::new();
+        // Back in, unranked (their scores are likely out of date), those that fit now at or
+        // before the frontier.
         for &key in &changed {
             let free = cluster.free_in(key, question.dimension);
             let within = free >= need && last.is_none_or(|last| (free, key) <= last);
-            if within && ring.holds(ring.bucket_of(free), key, free) && fitting(key) {
+            if within && cluster.files(question.plain, key) && fitting(key) {
+                debug_assert!(ring.holds(ring.bucket_of(free), key, free));
                 let at = candidates.partition_point(|r| r.place() < (free, key));
-                let unranked = Remembered {
-                    free,
-                    key,
-                    score: 0,
-                    cpu_left: 0,
-                };
-                candidates.insert(at, unranked);
-                fresh.push((free, key));
+                candidates.insert(at, Remembered::unranked((free, key)));
             }
         }
-        candidates.truncate(k);
-        // Ranked only if among the first k: the changed agents that fit now are the ones whose
-        // scores are likely out of date (the caller recomputes them).
-        for place in fresh {
-            if let Ok(at) = candidates.binary_search_by_key(&place, Remembered::place) {
-                candidates[at] = remember(place);
-            }
+        if candidates.len() > kept {
+            candidates.truncate(kept);
+            *frontier = candidates.last().map(Remembered::place);
         }
         if let Some(last) = last.filter(|_| candidates.len() < k) {
-            let wanted = k - candidates.len();
+            let wanted = kept - candidates.len();
             ring.best_fits_after(kf..=n, need, last, reach, fitting, wanted, &mut more);
-            candidates.extend(more.iter().map(|&place| remember(place)));
+            *frontier = frontier_of(&more, wanted);
+            candidates.extend(more.iter().map(|&place| Remembered::unranked(place)));
         }
     } else {
-        ring.best_fits_across(kf..=n, need, reach, fitting, k, &mut more);
-        memo.keep(&question, then, more.iter().map(|&place| remember(place)));
+        ring.best_fits_across(kf..=n, need, reach, fitting, kept, &mut more);
+        memo.keep(&question, then, &more, frontier_of(&more, kept));
     }
-    let now = memo.candidates(&question)?;
-    let best = now.iter().min_by_key(|r| r.rank());
+    let all = memo.candidates(&question)?;
+    let ranked = k.min(all.len());
+    let now = &mut all[..ranked];
+    for r in now.iter_mut().filter(|r| !r.ranked) {
+        r.score = score.score(r.key, question.demand);
+        r.cpu_left = cpu_left(r.key);
+        r.ranked = true;
+    }
+    let best = best_ranked(now);
     let mut found = best.map(|best| {
         let bucket = ring.bucket_of(best.free);
         (best.rank(), (best.key, phase_of(bucket, kf), bucket))
@@ -600,8 +595,8 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
             ring.largest_fits(bucket, need, reach, fitting, largest - seen, &mut more);
             taken += usize::from(!more.is_empty());
             seen += more.len();
-            for &(free, key) in &more {
-                let here = remember((free, key)).rank();
+            for &(_, key) in &more {
+                let here = (score.score(key, question.demand), cpu_left(key), key);
                 if found.as_ref().is_none_or(|(best, _)| here < *best) {
                     found = Some((here, (key, Phase::Down, bucket)));
                 }
@@ -609,6 +604,20 @@ fn remembered_search<F: Fn(AgentKey) -> bool>(
         }
     }
     found.map(|(_, decision)| decision)
+}
+
+/// The remembered candidate of least [`Remembered::rank`]: a plain loop comparing the score
+/// first (the rest only on equal scores), since the walk order holds no rank order.
+fn best_ranked(candidates: &[Remembered]) -> Option<&Remembered> {
+    let (mut best, rest) = candidates.split_first()?;
+    for r in rest {
+        if r.score < best.score
+            || (r.score == best.score && (r.cpu_left, r.key) < (best.cpu_left, best.key))
+        {
+            best = r;
+        }
+    }
+    Some(best)
 }
 
 /// The lowest-ranked candidate so far of a scored tie-break ([`rank`]'s order: the score, then
@@ -1744,6 +1753,24 @@ mod tests {
                             let remembered = cluster.place_in(&demand, &eligible, &mut context().with_memo(&memos[d]));
                             let plain = cluster.place_in(&demand, &eligible, &mut context());
                             prop_assert_eq!(remembered, plain, "demand {}", demand);
+                            // The memo, if this search used it, holds the first fitting agents
+                            // in walk order, every one up to its frontier (all without one).
+                            if let Some((then, places, frontier)) = memos[d].borrow().snapshot() {
+                                if then == cluster.changes().now() {
+                                    let ring = cluster.ring("gpus").unwrap();
+                                    let kf = ring.bucket_of(g);
+                                    let resolved = cluster.resolve(&demand);
+                                    let fitting = |key: AgentKey| cluster.fits(key, &resolved) && eligible(key);
+                                    let reach = context().reach_of(&demand);
+                                    let mut all = Candidates::new();
+                                    ring.best_fits_across(kf..=ring.len() - 1, g, reach, &fitting, usize::MAX, &mut all);
+                                    let expected: Vec<_> = match frontier {
+                                        Some(last) => all.iter().copied().filter(|&p| p <= last).collect(),
+                                        None => all.to_vec(),
+                                    };
+                                    prop_assert_eq!(places, expected, "demand {}", demand);
+                                }
+                            }
                         }
                     }
                 }
