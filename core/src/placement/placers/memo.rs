@@ -211,11 +211,16 @@ impl WalkMemo {
     }
 }
 
+/// A memo's remembered search of the full rings, for tests: its change number, candidates'
+/// places and frontier.
+#[cfg(test)]
+pub(crate) type Snapshot = (u64, Vec<(u64, AgentKey)>, Option<(u64, AgentKey)>);
+
 #[cfg(test)]
 impl WalkMemo {
     /// The remembered search of the full rings: the change number it is current at, its
     /// candidates' places in walk order and its frontier.
-    pub(crate) fn snapshot(&self) -> Option<(u64, Vec<(u64, AgentKey)>, Option<(u64, AgentKey)>)> {
+    pub(crate) fn snapshot(&self) -> Option<Snapshot> {
         let search = self.searches[0].as_ref()?;
         let places = search.candidates.iter().map(Remembered::place).collect();
         Some((search.then, places, search.frontier))
