@@ -183,6 +183,14 @@ pub fn run_cycle<T: Clone>(
             false => grants.extend(served),
         }
     }
+    // Every request served (the common case): nothing to preempt for or explain.
+    if order.iter().all(|&i| requests[i].request.count == 0) {
+        return Outcome {
+            grants,
+            preemptions: Vec::new(),
+            unserved: Vec::new(),
+        };
+    }
     // Preemption, highest tier first, in request order within a tier.
     let mut running: Option<Vec<RunningTask<T>>> = None;
     let mut claimed: HashSet<AgentKey> = HashSet::new();
