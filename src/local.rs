@@ -92,6 +92,7 @@ impl LocalCluster {
                 allow_root_tasks: false,
                 gpu_sharing: Default::default(),
                 usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
+                safeguards: Default::default(),
             };
             let mut stop = stop_rx.clone();
             agents.push(tokio::spawn(async move {

@@ -41,6 +41,7 @@ fn config(work_dir: &Path) -> AgentConfig {
         allow_root_tasks: false,
         gpu_sharing: Default::default(),
         usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
+        safeguards: Default::default(),
     }
 }
 

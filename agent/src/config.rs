@@ -168,6 +168,42 @@ pub struct AgentConfig {
     pub gpu_sharing: GpuSharing,
     /// How often running tasks' usage is sampled and reported (`--usage-interval`).
     pub usage_interval: Duration,
+    /// What the agent guards beyond each task's own resources: default limits, sandbox
+    /// garbage collection, the disk watermark (docs/security.md).
+    pub safeguards: Safeguards,
+}
+
+/// The default of `--default-task-resources`: what a task that omits `cpus` or `mem` is held to.
+pub const DEFAULT_TASK_RESOURCES: &str = "cpus:0.1;mem:32";
+/// The default of `--sandbox-gc-delay`.
+pub const DEFAULT_SANDBOX_GC_DELAY: Duration = Duration::from_secs(3600);
+/// The default of `--disk-watermark`.
+pub const DEFAULT_DISK_WATERMARK: f64 = 0.9;
+
+/// Limits and housekeeping that hold for every task, whatever it asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Safeguards {
+    /// `--default-task-resources`: the `cpus` and `mem` a task that omits them is limited to
+    /// (`None`: `none`, such tasks are refused).
+    pub default_task_resources: Option<Resources>,
+    /// `--sandbox-gc-delay`: how long an ended task's sandbox is kept after its terminal update
+    /// was acknowledged.
+    pub sandbox_gc_delay: Duration,
+    /// `--disk-watermark`: above this fraction of the work dir's file system in use, ended
+    /// sandboxes are collected at once, oldest first.
+    pub disk_watermark: f64,
+}
+
+impl Default for Safeguards {
+    fn default() -> Self {
+        Safeguards {
+            default_task_resources: Some(
+                Resources::parse(DEFAULT_TASK_RESOURCES).expect("a valid default"),
+            ),
+            sandbox_gc_delay: DEFAULT_SANDBOX_GC_DELAY,
+            disk_watermark: DEFAULT_DISK_WATERMARK,
+        }
+    }
 }
 
 impl AgentConfig {
@@ -296,6 +332,7 @@ impl AgentConfig {
             allow_root_tasks: args.allow_root_tasks,
             gpu_sharing,
             usage_interval,
+            safeguards: Safeguards::default(),
         })
     }
 }

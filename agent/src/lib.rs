@@ -96,7 +96,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 pub use config::{
-    default_work_dir, isolation_from_args, parse_attributes, AgentArgs, AgentConfig,
+    default_work_dir, isolation_from_args, parse_attributes, AgentArgs, AgentConfig, Safeguards,
     DEFAULT_KILL_GRACE, DEFAULT_RECONNECT_MAX_BACKOFF, WORK_DIR_NAME,
 };
 pub use detect::{detect_gpus, detect_hostname, detect_resources};

@@ -1422,6 +1422,7 @@ mod tests {
                 allow_root_tasks: false,
                 gpu_sharing: Default::default(),
                 usage_interval: crate::usage::DEFAULT_USAGE_INTERVAL,
+                safeguards: Default::default(),
             }
         }
 

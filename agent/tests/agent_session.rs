@@ -212,6 +212,7 @@ fn config(master: &str, work_dir: &Path, resources: &str) -> AgentConfig {
         allow_root_tasks: false,
         gpu_sharing: Default::default(),
         usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
+        safeguards: Default::default(),
     }
 }
 

@@ -30,6 +30,7 @@ fn config(work_dir: &std::path::Path, spec: &str, selection: DeviceSelection) ->
         allow_root_tasks: false,
         gpu_sharing: Default::default(),
         usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
+        safeguards: Default::default(),
     }
 }
 

@@ -28,6 +28,7 @@ pub fn config(work_dir: &Path, hostname: &str) -> AgentConfig {
         allow_root_tasks: false,
         gpu_sharing: Default::default(),
         usage_interval: ringmaster_agent::usage::DEFAULT_USAGE_INTERVAL,
+        safeguards: Default::default(),
     }
 }
 
