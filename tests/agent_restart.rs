@@ -55,8 +55,12 @@ async fn a_restarted_agent_adopts_running_tasks_and_reports_ended_ones() {
         let running = fw.expect_state(id, TaskState::TaskRunning).await;
         fw.ack(&running).await;
     }
-    let sandbox = |id: &str| work.path().join("sandboxes").join(&fw.id).join(id);
-    let long_file = std::fs::read_to_string(sandbox("long").join(".ringmaster-task")).unwrap();
+    // The agent's own record of each run, outside every sandbox.
+    let meta = |id: &str| {
+        let run = ringmaster_agent::sandbox::latest_run(work.path(), &fw.id, id).unwrap();
+        ringmaster_agent::task_files::meta_dir(work.path(), &fw.id, id, &run)
+    };
+    let long_file = std::fs::read_to_string(meta("long").join("task")).unwrap();
     let long_pid: u32 = long_file
         .lines()
         .find_map(|l| l.strip_prefix("pid="))
@@ -70,7 +74,7 @@ async fn a_restarted_agent_adopts_running_tasks_and_reports_ended_ones() {
     assert!(ringmaster_agent::process::process_is_alive(long_pid));
     // One task ends while no agent watches it.
     std::fs::write(&go, b"").unwrap();
-    wait_for_file(&sandbox("ends").join(".ringmaster-exit")).await;
+    wait_for_file(&meta("ends").join(ringmaster_agent::supervisor::EXIT_FILE)).await;
 
     let _agent = processes::start_agent(&addr, "a1", "cpus:4;mem:1024", work.path());
     let ended = fw.expect_state("ends", TaskState::TaskFailed).await;
@@ -134,7 +138,7 @@ async fn a_restarted_agent_keeps_checking_an_adopted_tasks_health() {
 
     drop(agent); // SIGKILL; the task keeps running
     wait_for_state(&master, "agent disconnected", |s| !s.agents[0].connected).await;
-    let sandbox = work.path().join("sandboxes").join(&fw.id).join("checked");
+    let sandbox = ringmaster_agent::sandbox::latest_run_dir(work.path(), &fw.id, "checked");
     std::fs::remove_file(sandbox.join("ok")).unwrap();
     let _agent = processes::start_agent(&addr, "a1", "cpus:4;mem:1024", work.path());
     let failed = fw.expect_state("checked", TaskState::TaskFailed).await;

@@ -72,7 +72,10 @@ tasks:
     let sandboxes = dir.path().join("fast").join("sandboxes");
     let mut found = false;
     for fw in std::fs::read_dir(&sandboxes).unwrap().flatten() {
-        let written = std::fs::read_to_string(fw.path().join("urgent").join("out"));
+        let id = fw.file_name().to_string_lossy().into_owned();
+        let run =
+            ringmaster_agent::sandbox::latest_run_dir(&dir.path().join("fast"), &id, "urgent");
+        let written = std::fs::read_to_string(run.join("out"));
         found |= written.is_ok_and(|w| w.trim() == "urgent");
     }
     assert!(found, "urgent's sandbox on fast holds its output");

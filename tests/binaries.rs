@@ -66,8 +66,12 @@ fn serve_agents_and_exec_run_real_tasks() {
         let sandboxes = dir.path().join(agent).join("sandboxes");
         if let Ok(frameworks) = std::fs::read_dir(&sandboxes) {
             for fw in frameworks.flatten() {
-                for task in std::fs::read_dir(fw.path()).unwrap().flatten() {
-                    let greeting = std::fs::read_to_string(task.path().join("greeting")).unwrap();
+                for run in std::fs::read_dir(fw.path())
+                    .unwrap()
+                    .flatten()
+                    .flat_map(|task| std::fs::read_dir(task.path()).unwrap().flatten())
+                {
+                    let greeting = std::fs::read_to_string(run.path().join("greeting")).unwrap();
                     assert!(greeting.starts_with("hi from hello-"), "{greeting}");
                     found += 1;
                 }

@@ -61,12 +61,14 @@ fn kill_9_of_the_master_mid_run_loses_nothing_and_launches_nothing_twice() {
         ["a1", "a2"]
             .iter()
             .flat_map(|a| {
-                std::fs::read_dir(dir.path().join(a).join("sandboxes"))
+                // The supervisors' records, in the agents' own meta directories.
+                std::fs::read_dir(dir.path().join(a).join("meta").join("tasks"))
                     .into_iter()
                     .flatten()
                     .flatten()
                     .flat_map(|fw| std::fs::read_dir(fw.path()).into_iter().flatten().flatten())
-                    .filter(|t| t.path().join(".ringmaster-exit").exists())
+                    .flat_map(|t| std::fs::read_dir(t.path()).into_iter().flatten().flatten())
+                    .filter(|run| run.path().join("exit").exists())
                     .collect::<Vec<_>>()
             })
             .count()
@@ -121,7 +123,8 @@ fn kill_9_of_the_master_mid_run_loses_nothing_and_launches_nothing_twice() {
                 .flatten()
                 .flatten()
                 .flat_map(|fw| std::fs::read_dir(fw.path()).into_iter().flatten().flatten())
-                .filter(|t| t.path().join("result").exists())
+                .flat_map(|t| std::fs::read_dir(t.path()).into_iter().flatten().flatten())
+                .filter(|run| run.path().join("result").exists())
                 .collect::<Vec<_>>()
         })
         .count();

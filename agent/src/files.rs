@@ -2,7 +2,8 @@
 //! output"), after Mesos' `/files/read`: a window of `<sandbox>/stdout` or `<sandbox>/stderr`
 //! given by offset and length, and the file's whole size, so a reader can follow the file.
 //!
-//! Any task the agent has a sandbox for is served, running or ended. The file is opened as
+//! Any task the agent has a sandbox for is served, running or ended, from its newest run
+//! ([`crate::sandbox::latest_run`]; a task that still runs has no newer one). The file is opened as
 //! [`crate::sandbox::open_output`] opens it (no symlink, no FIFO, the sandbox owner's regular
 //! file with one link), and at most [`MAX_READ_BYTES`] are read per request. Everything that
 //! goes wrong becomes the answer's `error`, never a panic. The reads are blocking file I/O:
@@ -13,7 +14,7 @@ use std::path::Path;
 
 use ringmaster_proto::{FileData, FileKind, ReadFile};
 
-use crate::sandbox::{open_output, sandbox_dir};
+use crate::sandbox::{latest_run, open_output, run_dir};
 
 /// The most bytes one `ReadFile` returns, whatever its `length`.
 pub const MAX_READ_BYTES: u32 = 64 * 1024;
@@ -38,7 +39,14 @@ pub fn read(work_dir: &Path, request: &ReadFile) -> FileData {
         return answer;
     };
     let name = file_name(kind);
-    let sandbox = sandbox_dir(work_dir, &request.framework_id, &request.task_id);
+    let Some(run) = latest_run(work_dir, &request.framework_id, &request.task_id) else {
+        answer.error = format!(
+            "no sandbox for task {:?} of framework {:?} on this agent",
+            request.task_id, request.framework_id
+        );
+        return answer;
+    };
+    let sandbox = run_dir(work_dir, &request.framework_id, &request.task_id, &run);
     match read_window(&sandbox, name, request.offset, request.length) {
         Ok((data, size)) => {
             answer.data = data;
@@ -94,7 +102,7 @@ mod tests {
     /// A work dir with a sandbox for task `t` holding `stdout` and `stderr`.
     fn work_dir(stdout: &[u8], stderr: &[u8]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        let sandbox = sandbox_dir(dir.path(), "fw", "t");
+        let sandbox = run_dir(dir.path(), "fw", "t", "0000000000001");
         std::fs::create_dir_all(&sandbox).unwrap();
         std::fs::write(sandbox.join("stdout"), stdout).unwrap();
         std::fs::write(sandbox.join("stderr"), stderr).unwrap();
@@ -153,7 +161,8 @@ mod tests {
         assert!(unknown.data.is_empty());
         let hostile = read(dir.path(), &request("../t", FileKind::Stdout, 0, 10));
         assert!(hostile.error.contains("no sandbox"), "{}", hostile.error);
-        std::fs::remove_file(sandbox_dir(dir.path(), "fw", "t").join("stderr")).unwrap();
+        std::fs::remove_file(run_dir(dir.path(), "fw", "t", "0000000000001").join("stderr"))
+            .unwrap();
         let missing = read(dir.path(), &request("t", FileKind::Stderr, 0, 10));
         assert!(missing.error.contains("no stderr"), "{}", missing.error);
         let mut bad = request("t", FileKind::Stdout, 0, 10);
@@ -167,7 +176,7 @@ mod tests {
         let dir = work_dir(b"", b"");
         let secret = dir.path().join("agent_secret");
         std::fs::write(&secret, "top secret\n").unwrap();
-        let sandbox = sandbox_dir(dir.path(), "fw", "t");
+        let sandbox = run_dir(dir.path(), "fw", "t", "0000000000001");
         std::fs::remove_file(sandbox.join("stdout")).unwrap();
         std::os::unix::fs::symlink(&secret, sandbox.join("stdout")).unwrap();
         let symlink = read(dir.path(), &request("t", FileKind::Stdout, 0, 100));

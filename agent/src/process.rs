@@ -4,24 +4,27 @@
 //! command started (pipelines, background jobs), not just the shell. With cgroups
 //! ([`crate::isolation`]) the task also runs in its own cgroup, joined before the command is
 //! exec'd, and a kill reaches every process in it, also those that left the process group
-//! (`setsid`). A watcher (one tokio task per process) owns the child; it reports the exit on a
-//! channel only once the whole group (and cgroup) is empty, so "task ended" also means "its
-//! processes are gone"; it then removes the cgroup. Nothing here knows about the master, which
-//! keeps this part testable on its own.
+//! (`setsid`). The task is started by its supervisor ([`crate::supervisor`]), which waits for
+//! it and records how it ended in the agent's own directory. A watcher (one tokio task per
+//! task) waits for the supervisor; it reports the recorded exit on a channel only once the
+//! whole group (and cgroup) is empty, so "task ended" also means "its processes are gone"; it
+//! then removes the cgroup. Nothing here knows about the master, which keeps this part
+//! testable on its own.
 
 use std::fs::File;
 use std::io::{self, Write as _};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::process::{Child, Command};
+use tokio::io::unix::AsyncFd;
+use tokio::process::Command;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::isolation::TaskCgroup;
+use crate::supervisor::{self, Recorded};
 use crate::users::TaskUser;
 
 /// How often a killed group is checked for survivors during the grace period.
@@ -31,35 +34,22 @@ const ADOPTED_POLL: Duration = Duration::from_millis(100);
 /// How long after the SIGKILL deadline survivors are waited for before they are given up on.
 const GIVE_UP_AFTER_SIGKILL: Duration = Duration::from_secs(5);
 
-/// The file in the sandbox where the task's wrapper records the command's exit status, so an
-/// agent that restarted (and so cannot wait for the process) still learns how it ended.
-pub const EXIT_STATUS_FILE: &str = ".ringmaster-exit";
-
-/// Every task runs under this small `sh` wrapper (the group leader): it runs the command as
-/// `sh -c COMMAND`, writes its exit status to [`EXIT_STATUS_FILE`] (atomically, by rename),
-/// then ends the same way the command did (re-raising a signal), so a waiting parent sees
-/// exactly what the command did. The wrapper outlives a SIGTERM sent to the group (the trap
-/// has a handler, so the command itself gets the default action), so a killed task's status
-/// is recorded too; only SIGKILL ends the wrapper without a record. When its launch gate
-/// closes without opening (the agent stopped before starting the task) it records
-/// [`NOT_STARTED_MARK`] instead and exits 125 without running the command.
-const WRAPPER: &str = r#"IFS= read -r gate <&3; exec 3<&-; [ "$gate" = go ] || { printf 'not-started\n' > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; exit 125; }; trap : TERM INT HUP; sh -c "$1"; c=$?; printf '%s\n' "$c" > .ringmaster-exit.tmp && mv -f .ringmaster-exit.tmp .ringmaster-exit; if [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then trap - TERM INT HUP; kill -$((c - 128)) $$ 2>/dev/null; fi; exit "$c""#;
-
-/// What the wrapper writes to [`EXIT_STATUS_FILE`] when its command never ran.
-pub const NOT_STARTED_MARK: &str = "not-started";
-
 /// Everything needed to start one task.
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
     pub command: String,
-    /// Working directory; created if missing. `stdout` and `stderr` files are written in it.
+    /// The task's run directory: exists, empty, owned by the task's user ([`crate::sandbox`]).
+    /// The task creates its `stdout` and `stderr` there.
     pub sandbox: PathBuf,
+    /// The task's meta directory (the agent's own, [`crate::task_files`]), where its
+    /// supervisor records how it ended.
+    pub meta_dir: PathBuf,
     /// Environment added to the agent's own.
     pub env: Vec<(String, String)>,
     /// SIGTERM-to-SIGKILL grace when the task is killed.
     pub kill_grace: Duration,
-    /// The user to run as (`None`: the agent's own). The sandbox is then owned by this user and
-    /// made 0700; the process gets the user's uid, gid and supplementary groups.
+    /// The user to run as (`None`: the agent's own); the process gets the user's uid, gid and
+    /// supplementary groups.
     pub user: Option<TaskUser>,
     /// The task's cgroup (`None`: no cgroup isolation). The process joins it before exec; the
     /// watcher removes it once it is empty.
@@ -76,22 +66,22 @@ pub enum ExitOutcome {
     /// Waiting for the process failed; it is not known how it ended.
     WaitFailed(String),
     /// The command never ran: the launch gate closed before the agent started the task (it
-    /// stopped in between), so the wrapper exited without running it. Read from the
-    /// sandbox ([`NOT_STARTED_MARK`]) for a task adopted after a restart.
+    /// stopped in between), as its supervisor recorded ([`crate::supervisor`]).
     NotStarted,
     /// The kernel killed a process of the task for exceeding the task's memory limit (its
     /// cgroup counted an OOM kill); the task then ended as `then` says.
     MemoryLimit(Box<ExitOutcome>),
 }
 
-impl ExitOutcome {
-    fn from_status(status: ExitStatus) -> Self {
-        use std::os::unix::process::ExitStatusExt as _;
-        match (status.code(), status.signal()) {
-            (Some(code), _) => ExitOutcome::Code(code),
-            (None, Some(signal)) => ExitOutcome::Signal(signal),
-            (None, None) => ExitOutcome::WaitFailed(format!("unrecognised exit status {status}")),
-        }
+/// How the task whose meta directory is `meta_dir` ended, from its supervisor's record.
+pub fn recorded_outcome(meta_dir: &Path) -> ExitOutcome {
+    match supervisor::recorded(meta_dir) {
+        Some(Recorded::Exit(code)) => ExitOutcome::Code(code),
+        Some(Recorded::Signal(signal)) => ExitOutcome::Signal(signal),
+        Some(Recorded::NotStarted) => ExitOutcome::NotStarted,
+        None => ExitOutcome::WaitFailed(
+            "the task's supervisor ended without recording its exit status (killed?)".into(),
+        ),
     }
 }
 
@@ -99,6 +89,8 @@ impl ExitOutcome {
 #[derive(Debug)]
 pub struct ProcessHandle {
     pid: u32,
+    /// The task's supervisor ([`crate::supervisor`]).
+    supervisor: u32,
     /// A kill request: `None` uses the task's grace, `Some(d)` at most `d`.
     kill: mpsc::UnboundedSender<Option<Duration>>,
     /// The write end of the launch gate ([`launch_gated`]) until [`start`](Self::start).
@@ -121,6 +113,11 @@ impl ProcessHandle {
         self.pid
     }
 
+    /// The pid of the task's supervisor, which waits for it and records how it ended.
+    pub fn supervisor_pid(&self) -> u32 {
+        self.supervisor
+    }
+
     /// Asks the watcher to end the whole group: SIGTERM now, SIGKILL after the grace period.
     /// Harmless when the process already ended or was already asked.
     pub fn kill(&self) {
@@ -138,24 +135,10 @@ impl ProcessHandle {
 /// Why a task could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    #[error("cannot create sandbox {path}: {source}")]
-    Sandbox { path: PathBuf, source: io::Error },
-    #[error("cannot create {path}: {source}")]
-    OutputFile { path: PathBuf, source: io::Error },
     #[error("invalid environment variable name {name:?}")]
     BadEnv { name: String },
-    #[error("cannot hand sandbox {path} to user {user}: {source}")]
-    SandboxOwner {
-        path: PathBuf,
-        user: String,
-        source: io::Error,
-    },
-    #[error("cannot spawn `sh -c`: {0}")]
-    Spawn(io::Error),
-    #[error(
-        "cannot start the task in cgroup {cgroup} (join the cgroup, then switch user): {source}"
-    )]
-    SpawnInCgroup { cgroup: String, source: io::Error },
+    #[error("{0}")]
+    Spawn(#[from] supervisor::SpawnError),
 }
 
 /// The agent's own variables a task (and its health checks) inherits; everything else of the
@@ -213,28 +196,13 @@ pub fn launch<T: Send + 'static>(
     Ok(handle)
 }
 
-/// The file descriptor on which a task's wrapper waits for its launch gate.
-const GATE_FD: i32 = 3;
-
-/// A close-on-exec pipe: (read end, write end).
-fn gate_pipe() -> io::Result<(OwnedFd, File)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 succeeded: both are open descriptors that nothing else owns.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    Ok((read, File::from(write)))
-}
-
-/// As [`launch`], but the task's command does not run until [`ProcessHandle::start`]: its
-/// wrapper waits for the word `go` on a pipe whose write end only the handle holds. If the
-/// agent dies before starting it, the pipe closes and the wrapper exits (125) without running
-/// the command. So the agent can record the pid first and then start the task: a task that ran
-/// is always one whose pid the agent recorded (and adopts after a restart), never one it would
-/// take for "never ran" (found by tests/ha_history.rs: a short task killed the agent's record
-/// race, ran, and was reported LOST).
+/// As [`launch`], but the task's command does not run until [`ProcessHandle::start`]: it waits
+/// at a gate whose write end only the handle holds. If the agent dies before starting it, the
+/// gate closes and the supervisor records that the command never ran. So the agent can record
+/// the pids first and then start the task: a task that ran is always one whose pid the agent
+/// recorded (and adopts after a restart), never one it would take for "never ran" (found by
+/// tests/ha_history.rs: a short task killed the agent's record race, ran, and was reported
+/// LOST).
 pub fn launch_gated<T: Send + 'static>(
     spec: &LaunchSpec,
     tag: T,
@@ -245,80 +213,131 @@ pub fn launch_gated<T: Send + 'static>(
             return Err(LaunchError::BadEnv { name: name.clone() });
         }
     }
-    std::fs::create_dir_all(&spec.sandbox).map_err(|source| LaunchError::Sandbox {
-        path: spec.sandbox.clone(),
-        source,
-    })?;
-    let stdout = create_output(&spec.sandbox, "stdout")?;
-    let stderr = create_output(&spec.sandbox, "stderr")?;
-    // Only root switches users. A non-root agent runs tasks as itself (user resolution refuses
-    // any other user there): setgroups needs CAP_SETGID even for the groups it already has.
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let switch_user = spec
-        .user
-        .as_ref()
-        .filter(|_| unsafe { libc::geteuid() } == 0);
-    if let Some(user) = switch_user {
-        hand_sandbox_to(&spec.sandbox, user).map_err(|source| LaunchError::SandboxOwner {
-            path: spec.sandbox.clone(),
-            user: user.name.clone(),
-            source,
-        })?;
-    }
-    let mut command = Command::new("sh");
-    command
-        .arg("-c")
-        .arg(WRAPPER)
-        .arg("ringmaster-task")
-        .arg(&spec.command)
-        .current_dir(&spec.sandbox)
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr)
-        .process_group(0)
-        .kill_on_drop(false);
-    set_environment(&mut command, &spec.env);
-    // Both ends are close-on-exec; the child gets the read end as GATE_FD, which is not.
-    let (gate_read, gate_write) = gate_pipe().map_err(LaunchError::Spawn)?;
-    let gate_fd = gate_read.as_raw_fd();
-    // SAFETY: the closure runs in the forked child before exec and only calls dup2 or fcntl
-    // (async-signal-safe) on a descriptor number it owns; it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            let done = if gate_fd == GATE_FD {
-                libc::fcntl(GATE_FD, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(gate_fd, GATE_FD)
-            };
-            if done < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    confine(&mut command, switch_user, spec.cgroup.as_deref());
-    let child = command.spawn().map_err(|source| match &spec.cgroup {
-        Some(cgroup) => LaunchError::SpawnInCgroup {
-            cgroup: cgroup.path().to_string(),
-            source,
-        },
-        None => LaunchError::Spawn(source),
-    })?;
-    let pid = child.id().ok_or_else(|| {
-        LaunchError::Spawn(io::Error::other("child exited before its pid was read"))
+    let env = environment(&spec.env);
+    let started = supervisor::spawn(&supervisor::Spec {
+        command: &spec.command,
+        env: &env,
+        run_dir: &spec.sandbox,
+        meta_dir: &spec.meta_dir,
+        user: spec.user.as_ref(),
+        cgroup: spec.cgroup.as_deref(),
     })?;
     let (kill_tx, kill_rx) = mpsc::unbounded_channel();
     let tree = Tree {
-        pgid: pid,
+        pgid: started.task,
+        leader_ticks: process_start_ticks(started.task).unwrap_or(0),
         cgroup: spec.cgroup.clone(),
     };
-    drop(gate_read);
-    tokio::spawn(watch(child, tree, spec.kill_grace, kill_rx, tag, exits));
+    let waiter = Waiter::child(started.supervisor);
+    tokio::spawn(watch(
+        waiter,
+        tree,
+        spec.meta_dir.clone(),
+        spec.kill_grace,
+        kill_rx,
+        tag,
+        exits,
+    ));
     Ok(ProcessHandle {
-        pid,
+        pid: started.task,
+        supervisor: started.supervisor,
         kill: kill_tx,
-        gate: Some(gate_write),
+        gate: Some(started.gate),
     })
+}
+
+/// [`INHERITED_ENV`] of the agent's environment, then `env`, as one list (later names win).
+fn environment(env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut all: Vec<(String, String)> = Vec::new();
+    for name in INHERITED_ENV {
+        match std::env::var(name) {
+            Ok(value) => all.push((name.to_string(), value)),
+            Err(_) if *name == "PATH" => all.push((name.to_string(), DEFAULT_PATH.to_string())),
+            Err(_) => {}
+        }
+    }
+    for (k, v) in env {
+        all.retain(|(name, _)| name != k);
+        all.push((k.clone(), v.clone()));
+    }
+    all
+}
+
+/// Waits for a task's supervisor to end: a pidfd where the kernel has them (5.3+), else
+/// polling. A supervisor the agent started is its child and is reaped; one adopted after a
+/// restart is identified by its start time, so a reused pid is never taken for it.
+struct Waiter {
+    pid: u32,
+    /// `None`: our own child; `Some`: adopted, with its start time.
+    start_ticks: Option<u64>,
+    fd: Option<AsyncFd<OwnedFd>>,
+}
+
+/// A pidfd registered with the runtime's reactor.
+fn register(fd: Option<OwnedFd>) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: the descriptor is owned by the AsyncFd from here on, so nothing else closes or
+    // reuses it while it is registered.
+    fd.and_then(|fd| unsafe { AsyncFd::register(fd) }.ok())
+}
+
+impl Waiter {
+    fn child(pid: u32) -> Self {
+        let fd = register(supervisor::pidfd(pid));
+        Waiter {
+            pid,
+            start_ticks: None,
+            fd,
+        }
+    }
+
+    fn adopted(pid: u32, start_ticks: u64) -> Self {
+        // Opened first, checked second: the pidfd then names the process that was checked.
+        let fd = register(supervisor::pidfd(pid));
+        Waiter {
+            pid,
+            start_ticks: Some(start_ticks),
+            fd,
+        }
+    }
+
+    /// True once the supervisor is gone (reaped, when it is our child).
+    fn gone(&self) -> bool {
+        match self.start_ticks {
+            None => {
+                let mut status = 0;
+                // SAFETY: waiting for our own child without blocking.
+                let r =
+                    unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, libc::WNOHANG) };
+                r != 0
+            }
+            Some(ticks) => {
+                process_start_ticks(self.pid) != Some(ticks) || !process_is_alive(self.pid)
+            }
+        }
+    }
+
+    async fn exited(&self) {
+        if self.gone() {
+            return;
+        }
+        match &self.fd {
+            Some(fd) => loop {
+                match fd.readable().await {
+                    Ok(mut guard) => {
+                        if self.gone() {
+                            return;
+                        }
+                        guard.clear_ready();
+                    }
+                    Err(_) => break,
+                }
+            },
+            None => {}
+        }
+        while !self.gone() {
+            tokio::time::sleep(ADOPTED_POLL).await;
+        }
+    }
 }
 
 /// Makes `command` start where a task's processes run: in the task's cgroup (joined first,
@@ -380,6 +399,8 @@ fn join_cgroup(file: &std::ffi::CStr) -> io::Result<()> {
 /// Everything a task runs: its process group and, with cgroups, its cgroup.
 struct Tree {
     pgid: u32,
+    /// The group leader's start time (to tell it from a process that reused its pid).
+    leader_ticks: u64,
     cgroup: Option<Arc<TaskCgroup>>,
 }
 
@@ -425,103 +446,54 @@ impl Tree {
     }
 }
 
-/// Takes over a task started by an earlier run of the agent (the process is not our child):
-/// `pid` is its group leader, trusted only while its start time (from `/proc`) is
-/// `start_ticks`, so a reused pid is never signalled. Its end is found by polling, its exit
-/// status read from the sandbox's [`EXIT_STATUS_FILE`]; `(tag, outcome)` is sent on `exits`
-/// once the group is gone. With `cgroup` (the task's cgroup, re-attached after the restart),
-/// kill and the end of the task work as for [`launch`]. Must be called within a runtime.
-#[allow(clippy::too_many_arguments)]
+/// A task started by an earlier run of the agent, as its record names it.
+#[derive(Debug, Clone)]
+pub struct Adoptee {
+    /// Its supervisor and the supervisor's start time.
+    pub supervisor: u32,
+    pub supervisor_ticks: u64,
+    /// The task's pid (its process group) and its start time.
+    pub task: u32,
+    pub task_ticks: u64,
+    pub meta_dir: PathBuf,
+}
+
+/// Takes over a task started by an earlier run of the agent (its supervisor is no longer our
+/// child). The supervisor is trusted only while its start time (from `/proc`) is the recorded
+/// one, so a reused pid is never taken for it; while it lives, the task's pid is not reused
+/// either (the supervisor has not reaped it), so the task's group may be signalled. Once the
+/// supervisor is gone, the task's end is read from its record in the meta directory and
+/// `(tag, outcome)` is sent on `exits`. With `cgroup` (the task's cgroup, re-attached after
+/// the restart), kill and the end of the task work as for [`launch`]. Must be called within a
+/// runtime.
 pub fn adopt<T: Send + 'static>(
-    pid: u32,
-    start_ticks: u64,
-    sandbox: PathBuf,
+    adoptee: Adoptee,
     cgroup: Option<Arc<TaskCgroup>>,
     kill_grace: Duration,
     tag: T,
     exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
 ) -> ProcessHandle {
     let (kill_tx, kill_rx) = mpsc::unbounded_channel();
-    tokio::spawn(watch_adopted(
-        pid,
-        start_ticks,
-        sandbox,
+    let waiter = Waiter::adopted(adoptee.supervisor, adoptee.supervisor_ticks);
+    let tree = Tree {
+        pgid: adoptee.task,
+        leader_ticks: adoptee.task_ticks,
         cgroup,
+    };
+    tokio::spawn(watch(
+        waiter,
+        tree,
+        adoptee.meta_dir,
         kill_grace,
         kill_rx,
         tag,
         exits,
     ));
     ProcessHandle {
-        pid,
+        pid: adoptee.task,
+        supervisor: adoptee.supervisor,
         kill: kill_tx,
         gate: None,
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn watch_adopted<T>(
-    pid: u32,
-    start_ticks: u64,
-    sandbox: PathBuf,
-    cgroup: Option<Arc<TaskCgroup>>,
-    grace: Duration,
-    mut kill_rx: mpsc::UnboundedReceiver<Option<Duration>>,
-    tag: T,
-    exits: mpsc::UnboundedSender<(T, ExitOutcome)>,
-) {
-    let ours = || process_start_ticks(pid) == Some(start_ticks) && process_is_alive(pid);
-    let mut poll = tokio::time::interval(ADOPTED_POLL);
-    let mut kill_deadline: Option<Instant> = None;
-    let mut sigkilled = false;
-    // The group is only ours while the leader is; the cgroup is ours regardless.
-    let tree = Tree { pgid: pid, cgroup };
-    while ours() {
-        tokio::select! {
-            _ = poll.tick() => {}
-            Some(limit) = kill_rx.recv(), if !sigkilled => {
-                kill_deadline = Some(next_deadline(&tree, kill_deadline, grace, limit));
-            }
-            _ = sleep_until_opt(kill_deadline), if !sigkilled && kill_deadline.is_some() => {
-                tree.signal(libc::SIGKILL);
-                sigkilled = true;
-            }
-        }
-    }
-    // The leader is gone. Whatever is left in its group goes with it, unless the pid now
-    // belongs to another process (then the group, which held the pid, is gone too).
-    let reused = process_start_ticks(pid).is_some_and(|t| t != start_ticks);
-    let tree = Tree {
-        pgid: if reused { 0 } else { pid },
-        ..tree
-    };
-    if tree.alive() {
-        tree.signal(libc::SIGKILL);
-        drain(&tree, Instant::now() + grace).await;
-    }
-    let outcome = tree.finish(recorded_outcome(&sandbox)).await;
-    let _ = exits.send((tag, outcome));
-}
-
-/// How the task ended, from the exit status its wrapper wrote in the sandbox.
-pub fn recorded_outcome(sandbox: &Path) -> ExitOutcome {
-    let path = sandbox.join(EXIT_STATUS_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) if text.trim() == NOT_STARTED_MARK => ExitOutcome::NotStarted,
-        Ok(text) => match text.trim().parse::<i32>() {
-            Ok(code) if (129..193).contains(&code) => ExitOutcome::Signal(code - 128),
-            Ok(code) => ExitOutcome::Code(code),
-            Err(_) => ExitOutcome::WaitFailed(format!(
-                "{} holds {:?}, not an exit status",
-                path.display(),
-                text.trim()
-            )),
-        },
-        Err(_) => ExitOutcome::WaitFailed(
-            "the task ended while the agent was not running it and left no exit status \
-             (killed with its wrapper?)"
-                .into(),
-        ),
     }
 }
 
@@ -534,28 +506,13 @@ pub fn process_start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-/// Makes the sandbox and its output files the task user's, and the sandbox 0700 so other
-/// tasks (other users) cannot read it.
-fn hand_sandbox_to(sandbox: &Path, user: &TaskUser) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    for path in [
-        sandbox.to_path_buf(),
-        sandbox.join("stdout"),
-        sandbox.join("stderr"),
-    ] {
-        std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
-    }
-    std::fs::set_permissions(sandbox, std::fs::Permissions::from_mode(0o700))
-}
-
-fn create_output(sandbox: &Path, name: &str) -> Result<File, LaunchError> {
-    let path = sandbox.join(name);
-    File::create(&path).map_err(|source| LaunchError::OutputFile { path, source })
-}
-
+/// Watches one task: waits for its supervisor to end (which it does once the task's main
+/// process ended), serving kill requests meanwhile; then ends whatever is left of the task's
+/// group and cgroup, and reports the outcome its supervisor recorded.
 async fn watch<T>(
-    mut child: Child,
+    waiter: Waiter,
     tree: Tree,
+    meta_dir: PathBuf,
     grace: Duration,
     mut kill_rx: mpsc::UnboundedReceiver<Option<Duration>>,
     tag: T,
@@ -563,22 +520,30 @@ async fn watch<T>(
 ) {
     let mut kill_deadline: Option<Instant> = None;
     let mut sigkilled = false;
-    let outcome = loop {
-        tokio::select! {
-            status = child.wait() => {
-                break match status {
-                    Ok(status) => ExitOutcome::from_status(status),
-                    Err(e) => ExitOutcome::WaitFailed(e.to_string()),
-                };
-            }
-            Some(limit) = kill_rx.recv(), if !sigkilled => {
-                kill_deadline = Some(next_deadline(&tree, kill_deadline, grace, limit));
-            }
-            _ = sleep_until_opt(kill_deadline), if !sigkilled => {
-                tree.signal(libc::SIGKILL);
-                sigkilled = true;
+    {
+        let exited = waiter.exited();
+        tokio::pin!(exited);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut exited => break,
+                Some(limit) = kill_rx.recv(), if !sigkilled => {
+                    kill_deadline = Some(next_deadline(&tree, kill_deadline, grace, limit));
+                }
+                _ = sleep_until_opt(kill_deadline), if !sigkilled && kill_deadline.is_some() => {
+                    tree.signal(libc::SIGKILL);
+                    sigkilled = true;
+                }
             }
         }
+    }
+    let outcome = recorded_outcome(&meta_dir);
+    // The supervisor reaped the task's leader: its pid may have been reused since, and then
+    // its old group is gone (a group keeps its number taken while it has members).
+    let reused = process_start_ticks(tree.pgid).is_some_and(|t| t != tree.leader_ticks);
+    let tree = Tree {
+        pgid: if reused { 0 } else { tree.pgid },
+        ..tree
     };
     match kill_deadline {
         // Killed: the rest of the tree got SIGTERM too; give it the rest of the grace.
@@ -740,10 +705,18 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(20);
 
+    /// A spec with a fresh run directory and meta directory under `dir`.
     fn spec(dir: &Path, command: &str) -> LaunchSpec {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let sandbox = dir.join(format!("box{n}"));
+        let meta_dir = dir.join(format!("meta{n}"));
+        std::fs::create_dir(&sandbox).unwrap();
+        std::fs::create_dir(&meta_dir).unwrap();
         LaunchSpec {
             command: command.to_string(),
-            sandbox: dir.join("box"),
+            sandbox,
+            meta_dir,
             env: vec![("GREETING".into(), "hello there".into())],
             kill_grace: Duration::from_millis(500),
             user: None,
@@ -770,15 +743,12 @@ mod tests {
         let never = spec(dir.path(), command);
         drop(launch_gated(&never, 1u32, tx.clone()).unwrap());
         let (_, outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
-        assert_eq!(outcome, ExitOutcome::Code(125));
+        assert_eq!(outcome, ExitOutcome::NotStarted);
         assert!(!never.sandbox.join("ran").exists(), "ran without the gate");
-        // An agent that restarts and adopts it learns from the sandbox that it never ran.
-        assert_eq!(recorded_outcome(&never.sandbox), ExitOutcome::NotStarted);
+        // An agent that restarts and adopts it learns from its record that it never ran.
+        assert_eq!(recorded_outcome(&never.meta_dir), ExitOutcome::NotStarted);
 
-        let started = LaunchSpec {
-            sandbox: dir.path().join("started"),
-            ..spec(dir.path(), command)
-        };
+        let started = spec(dir.path(), command);
         let mut handle = launch_gated(&started, 2u32, tx).unwrap();
         assert!(!started.sandbox.join("ran").exists());
         handle.start();
@@ -849,7 +819,14 @@ mod tests {
         let real = process_start_ticks(pid).expect("a live process has a start time");
         let (tx, mut rx) = mpsc::unbounded_channel();
         // As if the task's pid had been reused by `other`.
-        let handle = adopt(pid, real + 1, dir.path().to_path_buf(), None, WAIT, (), tx);
+        let adoptee = Adoptee {
+            supervisor: pid,
+            supervisor_ticks: real + 1,
+            task: pid,
+            task_ticks: real + 1,
+            meta_dir: dir.path().to_path_buf(),
+        };
+        let handle = adopt(adoptee, None, WAIT, (), tx);
         handle.kill();
         let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
         assert!(matches!(outcome, ExitOutcome::WaitFailed(_)), "{outcome:?}");
@@ -859,22 +836,63 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_wrapper_records_exit_codes_and_signals_in_the_sandbox() {
+    async fn the_supervisor_records_exit_codes_and_signals_in_the_meta_dir() {
         let dir = tempfile::tempdir().unwrap();
         let s = spec(dir.path(), "exit 5");
         assert_eq!(run_to_end(&s).await, ExitOutcome::Code(5));
-        assert_eq!(recorded_outcome(&s.sandbox), ExitOutcome::Code(5));
+        assert_eq!(recorded_outcome(&s.meta_dir), ExitOutcome::Code(5));
         let s = spec(dir.path(), "kill -USR1 $$");
         assert_eq!(run_to_end(&s).await, ExitOutcome::Signal(libc::SIGUSR1));
         assert_eq!(
-            recorded_outcome(&s.sandbox),
+            recorded_outcome(&s.meta_dir),
             ExitOutcome::Signal(libc::SIGUSR1)
         );
-        std::fs::remove_file(s.sandbox.join(EXIT_STATUS_FILE)).unwrap();
+        std::fs::remove_file(s.meta_dir.join(supervisor::EXIT_FILE)).unwrap();
         assert!(matches!(
-            recorded_outcome(&s.sandbox),
+            recorded_outcome(&s.meta_dir),
             ExitOutcome::WaitFailed(_)
         ));
+    }
+
+    /// What a task writes in its sandbox is never its result: a forged exit record there
+    /// changes nothing, and the supervisor's record is out of the task's reach.
+    #[tokio::test]
+    async fn a_task_cannot_forge_its_result() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(
+            dir.path(),
+            "echo 0 > .ringmaster-exit; echo 'exit 0' > exit; ln -s ../x exit.tmp; exit 7",
+        );
+        assert_eq!(run_to_end(&s).await, ExitOutcome::Code(7));
+        assert_eq!(recorded_outcome(&s.meta_dir), ExitOutcome::Code(7));
+    }
+
+    /// A task that is adopted after an agent restart (its supervisor no longer our child)
+    /// still reports what it really did.
+    #[tokio::test]
+    async fn an_adopted_task_reports_its_recorded_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(dir.path(), "read x < go; exit 4");
+        // A FIFO the test opens to let the task end when it wants.
+        let fifo =
+            std::ffi::CString::new(s.sandbox.join("go").into_os_string().into_encoded_bytes())
+                .unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let handle = launch(&s, (), tx).unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let adoptee = Adoptee {
+            supervisor: handle.supervisor_pid(),
+            supervisor_ticks: process_start_ticks(handle.supervisor_pid()).unwrap(),
+            task: handle.pid(),
+            task_ticks: process_start_ticks(handle.pid()).unwrap(),
+            meta_dir: s.meta_dir.clone(),
+        };
+        let _adopted = adopt(adoptee, None, WAIT, (), tx);
+        std::fs::write(s.sandbox.join("go"), "\n").unwrap();
+        let ((), outcome) = timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(outcome, ExitOutcome::Code(4));
     }
 
     #[tokio::test]

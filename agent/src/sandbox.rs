@@ -1,13 +1,21 @@
-//! Where a task runs: `<work_dir>/sandboxes/<framework_id>/<task_id>`.
+//! Where a task runs: `<work_dir>/sandboxes/<framework_id>/<task_id>/<run>`.
 //!
 //! Ids come from frameworks over the network, so they are escaped before they become path
 //! components: a task id like `../../etc` must never leave the sandbox tree.
+//!
+//! Every launch gets a fresh run directory (as Mesos' `runs/<container-id>`): a task id that
+//! is launched again never finds what an earlier run left, such as a `stdout` replaced by a
+//! symlink. Everything above the run directory (`sandboxes`, the framework's and the task's
+//! directories) is the agent's own (0711), so a task cannot replace a path component the agent
+//! walks; the run directory is created empty by the agent and handed to the task's user by its
+//! descriptor, and the task creates its `stdout` and `stderr` there itself.
 //!
 //! [`stderr_tail`] reads the end of a task's `stderr` for the status message of a task that
 //! failed, without trusting what the task may have put in its sandbox in its place.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::os::fd::{AsRawFd as _, FromRawFd as _};
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
@@ -35,12 +43,146 @@ pub fn escape_component(id: &str) -> String {
     out
 }
 
-/// The sandbox directory of one task (not created).
+/// The directory of one task's runs (not created).
 pub fn sandbox_dir(work_dir: &Path, framework_id: &str, task_id: &str) -> PathBuf {
     work_dir
-        .join("sandboxes")
+        .join(SANDBOXES)
         .join(escape_component(framework_id))
         .join(escape_component(task_id))
+}
+
+/// The sandboxes' directory under the work dir.
+pub const SANDBOXES: &str = "sandboxes";
+
+/// The run directory of one run of a task (not created).
+pub fn run_dir(work_dir: &Path, framework_id: &str, task_id: &str, run: &str) -> PathBuf {
+    sandbox_dir(work_dir, framework_id, task_id).join(run)
+}
+
+/// True for a run's name as [`create_run`] makes them: digits, then optionally `-` and digits.
+pub fn is_run_name(name: &str) -> bool {
+    let (ms, n) = name.split_once('-').unwrap_or((name, "0"));
+    !ms.is_empty()
+        && !n.is_empty()
+        && ms.bytes().all(|b| b.is_ascii_digit())
+        && n.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn cpath(path: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt as _;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a path"))
+}
+
+/// Opens a directory without following a symlink in its last component.
+fn open_dir_nofollow(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Makes `path` a directory of the agent's own with `mode`, creating it when missing. A
+/// directory that is not the agent's (a sandbox of an older agent, which belonged to the task's
+/// user) is moved aside as `NAME%legacy-MS` (a name no escaped id takes), left for the garbage
+/// collector, and a fresh one is made.
+fn own_dir(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for _ in 0..3 {
+        match std::fs::DirBuilder::new().mode(mode).create(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let meta = std::fs::symlink_metadata(path)?;
+        if meta.is_dir() && meta.uid() == me {
+            if meta.permissions().mode() & 0o7777 != mode {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+            }
+            return Ok(());
+        }
+        let name = path
+            .file_name()
+            .ok_or_else(|| io::Error::other("no name"))?
+            .to_string_lossy()
+            .into_owned();
+        let aside = path.with_file_name(format!("{name}%legacy-{}", crate::updates::unix_ms()));
+        tracing::warn!(path = %path.display(), aside = %aside.display(),
+            "a sandbox directory not owned by the agent (an older agent's?) moved aside");
+        std::fs::rename(path, &aside)?;
+    }
+    Err(io::Error::other(format!(
+        "{} keeps being replaced",
+        path.display()
+    )))
+}
+
+/// Creates a fresh run directory for a task and hands it to `owner` (uid, gid) by its
+/// descriptor: `(run name, path)`. The run's name is the time in ms (and `-N` when taken).
+pub fn create_run(
+    work_dir: &Path,
+    framework_id: &str,
+    task_id: &str,
+    owner: Option<(u32, u32)>,
+    now_ms: u64,
+) -> io::Result<(String, PathBuf)> {
+    let sandboxes = work_dir.join(SANDBOXES);
+    own_dir(&sandboxes, 0o711)?;
+    let framework = sandboxes.join(escape_component(framework_id));
+    own_dir(&framework, 0o711)?;
+    let task = framework.join(escape_component(task_id));
+    own_dir(&task, 0o711)?;
+    let task_dir = open_dir_nofollow(&task)?;
+    for n in 0..1000u32 {
+        let run = if n == 0 {
+            format!("{now_ms:013}")
+        } else {
+            format!("{now_ms:013}-{n}")
+        };
+        let name = cpath(Path::new(&run))?;
+        // SAFETY: a valid descriptor and NUL-terminated name.
+        let r = unsafe { libc::mkdirat(task_dir.as_raw_fd(), name.as_ptr(), 0o700) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                continue;
+            }
+            return Err(e);
+        }
+        let path = task.join(&run);
+        if let Some((uid, gid)) = owner {
+            let dir = open_dir_nofollow(&path)?;
+            std::os::unix::fs::fchown(&dir, Some(uid), Some(gid))?;
+        }
+        return Ok((run, path));
+    }
+    Err(io::Error::other("no free run name"))
+}
+
+/// The newest run of a task (by name), or `None` without one.
+pub fn latest_run(work_dir: &Path, framework_id: &str, task_id: &str) -> Option<String> {
+    std::fs::read_dir(sandbox_dir(work_dir, framework_id, task_id))
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| is_run_name(name))
+        .max_by(|a, b| run_order(a).cmp(&run_order(b)))
+}
+
+/// The directory of a task's newest run, or (without one) the task's directory: where its
+/// output is (tests and tools; the agent itself knows each task's run).
+pub fn latest_run_dir(work_dir: &Path, framework_id: &str, task_id: &str) -> PathBuf {
+    match latest_run(work_dir, framework_id, task_id) {
+        Some(run) => run_dir(work_dir, framework_id, task_id, &run),
+        None => sandbox_dir(work_dir, framework_id, task_id),
+    }
+}
+
+fn run_order(name: &str) -> (u64, u64) {
+    let (ms, n) = name.split_once('-').unwrap_or((name, "0"));
+    (ms.parse().unwrap_or(0), n.parse().unwrap_or(0))
 }
 
 /// The last lines of `<sandbox>/stderr` (see [`tail_text`]; at most [`STDERR_TAIL_LINES`]
@@ -62,14 +204,35 @@ pub fn stderr_tail(sandbox: &Path) -> Option<String> {
 /// own user, e.g. a secret in its work dir, is refused even when the task runs as that user).
 pub fn open_output(sandbox: &Path, name: &str) -> io::Result<File> {
     let refuse = |why: &str| io::Error::new(io::ErrorKind::PermissionDenied, why.to_string());
-    let dir = std::fs::symlink_metadata(sandbox)?;
-    if !dir.is_dir() {
-        return Err(refuse("the sandbox is not a directory"));
+    // Walked by descriptor: the directory opened without following a symlink, the file
+    // opened beneath it without following one either.
+    let dir_file = match open_dir_nofollow(sandbox) {
+        Ok(dir) => dir,
+        Err(e)
+            if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) =>
+        {
+            return Err(refuse("the sandbox is not a directory"))
+        }
+        Err(e) => return Err(e),
+    };
+    let dir = dir_file.metadata()?;
+    if name.contains('/') || name.is_empty() || name == "." || name == ".." {
+        return Err(refuse("not a file name"));
     }
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(sandbox.join(name))?;
+    let cname = cpath(Path::new(name))?;
+    // SAFETY: a valid descriptor and NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::openat(
+            dir_file.as_raw_fd(),
+            cname.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened that nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(refuse("not a regular file"));

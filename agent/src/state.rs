@@ -20,11 +20,12 @@ use ringmaster_proto::{
 use tokio::sync::mpsc;
 
 use crate::config::AgentConfig;
+use crate::gc::{self, DiskSpace};
 use crate::health::{self, CheckContext, Checker, HealthEvent, HealthSpec};
 use crate::isolation::{self, Isolation};
 use crate::mps;
 use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
-use crate::sandbox::sandbox_dir;
+use crate::sandbox;
 use crate::task_files::{self, TaskFile};
 use crate::updates::{unix_ms, StatusQueue};
 use crate::users::{self, UserPolicy};
@@ -59,7 +60,15 @@ pub mod reason {
     /// `RunTasks` from a deposed leader: its `leader_term` is older than the newest term the
     /// agent has seen (docs/protocol.md, "Leaders and terms"). The task was not launched.
     pub const STALE_LEADER: &str = "stale_leader";
+    /// The agent's disk is full: the task was not launched; the message names the free space.
+    pub const AGENT_DISK_FULL: &str = "agent_disk_full";
+    /// The task's user is not one its framework's principal may use (`TaskInfo.allowed_users`).
+    pub const NOT_AUTHORIZED: &str = "not_authorized";
 }
+
+/// Below this much free space on the work dir's file system the agent's disk counts as full:
+/// new tasks fail `agent_disk_full` and no disk is offered.
+pub const DISK_FULL_BELOW: u64 = 16 << 20;
 
 /// The longest kill grace a task may ask for (`TaskInfo.kill_grace_ms`); more counts as this.
 pub const MAX_KILL_GRACE: Duration = Duration::from_secs(24 * 3600);
@@ -104,6 +113,14 @@ struct TaskRecord {
     health_failure: Option<String>,
     /// Its health check, kept in the task file for a restarted agent.
     health_spec: Option<HealthSpec>,
+    /// Its run ([`crate::sandbox::create_run`]); empty for a task that never got one.
+    run: String,
+    /// Its supervisor ([`crate::supervisor`]) and the supervisor's start time.
+    supervisor: u32,
+    supervisor_ticks: u64,
+    /// The task's user (empty: the agent's own) and environment, for its record.
+    user: String,
+    env: Vec<(String, String)>,
 }
 
 impl TaskRecord {
@@ -135,6 +152,10 @@ pub struct AgentState {
     /// The newest `leader_term` received in a `RunTasks` or `KillTask` (0: none yet), kept in
     /// `<work_dir>/leader_term` so it outlives a restart.
     leader_term: u64,
+    /// Ended runs' sandboxes waiting for collection ([`crate::gc`]).
+    gc: gc::Collector,
+    /// How full the work dir's file system is ([`gc::disk_space`]; replaced in tests).
+    disk: fn(&std::path::Path) -> Option<DiskSpace>,
 }
 
 impl AgentState {
@@ -164,6 +185,8 @@ impl AgentState {
             isolation,
             health_tx,
             health_rx: Some(health_rx),
+            gc: gc::Collector::default(),
+            disk: gc::disk_space,
         };
         (state, exits_rx)
     }
@@ -193,6 +216,44 @@ impl AgentState {
         &self.config
     }
 
+    /// Replaces how the work dir's free space is measured (tests: a full disk on demand).
+    pub fn set_disk_probe(&mut self, probe: fn(&std::path::Path) -> Option<DiskSpace>) {
+        self.disk = probe;
+    }
+
+    /// The work dir's file system's free space, when it can be measured.
+    fn disk_space(&self) -> Option<DiskSpace> {
+        (self.disk)(&self.config.work_dir)
+    }
+
+    /// Sandboxes of ended runs that are due for collection now (their delay passed, or the
+    /// disk is above the watermark), taken off the schedule; the caller removes them
+    /// ([`gc::remove`], blocking work).
+    pub fn sandboxes_to_collect(&mut self, now_ms: u64) -> Vec<gc::Entry> {
+        let safeguards = &self.config.safeguards;
+        let disk = self.disk_space();
+        let due = self.gc.due(
+            now_ms,
+            safeguards.sandbox_gc_delay,
+            safeguards.disk_watermark,
+            // The space the removals will free is not known before they run: above the
+            // watermark, the oldest is taken and the next pass measures again.
+            |taken| match (disk, taken.is_empty()) {
+                (Some(d), true) => Some(d.used()),
+                _ => None,
+            },
+        );
+        for entry in &due {
+            tracing::info!(sandbox = %entry.run_dir.display(), "collecting an ended task's sandbox");
+        }
+        due
+    }
+
+    /// Sandboxes waiting for collection.
+    pub fn sandboxes_waiting(&self) -> usize {
+        self.gc.len()
+    }
+
     /// The current agent id (empty until the master assigned one).
     pub fn agent_id(&self) -> &str {
         &self.agent_id
@@ -218,7 +279,18 @@ impl AgentState {
                 free.set_milli(name, sums.milli(name));
             }
         }
+        // A full disk offers no disk until there is room again.
+        if free.milli("disk") > 0 && self.disk_full().is_some() {
+            free.set_milli("disk", 0);
+        }
         free
+    }
+
+    /// `Some(available bytes)` when the work dir's file system is below [`DISK_FULL_BELOW`].
+    fn disk_full(&self) -> Option<u64> {
+        self.disk_space()
+            .map(|d| d.available)
+            .filter(|&available| available < DISK_FULL_BELOW)
     }
 
     /// Each device's free share and memory: all devices minus the bindings of active tasks.
@@ -529,7 +601,35 @@ impl AgentState {
                 return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
             }
         }
-        let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
+        if let Some(available) = self.disk_full() {
+            let message = format!(
+                "the agent's disk is full: {} free in {} (needs {} MiB)",
+                format_bytes(available),
+                self.config.work_dir.display(),
+                DISK_FULL_BELOW >> 20
+            );
+            return self.refuse(key, resources, blank, reason::AGENT_DISK_FULL, message, out);
+        }
+        // A fresh run directory every launch, handed to the task's user; the agent's record
+        // of the run in its own meta directory.
+        // SAFETY: geteuid has no preconditions.
+        let owner = (unsafe { libc::geteuid() } == 0).then_some((user.uid, user.gid));
+        let now_ms = unix_ms();
+        let (run, sandbox) = match sandbox::create_run(
+            &self.config.work_dir,
+            &key.framework_id,
+            &key.task_id,
+            owner,
+            now_ms,
+        ) {
+            Ok(run) => run,
+            Err(e) => {
+                let (why, message) = self.storage_failure("create the task's sandbox", &e);
+                return self.refuse(key, resources, blank, why, message, out);
+            }
+        };
+        let meta_dir =
+            task_files::meta_dir(&self.config.work_dir, &key.framework_id, &key.task_id, &run);
         let agent_env = vec![
             ("RINGMASTER_TASK_ID".to_string(), key.task_id.clone()),
             (
@@ -585,17 +685,22 @@ impl AgentState {
         let spec = LaunchSpec {
             command: info.command.clone(),
             sandbox: sandbox.clone(),
+            meta_dir: meta_dir.clone(),
             env: task_environment(agent_env, task_env, device_env),
             kill_grace: kill_grace_for(info.kill_grace_ms, self.config.kill_grace),
-            user: Some(user),
+            user: Some(user.clone()),
             cgroup: cgroup.clone(),
         };
-        // Recorded before the process starts: an agent killed between the start and the record
-        // below finds the task again at restart (by its cgroup) instead of killing a task that
-        // ran as one left behind, which the master would then report as never launched.
-        let launching = TaskFile {
+        // Recorded before the process starts (without pids): a run whose record says it never
+        // started is removed at restart. A task the agent cannot record is not started.
+        let mut record = TaskFile {
             framework_id: key.framework_id.clone(),
             task_id: key.task_id.clone(),
+            run: run.clone(),
+            user: user.name.clone(),
+            env: spec.env.clone(),
+            supervisor_pid: 0,
+            supervisor_ticks: 0,
             resources: resources.to_string(),
             devices: devices.to_string(),
             pid: 0,
@@ -604,13 +709,32 @@ impl AgentState {
             kill_grace_ms: info.kill_grace_ms,
             ended: None,
             health: health_spec.clone(),
+            acked_ms: None,
         };
-        if let Err(e) = std::fs::create_dir_all(&sandbox).and_then(|()| launching.save(&sandbox)) {
-            tracing::warn!(task = %key.task_id, sandbox = %sandbox.display(),
-                "cannot record the task before starting it: {e}");
+        let recorded = task_files::create_meta_dir(&meta_dir, &self.config.work_dir)
+            .and_then(|()| record.save(&meta_dir));
+        if let Err(e) = recorded {
+            let (why, message) = self.storage_failure("record the task", &e);
+            self.discard_run(&key, &sandbox, &meta_dir, cgroup.as_deref());
+            return self.refuse(key, resources, blank, why, message, out);
         }
-        // Gated: the command runs only once the pid is recorded below (`launch_gated`).
-        match process::launch_gated(&spec, key.clone(), self.exits_tx.clone()) {
+        // Gated: the command runs only once the pids are recorded below (`launch_gated`).
+        let launched = process::launch_gated(&spec, key.clone(), self.exits_tx.clone())
+            .map_err(|e| (reason::LAUNCH_FAILED, e.to_string()))
+            .and_then(|handle| {
+                // The pids in the record before the command may run.
+                record.supervisor_pid = handle.supervisor_pid();
+                record.supervisor_ticks =
+                    process::process_start_ticks(handle.supervisor_pid()).unwrap_or(0);
+                record.pid = handle.pid();
+                record.start_ticks = process::process_start_ticks(handle.pid()).unwrap_or(0);
+                match record.save(&meta_dir) {
+                    Ok(()) => Ok(handle),
+                    // Dropping the handle closes the gate: the command never runs.
+                    Err(e) => Err(self.storage_failure("record the task", &e)),
+                }
+            });
+        match launched {
             Ok(handle) => {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,
                     pid = handle.pid(), resources = %resources, devices = %devices, sandbox = %sandbox.display(),
@@ -642,14 +766,18 @@ impl AgentState {
                         kill_reason: None,
                         process: Some(handle),
                         pid,
-                        start_ticks: process::process_start_ticks(pid).unwrap_or(0),
+                        start_ticks: record.start_ticks,
                         kill_grace_ms: info.kill_grace_ms,
                         health_checker,
                         health_failure: None,
                         health_spec,
+                        run,
+                        supervisor: record.supervisor_pid,
+                        supervisor_ticks: record.supervisor_ticks,
+                        user: user.name.clone(),
+                        env: spec.env.clone(),
                     },
                 );
-                self.save_task_file(&key);
                 if let Some(process) = self
                     .tasks
                     .get_mut(&key)
@@ -658,16 +786,54 @@ impl AgentState {
                     process.start();
                 }
             }
-            Err(e) => {
-                if let Some(cgroup) = &cgroup {
-                    if let Err(e) = cgroup.remove() {
-                        tracing::warn!(task = %key.task_id, "{e}");
-                    }
-                }
-                task_files::remove(&sandbox);
-                let message = e.to_string();
-                self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
+            Err((why, message)) => {
+                self.discard_run(&key, &sandbox, &meta_dir, cgroup.as_deref());
+                self.refuse(key, resources, blank, why, message, out);
             }
+        }
+    }
+
+    /// A run that did not start: its cgroup, record and sandbox go (the sandbox is empty but
+    /// for what the task's setup created).
+    fn discard_run(
+        &mut self,
+        key: &TaskKey,
+        sandbox: &std::path::Path,
+        meta_dir: &std::path::Path,
+        cgroup: Option<&isolation::TaskCgroup>,
+    ) {
+        if let Some(cgroup) = cgroup {
+            if let Err(e) = cgroup.remove() {
+                tracing::warn!(task = %key.task_id, "{e}");
+            }
+        }
+        let entry = gc::Entry {
+            acked_ms: 0,
+            run_dir: sandbox.to_path_buf(),
+            meta_dir: Some(meta_dir.to_path_buf()),
+        };
+        if let Err(e) = gc::remove(&entry) {
+            tracing::warn!(task = %key.task_id, "cannot remove a run that did not start: {e}");
+        }
+    }
+
+    /// Why the agent could not write what it needs for a task: `agent_disk_full` when the
+    /// disk is full (with the free space), else `launch_failed`.
+    fn storage_failure(&self, what: &str, e: &std::io::Error) -> (&'static str, String) {
+        let full = e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT);
+        if full {
+            let free = self
+                .disk_space()
+                .map_or_else(|| "unknown".to_string(), |d| format_bytes(d.available));
+            (
+                reason::AGENT_DISK_FULL,
+                format!(
+                    "the agent's disk is full: cannot {what} ({e}); {free} free in {}",
+                    self.config.work_dir.display()
+                ),
+            )
+        } else {
+            (reason::LAUNCH_FAILED, format!("cannot {what}: {e}"))
         }
     }
 
@@ -704,6 +870,11 @@ impl AgentState {
                 health_checker: None,
                 health_failure: None,
                 health_spec: None,
+                run: String::new(),
+                supervisor: 0,
+                supervisor_ticks: 0,
+                user: String::new(),
+                env: Vec::new(),
             },
         );
     }
@@ -943,8 +1114,17 @@ impl AgentState {
             status.message = failure;
         } else if outcome != ExitOutcome::Code(0) {
             // How an unsuccessful end looked from inside: the last lines of the task's stderr.
-            let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
-            if let Some(tail) = crate::sandbox::stderr_tail(&sandbox) {
+            let run = self
+                .tasks
+                .get(&key)
+                .map(|r| r.run.clone())
+                .unwrap_or_default();
+            let sandbox =
+                sandbox::run_dir(&self.config.work_dir, &key.framework_id, &key.task_id, &run);
+            if let Some(tail) = (!run.is_empty())
+                .then(|| sandbox::stderr_tail(&sandbox))
+                .flatten()
+            {
                 status.message.push_str("; stderr: ");
                 status.message.push_str(&tail);
             }
@@ -977,12 +1157,35 @@ impl AgentState {
                 .has_pending_for(&key.framework_id, &key.task_id);
         if done {
             tracing::debug!(task = %key.task_id, "terminal update acknowledged; task forgotten");
-            self.tasks.remove(&key);
-            task_files::remove(&sandbox_dir(
+            let Some(record) = self.tasks.remove(&key) else {
+                return;
+            };
+            if record.run.is_empty() {
+                return; // refused: it never had a sandbox
+            }
+            // The run waits for the collector; its record says since when.
+            let acked_ms = unix_ms();
+            let meta_dir = task_files::meta_dir(
                 &self.config.work_dir,
                 &key.framework_id,
                 &key.task_id,
-            ));
+                &record.run,
+            );
+            let mut file = self.task_file(&key, &record);
+            file.acked_ms = Some(acked_ms);
+            if let Err(e) = file.save(&meta_dir) {
+                tracing::warn!(task = %key.task_id, "cannot record the acknowledgement: {e}");
+            }
+            self.gc.schedule(gc::Entry {
+                acked_ms,
+                run_dir: sandbox::run_dir(
+                    &self.config.work_dir,
+                    &key.framework_id,
+                    &key.task_id,
+                    &record.run,
+                ),
+                meta_dir: Some(meta_dir),
+            });
         }
     }
 
@@ -1004,48 +1207,90 @@ impl AgentState {
         count
     }
 
-    /// Records a started task's state in its sandbox (see [`crate::task_files`]).
-    fn save_task_file(&self, key: &TaskKey) {
-        let Some(record) = self.tasks.get(key) else {
-            return;
-        };
-        if record.pid == 0 {
-            return;
-        }
-        let ended = (!record.is_active()).then(|| record.status.clone());
-        let file = TaskFile {
+    /// The record of a task's run, as [`crate::task_files`] keeps it.
+    fn task_file(&self, key: &TaskKey, record: &TaskRecord) -> TaskFile {
+        TaskFile {
             framework_id: key.framework_id.clone(),
             task_id: key.task_id.clone(),
+            run: record.run.clone(),
+            user: record.user.clone(),
+            env: record.env.clone(),
+            supervisor_pid: record.supervisor,
+            supervisor_ticks: record.supervisor_ticks,
             resources: record.resources.to_string(),
             devices: record.devices.to_string(),
             pid: record.pid,
             start_ticks: record.start_ticks,
             kill_reason: record.kill_reason.clone(),
             kill_grace_ms: record.kill_grace_ms,
-            ended,
+            ended: (!record.is_active()).then(|| record.status.clone()),
             health: record.health_spec.clone(),
-        };
-        let sandbox = sandbox_dir(&self.config.work_dir, &key.framework_id, &key.task_id);
-        if let Err(e) = file.save(&sandbox) {
-            tracing::warn!(task = %key.task_id, sandbox = %sandbox.display(),
-                "cannot write the task file; a restarted agent will not find this task: {e}");
+            acked_ms: None,
         }
     }
 
-    /// After a restart: takes back the tasks an earlier run of the agent left in its work dir.
-    /// A task whose process still runs (same pid and start time) is adopted and reported
-    /// RUNNING at registration; one that ended is reported with its recorded exit status (its
-    /// end arrives on the exit channel); one whose end was recorded but never acknowledged is
-    /// reported again. Returns how many tasks were recovered.
+    /// Records a started task's state in its meta directory (see [`crate::task_files`]).
+    fn save_task_file(&self, key: &TaskKey) {
+        let Some(record) = self.tasks.get(key) else {
+            return;
+        };
+        if record.pid == 0 || record.run.is_empty() {
+            return;
+        }
+        let file = self.task_file(key, record);
+        let meta_dir = task_files::meta_dir(
+            &self.config.work_dir,
+            &key.framework_id,
+            &key.task_id,
+            &record.run,
+        );
+        if let Err(e) = file.save(&meta_dir) {
+            tracing::warn!(task = %key.task_id, dir = %meta_dir.display(),
+                "cannot write the task record; a restarted agent will not find this task: {e}");
+        }
+    }
+
+    /// After a restart: takes back the tasks an earlier run of the agent left, from its records
+    /// in the meta directory (never from anything in a sandbox). A task whose supervisor still
+    /// runs (same pid and start time) is adopted and reported RUNNING at registration; one
+    /// that ended is reported with the exit status its supervisor recorded (its end arrives on
+    /// the exit channel); one whose end was recorded but never acknowledged is reported again;
+    /// an acknowledged one's sandbox waits for the collector. Runs without a usable record, and
+    /// sandboxes without a run, are scheduled for collection. Returns how many tasks were
+    /// recovered.
     pub fn recover_tasks(&mut self) -> usize {
         let found = task_files::scan(&self.config.work_dir);
+        let now_ms = unix_ms();
+        let mut known_runs = std::collections::BTreeSet::new();
         let mut recovered = 0;
-        for (sandbox, file) in found {
+        for (meta_dir, file) in found {
+            // The sandbox of the run: the same escaped names under `sandboxes`.
+            let run_dir = meta_dir
+                .strip_prefix(self.config.work_dir.join(task_files::META).join("tasks"))
+                .map(|rel| self.config.work_dir.join(sandbox::SANDBOXES).join(rel))
+                .unwrap_or_default();
+            known_runs.insert(run_dir.clone());
+            let collect = |gc: &mut gc::Collector, acked_ms: u64| {
+                gc.schedule(gc::Entry {
+                    acked_ms,
+                    run_dir: run_dir.clone(),
+                    meta_dir: Some(meta_dir.clone()),
+                })
+            };
+            let Some(file) = file else {
+                collect(&mut self.gc, now_ms);
+                continue;
+            };
+            if let Some(acked_ms) = file.acked_ms {
+                collect(&mut self.gc, acked_ms);
+                continue;
+            }
             let resources = match Resources::parse(&file.resources) {
                 Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(sandbox = %sandbox.display(),
-                        "ignoring a task file with bad resources: {e}");
+                    tracing::warn!(dir = %meta_dir.display(),
+                        "ignoring a task record with bad resources: {e}");
+                    collect(&mut self.gc, now_ms);
                     continue;
                 }
             };
@@ -1054,11 +1299,12 @@ impl AgentState {
                 task_id: file.task_id.clone(),
             };
             if self.tasks.contains_key(&key) {
+                // Two unacknowledged runs of one task cannot be: the older is stale.
+                collect(&mut self.gc, now_ms);
                 continue;
             }
-            recovered += 1;
             let devices = DeviceBinding::parse(&file.devices).unwrap_or_else(|e| {
-                tracing::warn!(task = %key.task_id, "unreadable device binding in the task file: {e}");
+                tracing::warn!(task = %key.task_id, "unreadable device binding in the task record: {e}");
                 DeviceBinding::default()
             });
             let blank = TaskStatus {
@@ -1067,11 +1313,29 @@ impl AgentState {
                 agent_id: self.agent_id.clone(),
                 ..Default::default()
             };
+            let mut record = TaskRecord {
+                resources,
+                devices,
+                status: blank.clone(),
+                kill_reason: file.kill_reason.clone(),
+                process: None,
+                pid: file.pid,
+                start_ticks: file.start_ticks,
+                kill_grace_ms: file.kill_grace_ms,
+                health_checker: None,
+                health_failure: None,
+                health_spec: file.health.clone(),
+                run: file.run.clone(),
+                supervisor: file.supervisor_pid,
+                supervisor_ticks: file.supervisor_ticks,
+                user: file.user.clone(),
+                env: file.env.clone(),
+            };
             if let Some(ended) = file.ended {
                 tracing::info!(task = %key.task_id, framework = %key.framework_id,
                     "recovered an ended task whose update was not acknowledged");
                 let mut out = Vec::new();
-                let status = self.issue(
+                record.status = self.issue(
                     TaskStatus {
                         update_id: String::new(),
                         timestamp_ms: 0,
@@ -1079,96 +1343,74 @@ impl AgentState {
                     },
                     &mut out,
                 );
-                self.tasks.insert(
-                    key,
-                    TaskRecord {
-                        resources,
-                        devices,
-                        status,
-                        kill_reason: file.kill_reason,
-                        process: None,
-                        pid: file.pid,
-                        start_ticks: file.start_ticks,
-                        kill_grace_ms: file.kill_grace_ms,
-                        health_checker: None,
-                        health_failure: None,
-                        health_spec: file.health,
-                    },
-                );
+                self.tasks.insert(key, record);
+                recovered += 1;
                 continue;
             }
+            if file.supervisor_pid == 0 || file.pid == 0 {
+                // The agent stopped while starting it, before opening its gate: its command
+                // never ran (the supervisor recorded so and killed what it had started).
+                tracing::info!(task = %key.task_id, framework = %key.framework_id,
+                    "a task the agent was starting when it stopped never ran");
+                collect(&mut self.gc, 0);
+                continue;
+            }
+            recovered += 1;
             // Its cgroup, when it has one: kill and end-of-task go through it again.
             let cgroup = self
                 .isolation
-                .existing_task_cgroup(&key.framework_id, &key.task_id, &resources)
+                .existing_task_cgroup(&key.framework_id, &key.task_id, &record.resources)
                 .map(Arc::new);
-            let mut file = file;
-            if file.pid == 0 {
-                // The agent stopped while starting it: the task ran if its cgroup holds its
-                // process (the wrapper: the one whose parent is outside the cgroup).
-                let Some((pid, start_ticks)) = cgroup.as_deref().and_then(started_process) else {
-                    tracing::info!(task = %key.task_id, framework = %key.framework_id,
-                        "a task the agent was starting when it stopped never ran");
-                    task_files::remove(&sandbox);
-                    recovered -= 1;
-                    continue;
-                };
-                file.pid = pid;
-                file.start_ticks = start_ticks;
-                if let Err(e) = file.save(&sandbox) {
-                    tracing::warn!(task = %key.task_id, "cannot update the task file: {e}");
-                }
-            }
-            let health_checker = file.health.clone().and_then(|check| {
-                self.adopted_checker(&key, file.pid, &sandbox, cgroup.clone(), check)
+            record.health_checker = file.health.clone().and_then(|check| {
+                self.adopted_checker(&key, &record, &run_dir, cgroup.clone(), check)
             });
-            let handle = process::adopt(
-                file.pid,
-                file.start_ticks,
-                sandbox.clone(),
+            let adoptee = process::Adoptee {
+                supervisor: file.supervisor_pid,
+                supervisor_ticks: file.supervisor_ticks,
+                task: file.pid,
+                task_ticks: file.start_ticks,
+                meta_dir: meta_dir.clone(),
+            };
+            record.process = Some(process::adopt(
+                adoptee,
                 cgroup,
                 kill_grace_for(file.kill_grace_ms, self.config.kill_grace),
                 key.clone(),
                 self.exits_tx.clone(),
-            );
+            ));
             tracing::info!(task = %key.task_id, framework = %key.framework_id, pid = file.pid,
+                supervisor = file.supervisor_pid,
                 "recovered a task started before the agent restarted");
             // Reported RUNNING at registration; if it already ended, its end follows on the
-            // exit channel with the status its wrapper recorded.
-            let status = TaskStatus {
+            // exit channel with the status its supervisor recorded.
+            record.status = TaskStatus {
                 state: TaskState::TaskRunning as i32,
                 message: format!("pid {} (adopted after an agent restart)", file.pid),
                 ..blank
             };
-            self.tasks.insert(
-                key,
-                TaskRecord {
-                    resources,
-                    devices,
-                    status,
-                    kill_reason: file.kill_reason,
-                    process: Some(handle),
-                    pid: file.pid,
-                    start_ticks: file.start_ticks,
-                    kill_grace_ms: file.kill_grace_ms,
-                    health_checker,
-                    health_failure: None,
-                    health_spec: file.health,
-                },
-            );
+            self.tasks.insert(key, record);
+        }
+        for orphan in gc::orphans(&self.config.work_dir, &known_runs) {
+            tracing::info!(sandbox = %orphan.display(),
+                "a sandbox without a task record; it will be collected");
+            self.gc.schedule(gc::Entry {
+                acked_ms: now_ms,
+                run_dir: orphan,
+                meta_dir: None,
+            });
         }
         recovered
     }
 
-    /// The health checker of a task adopted after a restart: checks run as the user the
-    /// task's process runs as and with its environment, both read from `/proc` (not from the
-    /// task file, which the task could rewrite), under the same user policy as a launch.
+    /// The health checker of a task adopted after a restart: checks run as the user and with
+    /// the environment the agent recorded for it (in its own directory, which no task can
+    /// write), under the same user policy as a launch, in its run directory and cgroup.
     /// `None` (logged) when that cannot be established.
     fn adopted_checker(
         &self,
         key: &TaskKey,
-        pid: u32,
-        sandbox: &std::path::Path,
+        record: &TaskRecord,
+        run_dir: &std::path::Path,
         cgroup: Option<Arc<isolation::TaskCgroup>>,
         check: HealthSpec,
     ) -> Option<Checker> {
@@ -1177,23 +1419,15 @@ impl AgentState {
             allow_root: self.config.allow_root_tasks,
             agent_uid: users::agent_uid(),
         };
-        let context = process::process_uid(pid)
-            .ok_or_else(|| format!("cannot read the owner of pid {pid}"))
-            .and_then(|uid| users::resolve_task_user(&uid.to_string(), &policy, users::lookup_user))
-            .and_then(|user| {
-                let env = process::process_environment(pid)
-                    .ok_or_else(|| format!("cannot read the environment of pid {pid}"))?;
-                Ok(CheckContext {
-                    sandbox: sandbox.to_path_buf(),
-                    env,
+        match users::resolve_task_user(&record.user, &policy, users::lookup_user) {
+            Ok(user) => Some(health::start(
+                check,
+                CheckContext {
+                    sandbox: run_dir.to_path_buf(),
+                    env: record.env.clone(),
                     user: Some(user),
                     cgroup,
-                })
-            });
-        match context {
-            Ok(context) => Some(health::start(
-                check,
-                context,
+                },
                 key.clone(),
                 self.health_tx.clone(),
             )),
@@ -1244,6 +1478,22 @@ pub fn save_leader_term(work_dir: &std::path::Path, term: u64) -> std::io::Resul
 }
 
 /// "exited with status 1", "killed by SIGKILL (9)": how a process ended, for messages.
+/// Bytes for people: `512 KiB`, `3.2 MiB`, `1.5 GiB`.
+fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 fn describe(outcome: &ExitOutcome) -> String {
     match outcome {
         ExitOutcome::Code(code) => format!("exited with status {code}"),
@@ -1282,25 +1532,6 @@ pub fn task_environment(
     );
     env.extend(devices);
     env
-}
-
-/// The process a task's wrapper runs as, found in the task's cgroup: the one whose parent is
-/// not in the cgroup, with its start time. `None` when the cgroup is empty (the task never
-/// started, or it ended).
-fn started_process(cgroup: &isolation::TaskCgroup) -> Option<(u32, u64)> {
-    let pids = cgroup.pids();
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let rest = &stat[stat.rfind(')')? + 1..];
-        // Fields after the comm start at field 3 (state); the parent's pid is field 4.
-        rest.split_whitespace().nth(1)?.parse().ok()
-    };
-    let root = pids
-        .iter()
-        .copied()
-        .filter(|pid| parent(*pid).is_some_and(|p| !pids.contains(&p)))
-        .min()?;
-    Some((root, process::process_start_ticks(root)?))
 }
 
 #[cfg(test)]

@@ -1,12 +1,21 @@
-//! The agent's durable memory of its tasks: one small file per task in its sandbox
-//! (`<sandbox>/.ringmaster-task`), so an agent that restarts with the same `--work-dir` finds
-//! the tasks it was running (pid and process start time, to adopt them safely) and the ones
-//! that ended but whose terminal update the master never acknowledged.
+//! The agent's durable memory of its tasks: one small record per run of a task in the agent's
+//! own directory, `<work_dir>/meta/tasks/<framework_id>/<task_id>/<run>/task` (escaped ids; the
+//! `meta` tree is the agent's, 0700, its files 0600), so an agent that restarts with the same
+//! `--work-dir` finds the tasks it was running (its supervisor's and the task's pids and start
+//! times, to adopt them safely), the ones that ended but whose terminal update the master never
+//! acknowledged, and the acknowledged ones whose sandboxes wait for the garbage collector.
 //!
-//! Why files and not a database: a task's file lives and dies with its sandbox, writes are a
+//! Nothing here is in a sandbox: a task can neither rewrite its record nor point the agent's
+//! writes elsewhere with a symlink (as Mesos keeps its checkpoints in its meta directory). The
+//! supervisor of a run records how the task ended next to the record
+//! ([`crate::supervisor::EXIT_FILE`]).
+//!
+//! Why files and not a database: a run's record lives and dies with its run, writes are a
 //! rename (atomic), and an operator can read them. The format is `key=value` lines with
 //! values percent-escaped, so any id survives the round trip.
 
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use std::time::Duration;
@@ -15,21 +24,58 @@ use ringmaster_proto::{TaskState, TaskStatus};
 
 use crate::health::HealthSpec;
 
-/// The record file's name inside a task's sandbox.
-pub const TASK_FILE: &str = ".ringmaster-task";
+/// The record's file name inside a run's meta directory.
+pub const TASK_FILE: &str = "task";
+/// The agent's own directory under the work dir.
+pub const META: &str = "meta";
+
+/// The meta directory of one run of a task (not created).
+pub fn meta_dir(work_dir: &Path, framework_id: &str, task_id: &str, run: &str) -> PathBuf {
+    use crate::sandbox::escape_component;
+    work_dir
+        .join(META)
+        .join("tasks")
+        .join(escape_component(framework_id))
+        .join(escape_component(task_id))
+        .join(run)
+}
+
+/// Creates a run's meta directory (and the `meta` tree, 0700, the agent's alone).
+pub fn create_meta_dir(dir: &Path, work_dir: &Path) -> std::io::Result<()> {
+    let meta = work_dir.join(META);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(dir)?;
+    // A tree made by hand or an older agent with a wider mode is narrowed.
+    let mode = std::fs::symlink_metadata(&meta)?.permissions().mode() & 0o777;
+    if mode != 0o700 {
+        std::fs::set_permissions(&meta, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
 
 /// What the agent must know about a task after a restart.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskFile {
     pub framework_id: String,
     pub task_id: String,
+    /// The run's name ([`crate::sandbox::create_run`]).
+    pub run: String,
+    /// The task's user (empty: the agent's own).
+    pub user: String,
+    /// The task's environment as the agent gave it (for its health checks after a restart).
+    pub env: Vec<(String, String)>,
+    /// The task's supervisor ([`crate::supervisor`]) and its start time; 0 before it started.
+    pub supervisor_pid: u32,
+    pub supervisor_ticks: u64,
     /// Mesos text syntax.
     pub resources: String,
     /// The GPU devices it holds, in binding text (`gpu:0:500:0,…`; empty without GPUs).
     pub devices: String,
-    /// The group leader (the task's wrapper); 0 when no process was started.
+    /// The task's main process (its group leader); 0 when no process was started.
     pub pid: u32,
-    /// The leader's start time, from `/proc/PID/stat`.
+    /// The task's start time, from `/proc/PID/stat`.
     pub start_ticks: u64,
     /// Set once a kill was requested.
     pub kill_reason: Option<String>,
@@ -39,6 +85,9 @@ pub struct TaskFile {
     pub ended: Option<TaskStatus>,
     /// Its health check, so a restarted agent keeps checking an adopted task.
     pub health: Option<HealthSpec>,
+    /// When the master acknowledged its terminal update (ms since the epoch): from then on the
+    /// record only dates the run for the sandbox garbage collector.
+    pub acked_ms: Option<u64>,
 }
 
 fn escape(value: &str) -> String {
@@ -76,13 +125,23 @@ impl TaskFile {
         let mut lines = vec![
             format!("framework_id={}", escape(&self.framework_id)),
             format!("task_id={}", escape(&self.task_id)),
+            format!("run={}", escape(&self.run)),
+            format!("user={}", escape(&self.user)),
+            format!("supervisor_pid={}", self.supervisor_pid),
+            format!("supervisor_ticks={}", self.supervisor_ticks),
             format!("resources={}", escape(&self.resources)),
             format!("devices={}", escape(&self.devices)),
             format!("pid={}", self.pid),
             format!("start_ticks={}", self.start_ticks),
         ];
+        for (k, v) in &self.env {
+            lines.push(format!("env={}", escape(&format!("{k}={v}"))));
+        }
         if let Some(reason) = &self.kill_reason {
             lines.push(format!("kill_reason={}", escape(reason)));
+        }
+        if let Some(ms) = self.acked_ms {
+            lines.push(format!("acked_ms={ms}"));
         }
         if self.kill_grace_ms != 0 {
             lines.push(format!("kill_grace_ms={}", self.kill_grace_ms));
@@ -113,6 +172,12 @@ impl TaskFile {
         let mut file = TaskFile {
             framework_id: String::new(),
             task_id: String::new(),
+            run: String::new(),
+            user: String::new(),
+            env: Vec::new(),
+            supervisor_pid: 0,
+            supervisor_ticks: 0,
+            acked_ms: None,
             resources: String::new(),
             devices: String::new(),
             pid: 0,
@@ -140,6 +205,15 @@ impl TaskFile {
             match key {
                 "framework_id" => (file.framework_id, has_fw) = (value, true),
                 "task_id" => (file.task_id, has_task) = (value, true),
+                "run" => file.run = value,
+                "user" => file.user = value,
+                "env" => {
+                    let (k, v) = value.split_once('=').ok_or_else(bad)?;
+                    file.env.push((k.to_string(), v.to_string()));
+                }
+                "supervisor_pid" => file.supervisor_pid = value.parse().map_err(|_| bad())?,
+                "supervisor_ticks" => file.supervisor_ticks = value.parse().map_err(|_| bad())?,
+                "acked_ms" => file.acked_ms = Some(value.parse().map_err(|_| bad())?),
                 "resources" => file.resources = value,
                 "devices" => file.devices = value,
                 "pid" => file.pid = value.parse().map_err(|_| bad())?,
@@ -163,7 +237,7 @@ impl TaskFile {
             return Err("framework_id or task_id missing".into());
         }
         if let Some(command) = health_command {
-            // Held to the agent's bounds again: the file is in the task's own sandbox.
+            // Held to the agent's bounds again, as any input.
             file.health = Some(
                 HealthSpec::from_wire(&ringmaster_proto::HealthCheck {
                     command,
@@ -188,11 +262,21 @@ impl TaskFile {
         Ok(file)
     }
 
-    /// Writes the file into `sandbox` atomically (temporary file, then rename).
-    pub fn save(&self, sandbox: &Path) -> std::io::Result<()> {
-        let tmp = sandbox.join(format!("{TASK_FILE}.tmp"));
-        std::fs::write(&tmp, self.render())?;
-        std::fs::rename(&tmp, sandbox.join(TASK_FILE))
+    /// Writes the record into its meta directory atomically (temporary file of mode 0600,
+    /// flushed, then renamed). The directory is the agent's alone.
+    pub fn save(&self, meta_dir: &Path) -> std::io::Result<()> {
+        let tmp = meta_dir.join(format!("{TASK_FILE}.tmp"));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        file.write_all(self.render().as_bytes())?;
+        file.sync_data()?;
+        drop(file);
+        std::fs::rename(&tmp, meta_dir.join(TASK_FILE))
     }
 }
 
@@ -200,40 +284,60 @@ fn millis(value: &str) -> Option<Duration> {
     value.parse().ok().map(Duration::from_millis)
 }
 
-/// Removes a task's file (the master acknowledged its end); a missing file is fine.
-pub fn remove(sandbox: &Path) {
-    if let Err(e) = std::fs::remove_file(sandbox.join(TASK_FILE)) {
+/// Removes a run's meta directory (its record and its supervisor's); a missing one is fine.
+/// Empty task and framework directories above it go too.
+pub fn remove(meta_dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(meta_dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(sandbox = %sandbox.display(), "cannot remove the task file: {e}");
+            tracing::warn!(dir = %meta_dir.display(), "cannot remove a task's meta directory: {e}");
+        }
+    }
+    let mut dir = meta_dir.parent();
+    for _ in 0..2 {
+        match dir {
+            Some(d) if std::fs::remove_dir(d).is_ok() => dir = d.parent(),
+            _ => break,
         }
     }
 }
 
-/// Every task file under `<work_dir>/sandboxes/*/*/`, with its sandbox. Unreadable or
-/// malformed files are logged and skipped (the rest still recovers).
-pub fn scan(work_dir: &Path) -> Vec<(PathBuf, TaskFile)> {
+/// Every record under `<work_dir>/meta/tasks/*/*/*/`, with its meta directory. A run without
+/// a record (the agent stopped while creating it) comes with `None`; unreadable or malformed
+/// records are logged and come with `None` too (the rest still recovers; the run is
+/// collected).
+pub fn scan(work_dir: &Path) -> Vec<(PathBuf, Option<TaskFile>)> {
     let mut found = Vec::new();
-    let Ok(frameworks) = std::fs::read_dir(work_dir.join("sandboxes")) else {
-        return found;
+    let subdirs = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
     };
-    for framework in frameworks.flatten() {
-        let Ok(tasks) = std::fs::read_dir(framework.path()) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let sandbox = task.path();
-            let path = sandbox.join(TASK_FILE);
-            let text = match std::fs::read_to_string(&path) {
-                Ok(text) => text,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    tracing::warn!(file = %path.display(), "cannot read a task file: {e}");
-                    continue;
-                }
-            };
-            match TaskFile::parse(&text) {
-                Ok(file) => found.push((sandbox, file)),
-                Err(e) => tracing::warn!(file = %path.display(), "ignoring a bad task file: {e}"),
+    for framework in subdirs(&work_dir.join(META).join("tasks")) {
+        for task in subdirs(&framework) {
+            for run in subdirs(&task) {
+                let path = run.join(TASK_FILE);
+                let file = match std::fs::read_to_string(&path) {
+                    Ok(text) => match TaskFile::parse(&text) {
+                        Ok(file) => Some(file),
+                        Err(e) => {
+                            tracing::warn!(file = %path.display(), "ignoring a bad task record: {e}");
+                            None
+                        }
+                    },
+                    Err(e) => {
+                        if e.kind() != std::io::ErrorKind::NotFound {
+                            tracing::warn!(file = %path.display(), "cannot read a task record: {e}");
+                        }
+                        None
+                    }
+                };
+                found.push((run, file));
             }
         }
     }
@@ -249,6 +353,12 @@ mod tests {
         TaskFile {
             framework_id: "fw 1=%x".into(),
             task_id: "t\n1".into(),
+            run: "0001700000000000-1".into(),
+            user: "nobody".into(),
+            env: vec![("A".into(), "b=c d".into()), ("E".into(), String::new())],
+            supervisor_pid: 4241,
+            supervisor_ticks: 987650,
+            acked_ms: None,
             resources: "cpus:1;mem:128".into(),
             devices: "gpu:0:500:0,gpu:1:1000:0".into(),
             pid: 4242,
@@ -311,17 +421,27 @@ mod tests {
     }
 
     #[test]
-    fn scan_finds_saved_files_and_skips_bad_ones() {
+    fn scan_finds_saved_files_and_reports_bad_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let good = dir.path().join("sandboxes/fw/t1");
-        let bad = dir.path().join("sandboxes/fw/t2");
-        std::fs::create_dir_all(&good).unwrap();
-        std::fs::create_dir_all(&bad).unwrap();
+        let good = meta_dir(dir.path(), "fw", "t1", "1");
+        let bad = meta_dir(dir.path(), "fw", "t2", "1");
+        create_meta_dir(&good, dir.path()).unwrap();
+        create_meta_dir(&bad, dir.path()).unwrap();
         sample().save(&good).unwrap();
         std::fs::write(bad.join(TASK_FILE), "garbage").unwrap();
         let found = scan(dir.path());
-        assert_eq!(found, vec![(good.clone(), sample())]);
+        assert_eq!(
+            found,
+            vec![(good.clone(), Some(sample())), (bad.clone(), None)]
+        );
+        use std::os::unix::fs::MetadataExt as _;
+        let mode = std::fs::metadata(good.join(TASK_FILE)).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let mode = std::fs::metadata(dir.path().join(META)).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o700);
         remove(&good);
+        remove(&bad);
         assert!(scan(dir.path()).is_empty());
+        assert!(!dir.path().join(META).join("tasks").join("fw").exists());
     }
 }

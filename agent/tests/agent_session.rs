@@ -237,7 +237,7 @@ fn state(status: &TaskStatus) -> TaskState {
 }
 
 fn sandbox(work_dir: &Path, task_id: &str) -> PathBuf {
-    work_dir.join("sandboxes").join("fw").join(task_id)
+    ringmaster_agent::sandbox::latest_run_dir(work_dir, "fw", task_id)
 }
 
 async fn wait_for_file(path: &Path) -> String {
@@ -428,7 +428,7 @@ async fn updates_are_resent_until_acknowledged_and_run_tasks_is_idempotent() {
     assert_eq!(resent.update_id, running.update_id);
     let resent = link.next_update().await;
     assert_eq!(resent.update_id, finished.update_id);
-    let runs = std::fs::read_to_string(dir.path().join("sandboxes/fw/once/once.runs")).unwrap();
+    let runs = std::fs::read_to_string(sandbox(dir.path(), "once").join("once.runs")).unwrap();
     assert_eq!(runs, "ran\n", "the task ran once");
 
     link.ack(&running).await;

@@ -27,6 +27,7 @@ fn isolation(work_dir: &Path) -> Option<Isolation> {
     let config = IsolationConfig {
         mode: IsolationMode::Cgroups,
         pids_per_task: 256,
+        ..IsolationConfig::default()
     };
     let isolation = match Isolation::setup(&config, work_dir) {
         Ok(isolation) => isolation,
@@ -184,7 +185,7 @@ async fn run(
         .expect("exit channel open");
     state.process_exited(key, outcome);
     std::fs::read_to_string(
-        ringmaster_agent::sandbox::sandbox_dir(state.config().work_dir.as_path(), "fw", &id)
+        ringmaster_agent::sandbox::latest_run_dir(state.config().work_dir.as_path(), "fw", &id)
             .join("stdout"),
     )
     .unwrap()

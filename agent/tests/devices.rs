@@ -107,7 +107,7 @@ async fn half_gpu_tasks_share_a_device_and_see_it() {
     }
     let seen = |id: &str| {
         std::fs::read_to_string(
-            ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", id).join("stdout"),
+            ringmaster_agent::sandbox::latest_run_dir(dir.path(), "fw", id).join("stdout"),
         )
         .unwrap()
     };
@@ -192,7 +192,7 @@ async fn a_task_cannot_widen_its_devices_through_its_env() {
         .expect("exit channel open");
     state.process_exited(key, outcome);
     let seen = std::fs::read_to_string(
-        ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "greedy").join("stdout"),
+        ringmaster_agent::sandbox::latest_run_dir(dir.path(), "fw", "greedy").join("stdout"),
     )
     .unwrap();
     assert_eq!(
@@ -262,7 +262,7 @@ async fn with_mps_a_slice_fails_while_the_daemon_is_down_and_whole_gpus_run() {
         .expect("exit channel open");
     state.process_exited(key, outcome);
     let out = std::fs::read_to_string(
-        ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "whole").join("stdout"),
+        ringmaster_agent::sandbox::latest_run_dir(dir.path(), "fw", "whole").join("stdout"),
     )
     .unwrap();
     // Its own (task env) percentage stays: MPS does not apply to it.
@@ -294,7 +294,7 @@ async fn with_mps_a_slice_runs_as_a_limited_mps_client() {
         .expect("exit channel open");
     state.process_exited(key, outcome);
     let out = std::fs::read_to_string(
-        ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "slice").join("stdout"),
+        ringmaster_agent::sandbox::latest_run_dir(dir.path(), "fw", "slice").join("stdout"),
     )
     .unwrap();
     // Device 1 on the host is device 0 for the task: the memory limit names ordinal 0.

@@ -69,7 +69,7 @@ async fn a_failing_check_reports_unhealthy_kills_the_task_and_fails_it() {
         (TaskState::TaskRunning, TaskHealth::Healthy)
     );
     // The check ran as the task's user.
-    let sandbox = ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "t1");
+    let sandbox = ringmaster_agent::sandbox::latest_run_dir(dir.path(), "fw", "t1");
     let whoami = std::fs::read_to_string(sandbox.join("whoami")).unwrap();
     let task_user =
         ringmaster_agent::users::lookup_user(&config(dir.path()).task_user).map(|u| u.name);

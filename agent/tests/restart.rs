@@ -3,7 +3,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ringmaster_agent::process::{EXIT_STATUS_FILE, NOT_STARTED_MARK};
 use ringmaster_agent::state::{reason, AgentState};
 use ringmaster_agent::AgentConfig;
 use ringmaster_proto::convert::ResourcesWire;
@@ -20,8 +19,9 @@ fn config(work_dir: &Path) -> AgentConfig {
     common::config(work_dir, "restart-host")
 }
 
-/// The agent recorded the task (with its wrapper's pid) and stopped before opening the launch
-/// gate: the wrapper saw the gate close, recorded that its command never ran, and exited. The
+/// The agent recorded the task (with its supervisor's pid) and stopped before opening the
+/// launch gate: the supervisor saw the gate close, recorded that the command never ran, and
+/// exited. The
 /// restarted agent adopts the recorded task and must report it LOST (`not_started`: it never
 /// ran, launching it again is safe), not FAILED as a task that ran and vanished. (Found by the
 /// replicated-masters history test, whose checker counts a FAILED task that never ran as a
@@ -42,22 +42,30 @@ async fn a_task_whose_command_never_started_is_lost_after_a_restart_not_failed()
         leader_term: 0,
     });
     assert_eq!(statuses(&out)[0].state(), TaskState::TaskRunning);
-    // What the stop leaves behind: the task file with the wrapper's pid, the wrapper gone, and
-    // in the sandbox the mark the wrapper writes when its gate closes unopened.
-    let sandbox = ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "t1");
-    let task_file = std::fs::read_to_string(sandbox.join(".ringmaster-task")).unwrap();
-    let pid: i32 = task_file
-        .lines()
-        .find_map(|l| l.strip_prefix("pid="))
-        .unwrap()
-        .parse()
-        .unwrap();
+    // What the stop leaves behind: the record with the supervisor's and the task's pids, and
+    // the supervisor's record that the gate closed unopened (written as a supervisor whose
+    // agent died before opening it writes it).
+    let run = ringmaster_agent::sandbox::latest_run(dir.path(), "fw", "t1").unwrap();
+    let meta = ringmaster_agent::task_files::meta_dir(dir.path(), "fw", "t1", &run);
+    let record =
+        std::fs::read_to_string(meta.join(ringmaster_agent::task_files::TASK_FILE)).unwrap();
+    let field = |name: &str| -> i32 {
+        record
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (supervisor, pid) = (field("supervisor_pid="), field("pid="));
     // SAFETY: kill has no memory preconditions; -pid is the task's own process group.
+    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
+    // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(-pid, libc::SIGKILL) }, 0);
     timeout(WAIT, first_exits.recv()).await.unwrap().unwrap();
     std::fs::write(
-        sandbox.join(EXIT_STATUS_FILE),
-        format!("{NOT_STARTED_MARK}\n"),
+        meta.join(ringmaster_agent::supervisor::EXIT_FILE),
+        format!("{}\n", ringmaster_agent::supervisor::NOT_STARTED),
     )
     .unwrap();
     drop(first);

@@ -83,8 +83,10 @@ async fn run_to_end(
 }
 
 fn sandbox_file(work_dir: &Path, id: &str, name: &str) -> String {
-    std::fs::read_to_string(ringmaster_agent::sandbox::sandbox_dir(work_dir, "fw", id).join(name))
-        .unwrap()
+    std::fs::read_to_string(
+        ringmaster_agent::sandbox::latest_run_dir(work_dir, "fw", id).join(name),
+    )
+    .unwrap()
 }
 
 #[tokio::test]
@@ -126,10 +128,19 @@ async fn tasks_run_as_the_task_user_and_root_is_refused() {
         sandbox_file(dir.path(), "plain", "uid").trim(),
         nobody.uid.to_string()
     );
-    let sandbox = ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "plain");
+    // The run directory is the task user's and 0700; above it, the agent's own (0711), so
+    // the task cannot replace what the agent walks; the task created its output files itself.
+    let sandbox = ringmaster_agent::sandbox::latest_run_dir(dir.path(), "fw", "plain");
     let meta = std::fs::metadata(&sandbox).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (nobody.uid, nobody.gid));
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    let task_dir = std::fs::metadata(sandbox.parent().unwrap()).unwrap();
+    assert_eq!(
+        (task_dir.uid(), task_dir.permissions().mode() & 0o777),
+        (0, 0o711)
+    );
+    let stdout = std::fs::metadata(sandbox.join("stdout")).unwrap();
+    assert_eq!((stdout.uid(), stdout.gid()), (nobody.uid, nobody.gid));
 
     // Root is refused, with a message saying why.
     let s = run_one(&mut state, task("as-root", "id -u", "root"));
