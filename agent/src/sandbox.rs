@@ -128,6 +128,7 @@ pub fn create_run(
     owner: Option<(u32, u32)>,
     now_ms: u64,
 ) -> io::Result<(String, PathBuf)> {
+    std::fs::create_dir_all(work_dir)?;
     let sandboxes = work_dir.join(SANDBOXES);
     own_dir(&sandboxes, 0o711)?;
     let framework = sandboxes.join(escape_component(framework_id));
