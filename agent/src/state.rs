@@ -551,6 +551,15 @@ impl AgentState {
             let message = "the command is empty".to_string();
             return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
         }
+        if let Some(available) = self.disk_full() {
+            let message = format!(
+                "the agent's disk is full: {} free in {} (needs {} MiB)",
+                format_bytes(available),
+                self.config.work_dir.display(),
+                DISK_FULL_BELOW >> 20
+            );
+            return self.refuse(key, resources, blank, reason::AGENT_DISK_FULL, message, out);
+        }
         let free = self.free();
         if !free.contains(&resources) {
             let short: Vec<String> = free
@@ -600,15 +609,6 @@ impl AgentState {
             if let Err(message) = mps::ensure_daemon(&self.config.gpu_sharing, mps::start_daemon) {
                 return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
             }
-        }
-        if let Some(available) = self.disk_full() {
-            let message = format!(
-                "the agent's disk is full: {} free in {} (needs {} MiB)",
-                format_bytes(available),
-                self.config.work_dir.display(),
-                DISK_FULL_BELOW >> 20
-            );
-            return self.refuse(key, resources, blank, reason::AGENT_DISK_FULL, message, out);
         }
         // A fresh run directory every launch, handed to the task's user; the agent's record
         // of the run in its own meta directory.
