@@ -24,9 +24,12 @@
 //! 4. **Serving.** `Ping` → `Pong` with the same nonce. `RunTasks` → per task:
 //!    already known → its pending updates are resent (or its current status under a fresh
 //!    update id); unusable (bad resources, empty id or command) → `FAILED` `launch_failed`;
-//!    not fitting in free → `FAILED` `insufficient_resources`; else `sh -c COMMAND` (under a
-//!    small `sh` wrapper that records the exit status in the sandbox) in its own process group in `<work_dir>/sandboxes/<framework_id>/<task_id>` (ids escaped) with
-//!    `stdout`/`stderr` files and `RINGMASTER_{TASK_ID,FRAMEWORK_ID,AGENT_ID,RESOURCES,SANDBOX}`
+//!    not fitting in free → `FAILED` `insufficient_resources`; the work dir's disk below 16 MiB
+//!    free → `FAILED` `agent_disk_full`; else `sh -c COMMAND`, started by its own root
+//!    supervisor ([`supervisor`], which waits for it and records its exit status in the agent's
+//!    own `<work_dir>/meta/`), in its own process group in a fresh run directory
+//!    `<work_dir>/sandboxes/<framework_id>/<task_id>/<run>` ([`sandbox`]; ids escaped) with
+//!    `stdout`/`stderr` files (created by the task's user) and `RINGMASTER_{TASK_ID,FRAMEWORK_ID,AGENT_ID,RESOURCES,SANDBOX}`
 //!    plus the task's env → `RUNNING`; on an agent with GPUs (docs/devices.md) a GPU task
 //!    (`gpus`, or `gpu_milli` / `gpu_mem`, in its resources; `gpu_models`) gets the devices of the
 //!    master's binding (`TaskInfo.devices`, checked against the agent's own per-device
@@ -68,10 +71,13 @@
 //!    tasks → `LOST` `stale_leader`), a `KillTask` from one is ignored. Term 0 always passes.
 //! 7. **Shutdown.** Every task is killed (reason `agent_shutdown`); once their groups are gone
 //!    (bounded by grace + 2 s) the pending updates and a heartbeat are sent best-effort.
-//! 8. **Restart.** Each task has a task file in its sandbox ([`task_files`]). An agent started
-//!    on the same work dir (after a crash or `kill -9`) adopts the tasks still running (pid
-//!    plus process start time, so a reused pid is never signalled) and reports the others with
-//!    the exit status their wrapper recorded ([`process::adopt`], docs/reliability.md).
+//! 8. **Restart.** Each run of a task has a record in the agent's own meta directory
+//!    ([`task_files`]; never in the sandbox, which the task owns). An agent started on the same
+//!    work dir (after a crash or `kill -9`) adopts the tasks whose supervisor still runs (pid
+//!    plus process start time, so a reused pid is never taken for it) and reports the others
+//!    with the exit status their supervisor recorded ([`process::adopt`], docs/reliability.md).
+//!    Ended runs' sandboxes are collected `--sandbox-gc-delay` after the master acknowledged
+//!    their end, sooner above `--disk-watermark` ([`gc`]).
 
 mod config;
 pub mod config_file;

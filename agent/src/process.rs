@@ -148,18 +148,11 @@ const INHERITED_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ"];
 /// `PATH` when the agent has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Clears `command`'s environment down to [`INHERITED_ENV`] of the agent's, then sets `env`
+/// Clears `command`'s environment down to `PATH`, `LANG`, `LC_ALL` and `TZ` of the agent's, then sets `env`
 /// (the task's: what the agent sets, the framework's, the devices').
 pub fn set_environment(command: &mut Command, env: &[(String, String)]) {
     command.env_clear();
-    for name in INHERITED_ENV {
-        if let Some(value) = std::env::var_os(name) {
-            command.env(name, value);
-        } else if *name == "PATH" {
-            command.env(name, DEFAULT_PATH);
-        }
-    }
-    command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    command.envs(environment(env));
 }
 
 /// The real uid a process runs as (`/proc/PID/status`).

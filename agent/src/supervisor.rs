@@ -134,7 +134,7 @@ struct Child<'a> {
 }
 
 /// Starts `spec`'s task under a supervisor, gated. Blocks for as long as the fork and the
-/// task's setup take (bounded by [`REPORT_TIMEOUT`]).
+/// task's setup take (bounded by ten seconds).
 pub fn spawn(spec: &Spec<'_>) -> Result<Started, SpawnError> {
     let argv_c = [
         cstring("sh")?,
