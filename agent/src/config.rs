@@ -14,7 +14,8 @@ use ringmaster_proto::transport::ClientSecurity;
 
 use crate::detect::{detect_gpus, detect_hostname, detect_resources};
 use crate::isolation::{
-    IsolationConfig, IsolationMode, DEFAULT_PIDS_PER_TASK, PIDS_PER_TASK_RANGE,
+    default_max_task_pids, IsolationConfig, IsolationMode, DEFAULT_PIDS_PER_TASK,
+    MAX_TASK_PIDS_RANGE, PIDS_PER_TASK_RANGE,
 };
 use crate::mps::GpuSharing;
 use crate::users::default_task_user;
@@ -111,9 +112,28 @@ pub struct AgentArgs {
     #[arg(long, value_name = "LEVEL")]
     pub isolation: Option<String>,
     /// With cgroups: the most processes (and threads) one task may have at once (16 - 4194304;
-    /// default 4096).
+    /// default 4096; held to at most --max-task-pids).
     #[arg(long, value_name = "N")]
     pub pids_per_task: Option<u64>,
+    /// With cgroups: the most processes (and threads) all tasks together may have at once, the
+    /// pids limit of the agent's cgroup (64 - 4194304; default: half of
+    /// /proc/sys/kernel/pid_max).
+    #[arg(long, value_name = "N")]
+    pub max_task_pids: Option<u64>,
+    /// The cpus and mem a task that names none is limited to (`cpus:0.1;mem:32`, mem in MiB;
+    /// only cpus and mem, both more than 0), or `none`: tasks that omit cpus or mem are
+    /// refused. Limits only: nothing is deducted from what the agent offers. Default:
+    /// cpus:0.1;mem:32.
+    #[arg(long, value_name = "SPEC")]
+    pub default_task_resources: Option<String>,
+    /// How long an ended task's sandbox is kept once its final status was acknowledged:
+    /// `0s` (collect at once) - `720h` (30 days); default 1h.
+    #[arg(long, value_name = "DURATION")]
+    pub sandbox_gc_delay: Option<String>,
+    /// Above this fraction of the work dir's file system in use, ended tasks' sandboxes are
+    /// collected at once, oldest first: more than 0, at most 1; default 0.9.
+    #[arg(long, value_name = "FRACTION")]
+    pub disk_watermark: Option<f64>,
     /// Grace between SIGTERM and SIGKILL when a task is killed, unless the task sets its own
     /// (`TaskInfo.kill_grace_ms`): `500ms`, `3s`, `2m`, `1h` (100ms - 1 day; default 3s).
     #[arg(long, value_name = "DURATION")]
@@ -177,6 +197,11 @@ pub struct AgentConfig {
 pub const DEFAULT_TASK_RESOURCES: &str = "cpus:0.1;mem:32";
 /// The default of `--sandbox-gc-delay`.
 pub const DEFAULT_SANDBOX_GC_DELAY: Duration = Duration::from_secs(3600);
+/// The values `--sandbox-gc-delay` accepts: 0s (collect at once) to 30 days.
+pub const SANDBOX_GC_DELAY_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::ZERO..=Duration::from_secs(30 * 24 * 3600);
+/// The resources `--default-task-resources` may name.
+pub const DEFAULT_TASK_RESOURCE_NAMES: [&str; 2] = ["cpus", "mem"];
 /// The default of `--disk-watermark`.
 pub const DEFAULT_DISK_WATERMARK: f64 = 0.9;
 
@@ -222,6 +247,7 @@ impl AgentConfig {
             check_agent_id(id).with_context(|| format!("--id `{id}`"))?;
         }
         let gpu_sharing = gpu_sharing_from_args(&args)?;
+        let safeguards = safeguards_from_args(&args)?;
         let custom = check_custom_resources(&args.custom_resources)
             .map_err(|m| anyhow::anyhow!("--custom-resources: {m}"))?;
         let work_dir = match args.work_dir {
@@ -332,7 +358,7 @@ impl AgentConfig {
             allow_root_tasks: args.allow_root_tasks,
             gpu_sharing,
             usage_interval,
-            safeguards: Safeguards::default(),
+            safeguards,
         })
     }
 }
@@ -375,6 +401,10 @@ impl AgentArgs {
             allow_root_tasks: self.allow_root_tasks || file.allow_root_tasks,
             isolation: self.isolation.or(file.isolation),
             pids_per_task: self.pids_per_task.or(file.pids_per_task),
+            max_task_pids: self.max_task_pids.or(file.max_task_pids),
+            default_task_resources: self.default_task_resources.or(file.default_task_resources),
+            sandbox_gc_delay: self.sandbox_gc_delay.or(file.sandbox_gc_delay),
+            disk_watermark: self.disk_watermark.or(file.disk_watermark),
             kill_grace: self.kill_grace.or(file.kill_grace),
             usage_interval: self.usage_interval.or(file.usage_interval),
             gpu_sharing: self.gpu_sharing.or(file.gpu_sharing),
@@ -432,7 +462,87 @@ pub(crate) fn check_pids_per_task(n: u64) -> Result<u64, String> {
     }
 }
 
-/// Validates `--isolation` and `--pids-per-task` (defaults: auto, 4096).
+/// Checks `--max-task-pids` against its range.
+pub(crate) fn check_max_task_pids(n: u64) -> Result<u64, String> {
+    if MAX_TASK_PIDS_RANGE.contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "{n} is out of range ({} - {})",
+            MAX_TASK_PIDS_RANGE.start(),
+            MAX_TASK_PIDS_RANGE.end()
+        ))
+    }
+}
+
+/// Parses `--default-task-resources`: `none` (`Ok(None)`), or `cpus` and `mem` (both, each more
+/// than 0, nothing else).
+pub(crate) fn check_default_task_resources(text: &str) -> Result<Option<Resources>, String> {
+    const ALLOWED: &str = "both cpus and mem, each more than 0, e.g. `cpus:0.1;mem:32`; or `none`";
+    let spec = text.trim();
+    if spec == "none" {
+        return Ok(None);
+    }
+    let resources = Resources::parse(spec).map_err(|e| e.to_string())?;
+    let zeros = zero_dimensions(spec);
+    for name in resources.names().chain(zeros.iter().map(String::as_str)) {
+        if !DEFAULT_TASK_RESOURCE_NAMES.contains(&name) {
+            return Err(format!("`{name}` cannot be given ({ALLOWED})"));
+        }
+    }
+    if let Some(name) = zeros.first() {
+        return Err(format!("`{name}` must be more than 0 ({ALLOWED})"));
+    }
+    for name in DEFAULT_TASK_RESOURCE_NAMES {
+        if resources.milli(name) == 0 {
+            return Err(format!("names no `{name}` ({ALLOWED})"));
+        }
+    }
+    Ok(Some(resources))
+}
+
+/// Parses `--sandbox-gc-delay` and checks its range (0s - 30 days).
+pub(crate) fn check_sandbox_gc_delay(text: &str) -> Result<Duration, String> {
+    let delay = parse_duration(text).map_err(|e| e.to_string())?;
+    if !SANDBOX_GC_DELAY_RANGE.contains(&delay) {
+        return Err("out of range (0s - 720h, i.e. 30 days)".into());
+    }
+    Ok(delay)
+}
+
+/// Checks `--disk-watermark`: more than 0, at most 1.
+pub(crate) fn check_disk_watermark(fraction: f64) -> Result<f64, String> {
+    // Written so that NaN fails too.
+    if fraction > 0.0 && fraction <= 1.0 {
+        Ok(fraction)
+    } else {
+        Err(format!(
+            "{fraction} is out of range (more than 0, at most 1)"
+        ))
+    }
+}
+
+/// Validates `--default-task-resources`, `--sandbox-gc-delay` and `--disk-watermark`
+/// (defaults: `cpus:0.1;mem:32`, 1h, 0.9).
+pub fn safeguards_from_args(args: &AgentArgs) -> anyhow::Result<Safeguards> {
+    let mut safeguards = Safeguards::default();
+    if let Some(spec) = &args.default_task_resources {
+        safeguards.default_task_resources = check_default_task_resources(spec)
+            .map_err(|m| anyhow::anyhow!("--default-task-resources `{spec}`: {m}"))?;
+    }
+    if let Some(text) = &args.sandbox_gc_delay {
+        safeguards.sandbox_gc_delay = check_sandbox_gc_delay(text)
+            .map_err(|m| anyhow::anyhow!("--sandbox-gc-delay `{text}`: {m}"))?;
+    }
+    if let Some(fraction) = args.disk_watermark {
+        safeguards.disk_watermark =
+            check_disk_watermark(fraction).map_err(|m| anyhow::anyhow!("--disk-watermark {m}"))?;
+    }
+    Ok(safeguards)
+}
+
+/// Validates `--isolation`, `--pids-per-task` and `--max-task-pids` (defaults: auto, 4096, half
+/// of the kernel's `pid_max`). A per-task limit above `--max-task-pids` is held to it.
 pub fn isolation_from_args(args: &AgentArgs) -> anyhow::Result<IsolationConfig> {
     let mode: IsolationMode = match &args.isolation {
         Some(level) => level
@@ -445,9 +555,20 @@ pub fn isolation_from_args(args: &AgentArgs) -> anyhow::Result<IsolationConfig> 
         Some(n) => check_pids_per_task(n).map_err(|m| anyhow::anyhow!("--pids-per-task {m}"))?,
         None => DEFAULT_PIDS_PER_TASK,
     };
+    let max_task_pids = match args.max_task_pids {
+        Some(n) => check_max_task_pids(n).map_err(|m| anyhow::anyhow!("--max-task-pids {m}"))?,
+        None => default_max_task_pids(),
+    };
+    if args.pids_per_task.is_some() && pids_per_task > max_task_pids {
+        tracing::warn!(
+            "--pids-per-task {pids_per_task} is above --max-task-pids {max_task_pids}, the \
+             limit of all tasks together: each task gets at most {max_task_pids}"
+        );
+    }
     Ok(IsolationConfig {
         mode,
-        pids_per_task,
+        pids_per_task: pids_per_task.min(max_task_pids),
+        max_task_pids,
     })
 }
 
@@ -873,6 +994,176 @@ mod tests {
         }
         assert!(
             AgentArgs::try_parse_from(["x", "--master", "h:1", "--pids-per-task", "lots"]).is_err()
+        );
+    }
+
+    #[test]
+    fn max_task_pids_flag() {
+        // Default: half of the kernel's pid_max.
+        let iso = isolation_from_args(&args(&[])).unwrap();
+        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok();
+        assert_eq!(
+            iso.max_task_pids,
+            crate::isolation::max_task_pids_for(pid_max.as_deref())
+        );
+        if let Some(pid_max) = pid_max {
+            let half = pid_max.trim().parse::<u64>().unwrap() / 2;
+            assert_eq!(iso.max_task_pids, half.clamp(64, 4_194_304));
+        }
+        for (n, expected) in [("64", 64), ("4194304", 4_194_304), ("20000", 20_000)] {
+            let iso = isolation_from_args(&args(&["--max-task-pids", n])).unwrap();
+            assert_eq!(iso.max_task_pids, expected);
+            assert_eq!(iso.pids_per_task, DEFAULT_PIDS_PER_TASK.min(expected));
+        }
+        // A per-task limit above the total is held to the total.
+        let iso = isolation_from_args(&args(&[
+            "--pids-per-task",
+            "1000",
+            "--max-task-pids",
+            "100",
+        ]))
+        .unwrap();
+        assert_eq!((iso.pids_per_task, iso.max_task_pids), (100, 100));
+        for n in ["63", "4194305", "0"] {
+            let err = format!(
+                "{:#}",
+                isolation_from_args(&args(&["--max-task-pids", n])).unwrap_err()
+            );
+            assert_eq!(
+                err,
+                format!("--max-task-pids {n} is out of range (64 - 4194304)")
+            );
+        }
+        assert!(
+            AgentArgs::try_parse_from(["x", "--master", "h:1", "--max-task-pids", "-1"]).is_err()
+        );
+    }
+
+    #[test]
+    fn safeguards_default() {
+        let config = AgentConfig::from_args(args(&[])).unwrap();
+        assert_eq!(config.safeguards, Safeguards::default());
+        assert_eq!(
+            config.safeguards.default_task_resources,
+            Some(Resources::parse("cpus:0.1;mem:32").unwrap())
+        );
+        assert_eq!(
+            config.safeguards.sandbox_gc_delay,
+            Duration::from_secs(3600)
+        );
+        assert_eq!(config.safeguards.disk_watermark, 0.9);
+    }
+
+    #[test]
+    fn default_task_resources_flag() {
+        let config =
+            AgentConfig::from_args(args(&["--default-task-resources", "mem:256; cpus:0.5"]))
+                .unwrap();
+        assert_eq!(
+            config.safeguards.default_task_resources,
+            Some(Resources::parse("cpus:0.5;mem:256").unwrap())
+        );
+        let config = AgentConfig::from_args(args(&["--default-task-resources", "none"])).unwrap();
+        assert_eq!(config.safeguards.default_task_resources, None);
+        const ALLOWED: &str =
+            "(both cpus and mem, each more than 0, e.g. `cpus:0.1;mem:32`; or `none`)";
+        for (bad, expected) in [
+            (
+                "cpus:1;mem:64;disk:10",
+                format!("`disk` cannot be given {ALLOWED}"),
+            ),
+            (
+                "cpus:1;mem:64;gpus:0",
+                format!("`gpus` cannot be given {ALLOWED}"),
+            ),
+            (
+                "cpus:0;mem:64",
+                format!("`cpus` must be more than 0 {ALLOWED}"),
+            ),
+            (
+                "cpus:1;mem:0.0",
+                format!("`mem` must be more than 0 {ALLOWED}"),
+            ),
+            ("cpus:1", format!("names no `mem` {ALLOWED}")),
+            ("mem:32", format!("names no `cpus` {ALLOWED}")),
+            ("", format!("names no `cpus` {ALLOWED}")),
+            (
+                "cpus:-1;mem:32",
+                "`cpus:-1`: amount `-1` is not a non-negative finite number with at most 3 \
+                 decimals"
+                    .to_string(),
+            ),
+            (
+                "cpus:1;cpus:2;mem:3",
+                "`cpus` appears more than once".to_string(),
+            ),
+            (
+                "None",
+                "`None` is not `name:amount` (in `None`)".to_string(),
+            ),
+        ] {
+            assert_eq!(
+                error_of(&["--default-task-resources", bad]),
+                format!("--default-task-resources `{bad}`: {expected}"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn sandbox_gc_delay_flag() {
+        for (good, expected) in [
+            ("0s", Duration::ZERO),
+            ("0ms", Duration::ZERO),
+            ("90m", Duration::from_secs(5400)),
+            ("720h", Duration::from_secs(30 * 24 * 3600)),
+        ] {
+            let config = AgentConfig::from_args(args(&["--sandbox-gc-delay", good])).unwrap();
+            assert_eq!(config.safeguards.sandbox_gc_delay, expected, "{good}");
+        }
+        for (bad, expected) in [
+            ("721h", "out of range (0s - 720h, i.e. 30 days)"),
+            ("2592000001ms", "out of range (0s - 720h, i.e. 30 days)"),
+            (
+                "30d",
+                "unknown unit `d` (expected ms, s, m or h, e.g. `3s`)",
+            ),
+            ("1", "unknown unit `` (expected ms, s, m or h, e.g. `3s`)"),
+            (
+                "-1s",
+                "expected a whole number and a unit (ms, s, m, h), e.g. `3s`",
+            ),
+        ] {
+            assert_eq!(
+                error_of(&[&format!("--sandbox-gc-delay={bad}")]),
+                format!("--sandbox-gc-delay `{bad}`: {expected}"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn disk_watermark_flag() {
+        for (good, expected) in [("1", 1.0), ("0.5", 0.5), ("0.001", 0.001)] {
+            let config = AgentConfig::from_args(args(&["--disk-watermark", good])).unwrap();
+            assert_eq!(config.safeguards.disk_watermark, expected, "{good}");
+        }
+        for (bad, shown) in [
+            ("0", "0"),
+            ("1.01", "1.01"),
+            ("-0.5", "-0.5"),
+            ("NaN", "NaN"),
+            ("inf", "inf"),
+        ] {
+            assert_eq!(
+                error_of(&[&format!("--disk-watermark={bad}")]),
+                format!("--disk-watermark {shown} is out of range (more than 0, at most 1)"),
+                "{bad}"
+            );
+        }
+        assert!(
+            AgentArgs::try_parse_from(["x", "--master", "h:1", "--disk-watermark", "most"])
+                .is_err()
         );
     }
 

@@ -24,9 +24,10 @@ use ringmaster_proto::yaml::{ConfigError, Seg, YamlSource};
 use serde_yaml::Value;
 
 use crate::config::{
-    check_agent_id, check_custom_resources, check_kill_grace, check_master_address,
-    check_pids_per_task, check_pipe_dir, check_resource_names, parse_attributes, zero_dimensions,
-    AgentArgs,
+    check_agent_id, check_custom_resources, check_default_task_resources, check_disk_watermark,
+    check_kill_grace, check_master_address, check_max_task_pids, check_pids_per_task,
+    check_pipe_dir, check_resource_names, check_sandbox_gc_delay, parse_attributes,
+    zero_dimensions, AgentArgs,
 };
 use crate::isolation::IsolationMode;
 use crate::mps::GpuSharingMode;
@@ -50,6 +51,10 @@ pub const KEYS: &[&str] = &[
     "allow_root_tasks",
     "isolation",
     "pids_per_task",
+    "max_task_pids",
+    "default_task_resources",
+    "sandbox_gc_delay",
+    "disk_watermark",
     "kill_grace",
     "usage_interval",
     "gpu_sharing",
@@ -190,29 +195,34 @@ fn read_key(key: &str, value: &Value, base: &Path, args: &mut AgentArgs) -> Resu
             let n = whole_number(value)?;
             args.pids_per_task = Some(check_pids_per_task(n)?);
         }
-        "kill_grace" => {
-            let v = match value {
-                Value::Number(_) => {
-                    return Err(format!(
-                        "expected a duration with a unit (ms, s, m, h), e.g. `3s`, found {}",
-                        describe(value)
-                    ))
-                }
-                _ => string(value)?,
+        "max_task_pids" => {
+            let n = whole_number(value)?;
+            args.max_task_pids = Some(check_max_task_pids(n)?);
+        }
+        "default_task_resources" => {
+            let v = string(value)?;
+            check_default_task_resources(&v).map_err(|m| quoted(&v, m))?;
+            args.default_task_resources = Some(v);
+        }
+        "sandbox_gc_delay" => {
+            let v = duration(value, "1h")?;
+            check_sandbox_gc_delay(&v).map_err(|m| quoted(&v, m))?;
+            args.sandbox_gc_delay = Some(v);
+        }
+        "disk_watermark" => {
+            let fraction = match value {
+                Value::Number(n) => n.as_f64().ok_or_else(|| format!("`{n}` is not a number"))?,
+                other => return Err(format!("expected a number, found {}", describe(other))),
             };
+            args.disk_watermark = Some(check_disk_watermark(fraction)?);
+        }
+        "kill_grace" => {
+            let v = duration(value, "3s")?;
             check_kill_grace(&v).map_err(|m| quoted(&v, m))?;
             args.kill_grace = Some(v);
         }
         "usage_interval" => {
-            let v = match value {
-                Value::Number(_) => {
-                    return Err(format!(
-                        "expected a duration with a unit (ms, s, m, h), e.g. `10s`, found {}",
-                        describe(value)
-                    ))
-                }
-                _ => string(value)?,
-            };
+            let v = duration(value, "10s")?;
             crate::usage::check_usage_interval(&v).map_err(|m| quoted(&v, m))?;
             args.usage_interval = Some(v);
         }
@@ -269,6 +279,17 @@ fn string(value: &Value) -> Result<String, String> {
         Value::String(s) => Ok(s.clone()),
         Value::Number(n) => Ok(n.to_string()),
         other => Err(format!("expected text, found {}", describe(other))),
+    }
+}
+
+/// A duration's text (`3s`); a bare number is refused, naming `example`.
+fn duration(value: &Value, example: &str) -> Result<String, String> {
+    match value {
+        Value::Number(_) => Err(format!(
+            "expected a duration with a unit (ms, s, m, h), e.g. `{example}`, found {}",
+            describe(value)
+        )),
+        _ => string(value),
     }
 }
 
@@ -371,6 +392,10 @@ task_user: runner
 allow_root_tasks: true
 isolation: cgroups
 pids_per_task: 512
+max_task_pids: 2048
+default_task_resources: cpus:0.25;mem:64
+sandbox_gc_delay: 30m
+disk_watermark: 0.8
 kill_grace: 10s
 usage_interval: 30s
 gpu_sharing: mps
@@ -401,6 +426,13 @@ mps_start: true
         assert!(a.allow_root_tasks && a.mps_start);
         assert_eq!(a.isolation.as_deref(), Some("cgroups"));
         assert_eq!(a.pids_per_task, Some(512));
+        assert_eq!(a.max_task_pids, Some(2048));
+        assert_eq!(
+            a.default_task_resources.as_deref(),
+            Some("cpus:0.25;mem:64")
+        );
+        assert_eq!(a.sandbox_gc_delay.as_deref(), Some("30m"));
+        assert_eq!(a.disk_watermark, Some(0.8));
         assert_eq!(a.kill_grace.as_deref(), Some("10s"));
         assert_eq!(a.usage_interval.as_deref(), Some("30s"));
         assert_eq!(a.gpu_sharing.as_deref(), Some("mps"));
@@ -499,9 +531,102 @@ mps_start: true
                 "usage_interval: 10\n",
                 "agent.yaml:1: usage_interval: expected a duration with a unit (ms, s, m, h), e.g. `10s`, found `10`",
             ),
+            (
+                "max_task_pids: 63\n",
+                "agent.yaml:1: max_task_pids: 63 is out of range (64 - 4194304)",
+            ),
+            (
+                "master: h:1\nmax_task_pids: 4194305\n",
+                "agent.yaml:2: max_task_pids: 4194305 is out of range (64 - 4194304)",
+            ),
+            (
+                "max_task_pids: lots\n",
+                "agent.yaml:1: max_task_pids: expected a whole number, found the string `lots`",
+            ),
+            (
+                "default_task_resources: cpus:0.1;mem:32;disk:100\n",
+                "agent.yaml:1: default_task_resources: `cpus:0.1;mem:32;disk:100`: `disk` cannot be given (both cpus and mem, each more than 0, e.g. `cpus:0.1;mem:32`; or `none`)",
+            ),
+            (
+                "default_task_resources: cpus:0;mem:32\n",
+                "agent.yaml:1: default_task_resources: `cpus:0;mem:32`: `cpus` must be more than 0 (both cpus and mem, each more than 0, e.g. `cpus:0.1;mem:32`; or `none`)",
+            ),
+            (
+                "default_task_resources: mem:32\n",
+                "agent.yaml:1: default_task_resources: `mem:32`: names no `cpus` (both cpus and mem, each more than 0, e.g. `cpus:0.1;mem:32`; or `none`)",
+            ),
+            (
+                "sandbox_gc_delay: 721h\n",
+                "agent.yaml:1: sandbox_gc_delay: `721h`: out of range (0s - 720h, i.e. 30 days)",
+            ),
+            (
+                "sandbox_gc_delay: 0\n",
+                "agent.yaml:1: sandbox_gc_delay: expected a duration with a unit (ms, s, m, h), e.g. `1h`, found `0`",
+            ),
+            (
+                "sandbox_gc_delay: 2d\n",
+                "agent.yaml:1: sandbox_gc_delay: `2d`: unknown unit `d` (expected ms, s, m or h, e.g. `3s`)",
+            ),
+            (
+                "disk_watermark: 0\n",
+                "agent.yaml:1: disk_watermark: 0 is out of range (more than 0, at most 1)",
+            ),
+            (
+                "\ndisk_watermark: 1.5\n",
+                "agent.yaml:2: disk_watermark: 1.5 is out of range (more than 0, at most 1)",
+            ),
+            (
+                "disk_watermark: .nan\n",
+                "agent.yaml:1: disk_watermark: NaN is out of range (more than 0, at most 1)",
+            ),
+            (
+                "disk_watermark: 90%\n",
+                "agent.yaml:1: disk_watermark: expected a number, found the string `90%`",
+            ),
         ] {
             assert_eq!(error(text), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn safeguard_keys_make_the_config() {
+        let file = parsed(
+            "master: m:5050\ndefault_task_resources: none\nsandbox_gc_delay: 0s\n\
+             disk_watermark: 1\nmax_task_pids: 64\npids_per_task: 128\n",
+        )
+        .unwrap();
+        let args = cli(&["--work-dir", "/tmp/x", "--resources", "cpus:1;mem:64"]).over(file);
+        let isolation = crate::config::isolation_from_args(&args).unwrap();
+        assert_eq!((isolation.pids_per_task, isolation.max_task_pids), (64, 64));
+        let config = crate::AgentConfig::from_args(args).unwrap();
+        assert_eq!(config.safeguards.default_task_resources, None);
+        assert_eq!(
+            config.safeguards.sandbox_gc_delay,
+            std::time::Duration::ZERO
+        );
+        assert_eq!(config.safeguards.disk_watermark, 1.0);
+        // The command line wins over the file.
+        let file =
+            parsed("master: m:5050\ndefault_task_resources: none\ndisk_watermark: 0.5\n").unwrap();
+        let args = cli(&[
+            "--default-task-resources",
+            "cpus:1;mem:128",
+            "--disk-watermark",
+            "0.75",
+            "--sandbox-gc-delay",
+            "2h",
+        ])
+        .over(file);
+        let config = crate::AgentConfig::from_args(args).unwrap();
+        assert_eq!(
+            config.safeguards.default_task_resources,
+            Some(ringmaster_proto::resources::Resources::parse("cpus:1;mem:128").unwrap())
+        );
+        assert_eq!(config.safeguards.disk_watermark, 0.75);
+        assert_eq!(
+            config.safeguards.sandbox_gc_delay,
+            std::time::Duration::from_secs(7200)
+        );
     }
 
     #[test]

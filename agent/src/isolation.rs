@@ -8,6 +8,12 @@
 //! escaped like sandbox names. The cgroup files themselves are handled by the `cgroups-rs`
 //! crate, which detects v1 and v2; this module decides names, limits and lifetimes.
 //!
+//! Every task is bounded in cpu, memory and processes: a task that names no `cpus` or `mem` is
+//! held to `--default-task-resources` ([`limited_resources`]), and the agent's cgroup itself is
+//! capped at what the agent offers (its `cpus` and `mem`) and at `--max-task-pids` processes,
+//! so all tasks together cannot take more of the machine than the agent advertised
+//! ([`Isolation::setup_with_caps`]).
+//!
 //! A task's process joins its cgroup in the forked child before it execs (see
 //! [`crate::process::launch`]), so nothing the task runs is ever outside it. The task counts as
 //! ended only when its cgroup is empty; the cgroup is then removed. At startup the agent
@@ -19,7 +25,7 @@ use std::fmt;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Once;
+use std::sync::{Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 use cgroups_rs::fs::cpu::CpuController;
@@ -40,6 +46,12 @@ pub const CGROUP_PARENT: &str = "ringmaster";
 pub const DEFAULT_PIDS_PER_TASK: u64 = 4096;
 /// The values `--pids-per-task` accepts.
 pub const PIDS_PER_TASK_RANGE: RangeInclusive<u64> = 16..=4_194_304;
+/// The values `--max-task-pids` accepts.
+pub const MAX_TASK_PIDS_RANGE: RangeInclusive<u64> = 64..=4_194_304;
+/// The `pid_max` assumed when `/proc/sys/kernel/pid_max` cannot be read (the kernel's default).
+pub const FALLBACK_PID_MAX: u64 = 32_768;
+/// Where the kernel's `pid_max` is read.
+const PID_MAX_FILE: &str = "/proc/sys/kernel/pid_max";
 /// CFS period of every task: 100 ms.
 pub const CFS_PERIOD_US: u64 = 100_000;
 /// The smallest CFS quota the kernel accepts (1 ms).
@@ -89,21 +101,47 @@ impl fmt::Display for IsolationMode {
     }
 }
 
-/// The isolation settings of one agent (`--isolation`, `--pids-per-task`).
+/// The isolation settings of one agent (`--isolation`, `--pids-per-task`, `--max-task-pids`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IsolationConfig {
     pub mode: IsolationMode,
-    /// The most processes (and threads) one task may have at once.
+    /// The most processes (and threads) one task may have at once (held to at most
+    /// `max_task_pids`).
     pub pids_per_task: u64,
+    /// The most processes (and threads) all tasks together may have at once: the pids limit
+    /// of the agent's cgroup. Default: half of the kernel's `pid_max`
+    /// ([`default_max_task_pids`]).
+    pub max_task_pids: u64,
 }
 
 impl Default for IsolationConfig {
+    /// `auto`, 4096 processes per task, half of `pid_max` in all (reads
+    /// `/proc/sys/kernel/pid_max`).
     fn default() -> Self {
+        let max_task_pids = default_max_task_pids();
         IsolationConfig {
             mode: IsolationMode::Auto,
-            pids_per_task: DEFAULT_PIDS_PER_TASK,
+            pids_per_task: DEFAULT_PIDS_PER_TASK.min(max_task_pids),
+            max_task_pids,
         }
     }
+}
+
+/// The default of `--max-task-pids` given the text of `/proc/sys/kernel/pid_max` (`None`:
+/// unreadable): half of it, half of [`FALLBACK_PID_MAX`] when it is unreadable or not a
+/// number, kept within [`MAX_TASK_PIDS_RANGE`].
+pub fn max_task_pids_for(pid_max: Option<&str>) -> u64 {
+    let pid_max = pid_max
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(FALLBACK_PID_MAX);
+    (pid_max / 2).clamp(*MAX_TASK_PIDS_RANGE.start(), *MAX_TASK_PIDS_RANGE.end())
+}
+
+/// The default of `--max-task-pids` on this machine: half of `/proc/sys/kernel/pid_max`
+/// (16384 when it cannot be read).
+pub fn default_max_task_pids() -> u64 {
+    max_task_pids_for(std::fs::read_to_string(PID_MAX_FILE).ok().as_deref())
 }
 
 /// The limits of one task's cgroup, from its allocated resources.
@@ -145,6 +183,102 @@ pub fn task_limits(resources: &Resources, pids_per_task: u64) -> TaskLimits {
         memory_bytes,
         pids_max: pids_per_task,
     }
+}
+
+/// The resources a task is LIMITED to (its cgroup's cpu quota and memory limit): its own `cpus`
+/// and `mem` where it names them (more than 0), the `defaults` (`--default-task-resources`)
+/// where it omits them; every other dimension as the task has it. `Err` (the task is refused)
+/// when it omits one and there is no default for it (`defaults` is `None`:
+/// `--default-task-resources none`). The defaults are limits only: nothing is deducted for them
+/// from what the agent offers.
+pub fn limited_resources(
+    task: &Resources,
+    defaults: Option<&Resources>,
+) -> Result<Resources, String> {
+    let mut limited = task.clone();
+    let mut missing = Vec::new();
+    for name in ["cpus", "mem"] {
+        if task.milli(name) > 0 {
+            continue;
+        }
+        match defaults.map_or(0, |d| d.milli(name)) {
+            0 => missing.push(name),
+            milli => limited.set_milli(name, milli),
+        }
+    }
+    if missing.is_empty() {
+        return Ok(limited);
+    }
+    let names = missing.join(" or ");
+    Err(match defaults {
+        None => format!(
+            "the task names no {names} and this agent gives no default \
+             (--default-task-resources none)"
+        ),
+        Some(d) => format!(
+            "the task names no {names} and this agent gives no default for it \
+             (--default-task-resources {d})"
+        ),
+    })
+}
+
+/// The limits of the agent's own cgroup, the parent of every task's: the CPU quota and memory
+/// limit of the resources the agent offers (`offered`: its `cpus` and `mem`; `None`, or a
+/// dimension it offers none of: no such limit) and `max_task_pids` processes.
+pub fn agent_limits(offered: Option<&Resources>, max_task_pids: u64) -> TaskLimits {
+    let mut caps = Resources::new();
+    if let Some(offered) = offered {
+        for name in ["cpus", "mem"] {
+            caps.set_milli(name, offered.milli(name));
+        }
+    }
+    task_limits(&caps, max_task_pids)
+}
+
+/// `limits` held within the agent cgroup's `caps`: a task cannot use more than its parent
+/// anyway, and on cgroup v1 the kernel refuses a CPU quota above the parent's.
+fn within(limits: TaskLimits, caps: &TaskLimits) -> TaskLimits {
+    let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, _) => a,
+    };
+    TaskLimits {
+        cpu_quota_us: min(limits.cpu_quota_us, caps.cpu_quota_us),
+        cpu_period_us: limits.cpu_period_us,
+        memory_bytes: min(limits.memory_bytes, caps.memory_bytes),
+        pids_max: limits.pids_max.min(caps.pids_max),
+    }
+}
+
+/// For the startup log: `cpus 2 (quota 200000 us per 100000 us), mem 1024 MiB, 16384
+/// processes`.
+fn describe_limits(limits: &TaskLimits) -> String {
+    let cpus = match limits.cpu_quota_us {
+        Some(q) => format!(
+            "cpus {} (quota {q} us per {} us)",
+            ringmaster_proto::resources::format_milli(q * 1000 / limits.cpu_period_us.max(1)),
+            limits.cpu_period_us
+        ),
+        None => "cpus unlimited".into(),
+    };
+    let mem = match limits.memory_bytes {
+        Some(b) if b % (1024 * 1024) == 0 => format!("mem {} MiB", b / (1024 * 1024)),
+        Some(b) => format!("mem {b} bytes"),
+        None => "mem unlimited".into(),
+    };
+    format!("{cpus}, {mem}, {} processes", limits.pids_max)
+}
+
+/// Serializes making the agent's cgroup (with its caps) and a task cgroup in it against
+/// removing the agent's cgroup once its last task cgroup is gone (which happens off the
+/// launching thread): otherwise a task cgroup could be made in an agent cgroup re-created
+/// without its caps.
+static AGENT_CGROUP_LOCK: Mutex<()> = Mutex::new(());
+
+fn agent_cgroup_lock() -> MutexGuard<'static, ()> {
+    AGENT_CGROUP_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A 64-bit FNV-1a hash: short, stable names for long paths and ids.
@@ -224,6 +358,8 @@ pub struct Isolation {
 struct CgroupRoot {
     /// `ringmaster/<agent>`, relative to each hierarchy's root.
     agent_path: String,
+    /// The limits of the agent's cgroup: what the agent offers, `--max-task-pids`.
+    caps: TaskLimits,
     /// The controllers task cgroups are made in.
     controllers: Vec<String>,
     v2: bool,
@@ -251,28 +387,50 @@ impl Isolation {
         }
     }
 
+    /// [`Isolation::setup_with_caps`] without cpu and memory caps on the agent's cgroup (its
+    /// pids limit, `max_task_pids`, still holds).
+    pub fn setup(config: &IsolationConfig, work_dir: &Path) -> anyhow::Result<Self> {
+        Self::setup_with_caps(config, work_dir, None)
+    }
+
     /// Prepares isolation as configured for the agent whose work dir is `work_dir`:
     /// `cgroups` fails with a clear error when cgroups are unusable; `auto` then falls back to
-    /// none with one warning; `none` does nothing.
-    pub fn setup(config: &IsolationConfig, work_dir: &Path) -> anyhow::Result<Self> {
+    /// none with one warning; `none` does nothing. With cgroups, the agent's cgroup (the parent
+    /// of every task's) is capped at `offered`'s `cpus` (CFS quota) and `mem` (memory limit,
+    /// no swap past it) — what the agent advertises, `None`: no such caps — and at
+    /// `config.max_task_pids` processes; the caps are logged once. A per-task process limit
+    /// above `max_task_pids` is held to it.
+    pub fn setup_with_caps(
+        config: &IsolationConfig,
+        work_dir: &Path,
+        offered: Option<&Resources>,
+    ) -> anyhow::Result<Self> {
+        let pids_per_task = config.pids_per_task.min(config.max_task_pids);
+        let caps = agent_limits(offered, config.max_task_pids);
         let disabled = Isolation {
             root: None,
-            pids_per_task: config.pids_per_task,
+            pids_per_task,
+        };
+        let enabled = |root: CgroupRoot| {
+            tracing::info!(cgroup = %root.agent_path, "all tasks together are capped at {} \
+                (the agent's cgroup; each task at most {pids_per_task} processes)",
+                describe_limits(&root.caps));
+            Isolation {
+                root: Some(root),
+                pids_per_task,
+            }
         };
         match config.mode {
             IsolationMode::None => Ok(disabled),
             IsolationMode::Cgroups => {
-                let root = CgroupRoot::setup(work_dir).map_err(|e| {
+                let root = CgroupRoot::setup(work_dir, caps).map_err(|e| {
                     anyhow::anyhow!(
                         "--isolation cgroups: cgroups are not usable: {e} (run the agent as \
                          root on a host with the cpu, memory and pids controllers, or use \
                          --isolation none)"
                     )
                 })?;
-                Ok(Isolation {
-                    root: Some(root),
-                    pids_per_task: config.pids_per_task,
-                })
+                Ok(enabled(root))
             }
             IsolationMode::Auto => {
                 // SAFETY: geteuid has no preconditions and cannot fail.
@@ -285,11 +443,8 @@ impl Isolation {
                     );
                     return Ok(disabled);
                 }
-                match CgroupRoot::setup(work_dir) {
-                    Ok(root) => Ok(Isolation {
-                        root: Some(root),
-                        pids_per_task: config.pids_per_task,
-                    }),
+                match CgroupRoot::setup(work_dir, caps) {
+                    Ok(root) => Ok(enabled(root)),
                     Err(e) => {
                         warn_once(&format!(
                             "--isolation auto: cgroups are not usable ({e}), so tasks run \
@@ -328,6 +483,34 @@ impl Isolation {
         }
     }
 
+    /// The relative path (in each hierarchy) of the agent's cgroup, `ringmaster/<agent>`;
+    /// `None` when disabled.
+    pub fn agent_cgroup_path(&self) -> Option<&str> {
+        self.root.as_ref().map(|r| r.agent_path.as_str())
+    }
+
+    /// The agent cgroup's directory in each hierarchy (one on v2); empty when disabled.
+    pub fn agent_cgroup_dirs(&self) -> Vec<PathBuf> {
+        let Some(root) = &self.root else {
+            return Vec::new();
+        };
+        let mut dirs: Vec<PathBuf> = root
+            .load(&root.agent_path)
+            .subsystems()
+            .iter()
+            .map(|s| s.to_controller().path().to_path_buf())
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+
+    /// The limits of the agent's cgroup (what the agent offers, `--max-task-pids`); `None`
+    /// when disabled.
+    pub fn agent_caps(&self) -> Option<&TaskLimits> {
+        self.root.as_ref().map(|r| &r.caps)
+    }
+
     /// The relative path (in each hierarchy) of a task's cgroup; `None` when disabled.
     pub fn task_cgroup_path(&self, framework_id: &str, task_id: &str) -> Option<String> {
         let root = self.root.as_ref()?;
@@ -338,8 +521,11 @@ impl Isolation {
         ))
     }
 
-    /// Creates a task's cgroup with the limits of its resources. `Ok(None)` when isolation is
-    /// off; `Err` says what failed (the task then fails; the agent goes on).
+    /// Creates a task's cgroup with the limits of its resources (pass what
+    /// [`limited_resources`] gives, so omitted dimensions get the defaults), held within the
+    /// agent cgroup's caps. The agent's cgroup is made again, with its caps, when it was
+    /// removed after its last task. `Ok(None)` when isolation is off; `Err` says what failed
+    /// (the task then fails; the agent goes on).
     pub fn create_task_cgroup(
         &self,
         framework_id: &str,
@@ -366,16 +552,20 @@ impl Isolation {
             root.agent_path,
             task_cgroup_name(framework_id, task_id)
         );
-        let limits = task_limits(resources, self.pids_per_task);
+        let limits = within(task_limits(resources, self.pids_per_task), &root.caps);
         let task = TaskCgroup::new(root.load(&path), path.clone(), Some(limits))?;
         if task.exists() {
             // Left by an earlier launch of the same task id that was never cleaned up.
             task.kill_all_blocking();
             task.remove()?;
         }
-        task.cgroup
-            .create()
-            .map_err(|e| format!("cannot create cgroup {path}: {e}"))?;
+        {
+            let _made = agent_cgroup_lock();
+            root.ensure_agent_cgroup()?;
+            task.cgroup
+                .create()
+                .map_err(|e| format!("cannot create cgroup {path}: {e}"))?;
+        }
         if let Err(e) = task.apply(&limits) {
             let _ = task.remove();
             return Err(e);
@@ -403,7 +593,7 @@ impl Isolation {
         if !cgroup.exists() {
             return None;
         }
-        let limits = task_limits(resources, self.pids_per_task);
+        let limits = within(task_limits(resources, self.pids_per_task), &root.caps);
         TaskCgroup::new(cgroup, path, Some(limits)).ok()
     }
 
@@ -441,6 +631,7 @@ impl Isolation {
         let Some(root) = &self.root else {
             return;
         };
+        let _removing = agent_cgroup_lock();
         if !root.children().is_empty() {
             return;
         }
@@ -481,9 +672,9 @@ impl Isolation {
 }
 
 impl CgroupRoot {
-    /// Creates `ringmaster/<agent>` and checks, with a probe cgroup, that task cgroups can be
-    /// made and limited there.
-    fn setup(work_dir: &Path) -> Result<CgroupRoot, String> {
+    /// Creates `ringmaster/<agent>` with its `caps` and checks, with a probe cgroup, that task
+    /// cgroups can be made and limited there.
+    fn setup(work_dir: &Path, caps: TaskLimits) -> Result<CgroupRoot, String> {
         let hier = hierarchies::auto();
         let v2 = hier.v2();
         let available: Vec<String> = hier
@@ -533,6 +724,7 @@ impl CgroupRoot {
         };
         let mut root = CgroupRoot {
             agent_path: format!("{CGROUP_PARENT}/{}", agent_cgroup_name(work_dir)),
+            caps,
             controllers,
             v2,
             devices,
@@ -541,6 +733,16 @@ impl CgroupRoot {
         agent
             .create()
             .map_err(|e| format!("cannot create cgroup {}: {e}", root.agent_path))?;
+        if let Err(e) = root.apply_caps() {
+            // Task cgroups of an earlier run may be in the way (on v1 a parent's CPU quota
+            // cannot go below a child's, a memory limit below what is in use): the agent goes
+            // on, and the caps are set again when the agent's cgroup is next made.
+            if root.children().is_empty() {
+                return Err(e);
+            }
+            tracing::warn!(cgroup = %root.agent_path, "the agent's cgroup keeps its earlier \
+                limits while cgroups of an earlier run are in it: {e}");
+        }
         let probe_path = format!("{}/{PROBE}", root.agent_path);
         let probe = root.load(&probe_path);
         probe
@@ -558,7 +760,11 @@ impl CgroupRoot {
         } else {
             Ok(())
         };
-        let removed = probe.remove();
+        // The probe only: the agent's cgroup stays, with its caps.
+        let removed = probe
+            .cgroup
+            .delete()
+            .map_err(|e| format!("cannot remove cgroup {probe_path}: {e}"));
         checked?;
         removed?;
         if let Err(e) = devices_checked {
@@ -570,6 +776,69 @@ impl CgroupRoot {
             root.controllers.retain(|c| c != "devices");
         }
         Ok(root)
+    }
+
+    /// Sets the agent cgroup's caps: its memory limit (no swap past it), CPU quota and pids
+    /// limit; `None` for memory or cpu lifts that limit (a cap of an earlier run goes away).
+    fn apply_caps(&self) -> Result<(), String> {
+        let path = &self.agent_path;
+        let agent = self.load(path);
+        let mem: &MemController = agent
+            .controller_of()
+            .ok_or_else(|| format!("cgroup {path} has no memory controller"))?;
+        let cpu: &CpuController = agent
+            .controller_of()
+            .ok_or_else(|| format!("cgroup {path} has no cpu controller"))?;
+        let pids: &PidController = agent
+            .controller_of()
+            .ok_or_else(|| format!("cgroup {path} has no pids controller"))?;
+        let caps = &self.caps;
+        let memory = caps
+            .memory_bytes
+            .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX));
+        if !self.v2 {
+            // v1 keeps memory+swap >= memory: lift it first so the memory limit may rise.
+            let _ = mem.set_memswap_limit(-1);
+        }
+        mem.set_limit(memory)
+            .map_err(|e| format!("cannot set the memory limit of cgroup {path}: {e}"))?;
+        let swap = match (caps.memory_bytes, self.v2) {
+            (None, true) => Some(-1),
+            (None, false) => None,
+            (Some(_), true) => Some(0),
+            (Some(_), false) => Some(memory),
+        };
+        if let Some(swap) = swap {
+            if let Err(e) = mem.set_memswap_limit(swap) {
+                tracing::debug!(cgroup = %path, "swap limit not set (no swap accounting?): {e}");
+            }
+        }
+        let quota = caps
+            .cpu_quota_us
+            .map_or(-1, |q| i64::try_from(q).unwrap_or(i64::MAX));
+        cpu.set_cfs_quota_and_period(Some(quota), Some(caps.cpu_period_us))
+            .map_err(|e| format!("cannot set the cpu quota of cgroup {path}: {e}"))?;
+        let max = i64::try_from(caps.pids_max).unwrap_or(i64::MAX);
+        pids.set_pid_max(MaxValue::Value(max))
+            .map_err(|e| format!("cannot set the process limit of cgroup {path}: {e}"))?;
+        Ok(())
+    }
+
+    /// Makes the agent's cgroup again, with its caps, when it is missing from a hierarchy (it
+    /// is removed once its last task cgroup goes). Called with [`agent_cgroup_lock`] held.
+    fn ensure_agent_cgroup(&self) -> Result<(), String> {
+        let agent = self.load(&self.agent_path);
+        if agent
+            .subsystems()
+            .iter()
+            .all(|s| s.to_controller().exists())
+        {
+            return Ok(());
+        }
+        agent
+            .create()
+            .map_err(|e| format!("cannot create cgroup {}: {e}", self.agent_path))?;
+        self.apply_caps()
     }
 
     fn load(&self, path: &str) -> Cgroup {
@@ -781,6 +1050,7 @@ impl TaskCgroup {
         self.cgroup
             .delete()
             .map_err(|e| format!("cannot remove cgroup {}: {e}", self.path))?;
+        let _removing = agent_cgroup_lock();
         for sub in self.cgroup.subsystems() {
             if let Some(agent_dir) = sub.to_controller().path().parent() {
                 // Fails (ENOTEMPTY/EBUSY) while other tasks' cgroups are there: fine.
@@ -918,6 +1188,136 @@ mod tests {
         assert!(PIDS_PER_TASK_RANGE.contains(&DEFAULT_PIDS_PER_TASK));
     }
 
+    fn res(spec: &str) -> Resources {
+        Resources::parse(spec).unwrap()
+    }
+
+    #[test]
+    fn omitted_cpus_and_mem_are_limited_to_the_defaults() {
+        let defaults = res("cpus:0.1;mem:32");
+        let limited = |spec: &str| limited_resources(&res(spec), Some(&defaults));
+        // Named dimensions are the task's own; omitted ones the defaults; others untouched.
+        assert_eq!(limited("cpus:2;mem:512"), Ok(res("cpus:2;mem:512")));
+        assert_eq!(limited("disk:1"), Ok(res("cpus:0.1;mem:32;disk:1")));
+        assert_eq!(limited(""), Ok(res("cpus:0.1;mem:32")));
+        assert_eq!(limited("cpus:4;gpus:1"), Ok(res("cpus:4;mem:32;gpus:1")));
+        assert_eq!(limited("mem:1024"), Ok(res("cpus:0.1;mem:1024")));
+        // Named as 0: the same as omitted.
+        assert_eq!(
+            limited("cpus:0;mem:0;disk:5"),
+            Ok(res("cpus:0.1;mem:32;disk:5"))
+        );
+        // Their cgroup limits: a 32 MiB memory limit and a 10 ms per 100 ms quota.
+        let limits = task_limits(&limited("disk:1").unwrap(), DEFAULT_PIDS_PER_TASK);
+        assert_eq!(limits.memory_bytes, Some(32 * 1024 * 1024));
+        assert_eq!(limits.cpu_quota_us, Some(10_000));
+    }
+
+    #[test]
+    fn without_defaults_a_task_that_omits_cpus_or_mem_is_refused() {
+        assert_eq!(
+            limited_resources(&res("cpus:1;disk:1"), None),
+            Err("the task names no mem and this agent gives no default \
+                 (--default-task-resources none)"
+                .to_string())
+        );
+        assert_eq!(
+            limited_resources(&res("mem:64"), None),
+            Err("the task names no cpus and this agent gives no default \
+                 (--default-task-resources none)"
+                .to_string())
+        );
+        assert_eq!(
+            limited_resources(&res("disk:1"), None),
+            Err(
+                "the task names no cpus or mem and this agent gives no default \
+                 (--default-task-resources none)"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            limited_resources(&res("cpus:1;mem:64"), None),
+            Ok(res("cpus:1;mem:64"))
+        );
+        // Defaults that lack a dimension (the flag refuses those; a caller may build them).
+        assert_eq!(
+            limited_resources(&res("cpus:1"), Some(&res("cpus:0.1"))),
+            Err(
+                "the task names no mem and this agent gives no default for it \
+                 (--default-task-resources cpus:0.1)"
+                    .to_string()
+            )
+        );
+    }
+
+    #[test]
+    fn the_agent_cgroup_is_limited_to_what_the_agent_offers() {
+        let caps = agent_limits(Some(&res("cpus:2.5;mem:1024;disk:100;gpus:1")), 500);
+        assert_eq!(
+            caps,
+            TaskLimits {
+                cpu_quota_us: Some(250_000),
+                cpu_period_us: CFS_PERIOD_US,
+                memory_bytes: Some(1024 * 1024 * 1024),
+                pids_max: 500,
+            }
+        );
+        // Nothing offered of a dimension (or no caps at all): no limit there; pids always.
+        assert_eq!(
+            agent_limits(Some(&res("mem:64")), 64),
+            TaskLimits {
+                cpu_quota_us: None,
+                cpu_period_us: CFS_PERIOD_US,
+                memory_bytes: Some(64 * 1024 * 1024),
+                pids_max: 64,
+            }
+        );
+        assert_eq!(agent_limits(None, 100), task_limits(&Resources::new(), 100));
+        assert_eq!(
+            describe_limits(&caps),
+            "cpus 2.5 (quota 250000 us per 100000 us), mem 1024 MiB, 500 processes"
+        );
+        assert_eq!(
+            describe_limits(&agent_limits(None, 100)),
+            "cpus unlimited, mem unlimited, 100 processes"
+        );
+    }
+
+    #[test]
+    fn task_limits_stay_within_the_agent_caps() {
+        let caps = agent_limits(Some(&res("cpus:1;mem:100")), 1000);
+        let big = task_limits(&res("cpus:4;mem:4096"), 4096);
+        assert_eq!(
+            within(big, &caps),
+            TaskLimits {
+                cpu_quota_us: Some(100_000),
+                cpu_period_us: CFS_PERIOD_US,
+                memory_bytes: Some(100 * 1024 * 1024),
+                pids_max: 1000,
+            }
+        );
+        let small = task_limits(&res("cpus:0.5;mem:32"), 16);
+        assert_eq!(within(small, &caps), small);
+        // No limit of the task's own stays none (the parent bounds it).
+        let none = task_limits(&Resources::new(), 16);
+        assert_eq!(within(none, &caps), none);
+        assert_eq!(within(big, &agent_limits(None, 8192)), big);
+    }
+
+    #[test]
+    fn max_task_pids_defaults_to_half_of_pid_max() {
+        assert_eq!(max_task_pids_for(Some("32768\n")), 16_384);
+        assert_eq!(max_task_pids_for(Some("4194304")), 2_097_152);
+        assert_eq!(max_task_pids_for(Some("301")), 150);
+        assert_eq!(max_task_pids_for(Some("100")), 64);
+        assert_eq!(max_task_pids_for(None), 16_384);
+        assert_eq!(max_task_pids_for(Some("lots")), 16_384);
+        assert_eq!(max_task_pids_for(Some("0")), 16_384);
+        assert!(MAX_TASK_PIDS_RANGE.contains(&default_max_task_pids()));
+        let config = IsolationConfig::default();
+        assert!(config.pids_per_task <= config.max_task_pids);
+    }
+
     #[test]
     fn isolation_levels_parse_and_bad_ones_name_the_choices() {
         assert_eq!("auto".parse(), Ok(IsolationMode::Auto));
@@ -979,6 +1379,7 @@ mod tests {
             &IsolationConfig {
                 mode: IsolationMode::None,
                 pids_per_task: 64,
+                max_task_pids: 64,
             },
             Path::new("/nonexistent"),
         )

@@ -133,7 +133,11 @@ pub async fn run_with_isolation(
         .map_err(|e| anyhow::anyhow!("--master `{}`: {e}", config.master))?;
     std::fs::create_dir_all(&config.work_dir)
         .with_context(|| format!("cannot create work dir {}", config.work_dir.display()))?;
-    let isolation = isolation::Isolation::setup(&isolation, &config.work_dir)?;
+    let isolation = isolation::Isolation::setup_with_caps(
+        &isolation,
+        &config.work_dir,
+        Some(&config.resources),
+    )?;
     let agent_id = match &config.id {
         Some(id) => id.clone(),
         None => saved_agent_id(&config)?,

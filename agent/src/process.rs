@@ -313,19 +313,13 @@ impl Waiter {
         if self.gone() {
             return;
         }
-        match &self.fd {
-            Some(fd) => loop {
-                match fd.readable().await {
-                    Ok(mut guard) => {
-                        if self.gone() {
-                            return;
-                        }
-                        guard.clear_ready();
-                    }
-                    Err(_) => break,
+        if let Some(fd) = &self.fd {
+            while let Ok(mut guard) = fd.readable().await {
+                if self.gone() {
+                    return;
                 }
-            },
-            None => {}
+                guard.clear_ready();
+            }
         }
         while !self.gone() {
             tokio::time::sleep(ADOPTED_POLL).await;

@@ -551,6 +551,17 @@ impl AgentState {
             let message = "the command is empty".to_string();
             return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
         }
+        // What the task is held to: its own cpus and mem, the agent's defaults for what it
+        // leaves out (never unlimited).
+        let limited = match isolation::limited_resources(
+            &resources,
+            self.config.safeguards.default_task_resources.as_ref(),
+        ) {
+            Ok(limited) => limited,
+            Err(message) => {
+                return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
+            }
+        };
         if let Some(available) = self.disk_full() {
             let message = format!(
                 "the agent's disk is full: {} free in {} (needs {} MiB)",
@@ -674,12 +685,13 @@ impl AgentState {
         let cgroup = match self.isolation.create_task_cgroup_with_gpus(
             &key.framework_id,
             &key.task_id,
-            &resources,
+            &limited,
             gpu_access,
         ) {
             Ok(cgroup) => cgroup.map(Arc::new),
             Err(message) => {
-                return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
+                self.discard_run(&key, &sandbox, &meta_dir, None);
+                return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out);
             }
         };
         let spec = LaunchSpec {
@@ -1061,10 +1073,17 @@ impl AgentState {
             timestamp_ms: 0,
             ..record.status.clone()
         };
+        // The limit it was held to: its own mem, or the agent's default.
+        let mem_limit = isolation::limited_resources(
+            &record.resources,
+            self.config.safeguards.default_task_resources.as_ref(),
+        )
+        .unwrap_or_else(|_| record.resources.clone())
+        .milli("mem");
         let how = match &outcome {
             ExitOutcome::MemoryLimit(_) => format!(
                 "memory limit {} MiB exceeded ({})",
-                format_milli(record.resources.milli("mem")),
+                format_milli(mem_limit),
                 describe(&outcome)
             ),
             _ => describe(&outcome),
@@ -1356,10 +1375,16 @@ impl AgentState {
                 continue;
             }
             recovered += 1;
-            // Its cgroup, when it has one: kill and end-of-task go through it again.
+            // Its cgroup, when it has one: kill and end-of-task go through it again (with the
+            // limits it was created with, for `memory_limit`).
+            let limited = isolation::limited_resources(
+                &record.resources,
+                self.config.safeguards.default_task_resources.as_ref(),
+            )
+            .unwrap_or_else(|_| record.resources.clone());
             let cgroup = self
                 .isolation
-                .existing_task_cgroup(&key.framework_id, &key.task_id, &record.resources)
+                .existing_task_cgroup(&key.framework_id, &key.task_id, &limited)
                 .map(Arc::new);
             record.health_checker = file.health.clone().and_then(|check| {
                 self.adopted_checker(&key, &record, &run_dir, cgroup.clone(), check)
