@@ -74,6 +74,9 @@ pub struct PrincipalGrant {
     secret: Vec<u8>,
     pub roles: BTreeSet<AuthRole>,
     pub users: AllowedUsers,
+    /// The users its frameworks' tasks may run as, when not `users` (the built-in jobs
+    /// framework: it subscribes as `jobs`, its tasks run as their job specs say).
+    task_users: Option<AllowedUsers>,
 }
 
 impl fmt::Debug for PrincipalGrant {
@@ -82,6 +85,7 @@ impl fmt::Debug for PrincipalGrant {
             .field("secret", &"<redacted>")
             .field("roles", &self.roles)
             .field("users", &self.users)
+            .field("task_users", &self.task_users)
             .finish()
     }
 }
@@ -93,7 +97,21 @@ impl PrincipalGrant {
             secret,
             roles,
             users,
+            task_users: None,
         }
+    }
+
+    /// The same grant, whose frameworks' tasks may run as `users` instead of the users its
+    /// frameworks may subscribe as.
+    pub fn with_task_users(mut self, users: AllowedUsers) -> Self {
+        self.task_users = Some(users);
+        self
+    }
+
+    /// The users its frameworks' tasks may run as (`TaskInfo.user` on the master, the user an
+    /// agent resolves; docs/security.md, "Task users"): its `users` unless set apart.
+    pub fn task_users(&self) -> &AllowedUsers {
+        self.task_users.as_ref().unwrap_or(&self.users)
     }
 
     /// Is `mac` the right answer to `challenge` for `principal` in `role`? Constant time.
@@ -250,6 +268,7 @@ pub fn apply_auth(
                 secret,
                 roles,
                 users,
+                task_users: None,
             },
         );
     }
@@ -312,6 +331,11 @@ auth:
         assert!(spark.allows_user("alice") && !spark.allows_user("bob"));
         assert!(auth.principals["ops"].allows_user("anyone"));
         assert!(!format!("{auth:?}").contains("fw-secret"));
+        // Tasks run as the users frameworks may subscribe as, unless set apart.
+        assert_eq!(spark.task_users(), &spark.users);
+        let apart = spark.clone().with_task_users(AllowedUsers::Any);
+        assert_eq!(apart.task_users(), &AllowedUsers::Any);
+        assert!(!apart.allows_user("bob"), "subscribing is still bounded");
     }
 
     #[test]

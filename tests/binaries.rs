@@ -98,6 +98,55 @@ fn serve_agents_and_exec_run_real_tasks() {
     assert!(out.contains("reason=exit_status"), "{out}");
 }
 
+/// An agent larger than `master.max_agent_resources` stops at once, exit 1, with the master's
+/// reason on stderr (it used to retry forever, logging "master unreachable").
+#[test]
+fn an_agent_above_max_agent_resources_exits_1_with_the_masters_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("master.yaml");
+    std::fs::write(&config, "master:\n  max_agent_resources: \"cpus:4\"\n").unwrap();
+    let (_master, addr, _logs) = start_master(&config);
+    let mut agent = Proc(
+        Command::new(workspace_bin("ringmaster-agent"))
+            .args([
+                "--master",
+                &addr,
+                "--id",
+                "big",
+                "--resources",
+                "cpus:8;mem:128",
+            ])
+            .arg("--work-dir")
+            .arg(dir.path().join("big"))
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start ringmaster-agent"),
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = agent.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refused agent kept retrying"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(agent.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "ringmaster-agent: master refused us with AGENT_REFUSED: RegisterAgent: `cpus` 8 \
+             is above the limit 4 of master.max_agent_resources"
+        ),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn exec_usage_errors_exit_2() {
     let (code, _) = exec(

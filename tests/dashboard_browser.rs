@@ -179,7 +179,12 @@ async fn dashboard_shows_usage_against_allocation_in_a_browser() {
         sampled_at_ms: at_ms,
     };
     let agent = agents.get_mut("a1").unwrap();
-    for (cpu, at) in [(1.0, 1_000), (1.5, 2_000)] {
+    // Stamped now: the master refuses sample times more than a day from its clock.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for (cpu, at) in [(1.0, now_ms), (1.5, now_ms + 1_000)] {
         agent
             .send(ringmaster_proto::Message::UsageReport(
                 ringmaster_proto::UsageReport {

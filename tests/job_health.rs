@@ -89,8 +89,13 @@ fn sandbox_of(dir: &Path, task: &str) -> PathBuf {
             for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
                 let path = entry.path();
                 if path.is_dir() {
-                    if path.to_string_lossy().ends_with(task) && path.join("pid").is_file() {
-                        return path;
+                    // `<task>/<run>/`: a run of the task whose command wrote its pid.
+                    if path.to_string_lossy().ends_with(task) {
+                        let runs = std::fs::read_dir(&path).into_iter().flatten().flatten();
+                        if let Some(run) = runs.map(|r| r.path()).find(|r| r.join("pid").is_file())
+                        {
+                            return run;
+                        }
                     }
                     stack.push(path);
                 }

@@ -376,6 +376,78 @@ async fn mutual_tls_requires_a_client_certificate() {
     master.shutdown().await;
 }
 
+/// A principal's users bound its tasks' users: over real TCP, a task naming a user `alice` may
+/// not use fails alone (FAILED, `not_authorized`), its sibling reaches the agent carrying
+/// `allowed_users` (the framework's own claim overwritten), and the framework stays subscribed.
+#[tokio::test]
+async fn a_principal_bounds_the_users_its_tasks_run_as() {
+    let fixture = Fixture::new();
+    let master = start(fixture.config(false, true)).await;
+    let mut a = agent(master.addr(), None, "a1").await;
+    let mut fw = framework(master.addr(), None, "alice", "alice").await;
+    let demand = |count| {
+        Message::Demand(ringmaster_proto::Demand {
+            resources: Some(Resources::parse("cpus:2;mem:256").unwrap().to_wire()),
+            count,
+        })
+    };
+    fw.send(demand(1)).await;
+    let offer = fw
+        .expect("Offers", |m| match m {
+            Message::Offers(o) => o.offers.first().cloned(),
+            _ => None,
+        })
+        .await;
+    fw.send(demand(0)).await;
+    let mut allowed = task("t1", "cpus:1;mem:128", "true");
+    allowed.user = "alice".into();
+    allowed.allowed_users = vec!["root".into()];
+    let mut forbidden = task("t2", "cpus:1;mem:128", "true");
+    forbidden.user = "daemon".into();
+    forbidden.allowed_users = vec!["daemon".into()];
+    fw.send(Message::Accept(Accept {
+        offer_id: offer.offer_id.clone(),
+        tasks: vec![allowed, forbidden],
+    }))
+    .await;
+    let failed = fw
+        .expect("t2 FAILED", |m| match m {
+            Message::Update(u) => u.status.clone().filter(|s| s.task_id == "t2"),
+            _ => None,
+        })
+        .await;
+    assert_eq!(failed.state(), TaskState::TaskFailed);
+    assert_eq!(failed.reason, "not_authorized");
+    assert_eq!(
+        failed.message,
+        "principal \"alice\" may not run tasks as user \"daemon\" (its users: alice)"
+    );
+    let run = a
+        .expect("RunTasks", |m| match m {
+            Message::RunTasks(r) => Some(r.tasks.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(run.len(), 1, "{run:?}");
+    assert_eq!(run[0].task_id, "t1");
+    assert_eq!(run[0].user, "alice");
+    assert_eq!(run[0].allowed_users, vec!["alice".to_string()]);
+    // Still subscribed: its next demand is offered.
+    fw.send(demand(1)).await;
+    fw.expect("Offers", |m| match m {
+        Message::Offers(o) => o.offers.first().cloned(),
+        Message::Error(e) => panic!("{e:?}"),
+        _ => None,
+    })
+    .await;
+    let snapshot = wait_for_state(&master, "t2 failed", |s| {
+        s.tasks.iter().any(|t| t.id == "t2" && t.state == "FAILED")
+    })
+    .await;
+    assert!(snapshot.frameworks.iter().all(|f| f.connected));
+    master.shutdown().await;
+}
+
 #[tokio::test]
 async fn plain_tcp_still_works_anonymously_when_auth_is_not_required() {
     let fixture = Fixture::new();

@@ -1,8 +1,10 @@
 //! The connection loop: reach the master, register, serve, and start over when the link drops.
 //!
 //! Tasks keep running while the master is unreachable; their exits are recorded and their
-//! updates wait in the status queue until the next registration. Only a protocol version
-//! mismatch ends the loop with an error, because retrying cannot fix it.
+//! updates wait in the status queue until the next registration. Only what retrying cannot fix
+//! ends the loop with an error: a protocol version mismatch, a refused credential or
+//! permission, and `AGENT_REFUSED` (the master will not take an agent this large,
+//! `master.max_agent_resources`).
 //!
 //! With several masters (`--master a,b,c`) a failed attempt moves on to the next one at once,
 //! and `Error{NOT_LEADER}` (during the handshake or later) straight to the leader it names
@@ -255,14 +257,15 @@ fn unexpected(message: Message, expected: &str) -> Ended {
             leader: error.leader,
             message: error.message,
         },
-        // Credentials and permissions do not change by retrying.
+        // Credentials, permissions and the agent's own resources do not change by retrying.
         Message::Error(error)
             if matches!(
                 ErrorCode::try_from(error.code),
                 Ok(ErrorCode::AuthenticationRequired
                     | ErrorCode::AuthenticationFailed
                     | ErrorCode::NotAuthorized
-                    | ErrorCode::TlsRequired)
+                    | ErrorCode::TlsRequired
+                    | ErrorCode::AgentRefused)
             ) =>
         {
             Ended::Fatal(anyhow!(

@@ -614,6 +614,11 @@ impl AgentState {
                 return self.refuse(key, resources, blank, reason::LAUNCH_FAILED, message, out)
             }
         };
+        // The user finally resolved (the agent's default too) is one the framework's principal
+        // may use (the master checked `TaskInfo.user`; this holds on the agent again).
+        if let Err(message) = users::check_allowed(&user.name, &info.allowed_users) {
+            return self.refuse(key, resources, blank, reason::NOT_AUTHORIZED, message, out);
+        }
         // A GPU slice under `gpu_sharing: mps` runs as an MPS client: the daemon must be up.
         let mps = self.config.gpu_sharing.applies_to(&devices);
         if mps {

@@ -4,7 +4,8 @@
 //! `--task-user` (default: `nobody` when the agent runs as root, else the agent's own user).
 //! Root is refused unless the agent was started with `--allow-root-tasks`, and an agent that is
 //! not root can only run tasks as itself. The decision ([`resolve_task_user`]) is pure; the
-//! user database is read by [`lookup_user`].
+//! user database is read by [`lookup_user`]. The user resolved must also be one the framework's
+//! principal may use ([`check_allowed`], against `TaskInfo.allowed_users`).
 
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
@@ -59,6 +60,20 @@ pub fn resolve_task_user(
         ));
     }
     Ok(user)
+}
+
+/// Whether a task may run as `user` (the name the agent resolved: `TaskInfo.user`, else its
+/// `--task-user`) given `allowed` (`TaskInfo.allowed_users`, filled by the master from the
+/// framework's principal; empty: any user). The message is what the task fails with (reason
+/// `not_authorized`; docs/security.md, "Task users").
+pub fn check_allowed(user: &str, allowed: &[String]) -> Result<(), String> {
+    if allowed.is_empty() || allowed.iter().any(|a| a == user) {
+        return Ok(());
+    }
+    Err(format!(
+        "principal's users do not include {user}: allowed {}",
+        allowed.join(", ")
+    ))
 }
 
 /// The default `--task-user`: `nobody` for an agent running as root, else the agent's own user
@@ -234,6 +249,24 @@ mod tests {
             resolve_task_user("root", &policy(0, true), db).unwrap().uid,
             0
         );
+    }
+
+    #[test]
+    fn the_principals_users_bound_the_resolved_user() {
+        let allowed = vec!["alice".to_string(), "bob".to_string()];
+        assert_eq!(check_allowed("alice", &allowed), Ok(()));
+        assert_eq!(check_allowed("bob", &allowed), Ok(()));
+        assert_eq!(
+            check_allowed("nobody", &allowed),
+            Err("principal's users do not include nobody: allowed alice, bob".to_string())
+        );
+        // Names are compared exactly: no prefixes, no case folding, no empty name.
+        assert!(check_allowed("alic", &allowed).is_err());
+        assert!(check_allowed("Alice", &allowed).is_err());
+        assert!(check_allowed("", &allowed).is_err());
+        // Empty: any user (no principal, or one allowed any).
+        assert_eq!(check_allowed("root", &[]), Ok(()));
+        assert_eq!(check_allowed("", &[]), Ok(()));
     }
 
     #[test]

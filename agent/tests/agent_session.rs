@@ -621,6 +621,45 @@ async fn version_mismatch_is_fatal() {
     assert!(message.contains("[2]"), "{message}");
 }
 
+/// A master that will not take an agent this large (`master.max_agent_resources`) answers
+/// `AGENT_REFUSED`: the agent stops with the master's reason instead of retrying forever.
+#[tokio::test]
+async fn a_refusal_of_the_agents_resources_is_fatal() {
+    let master = FakeMaster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = RunningAgent::start(config(&master.addr, dir.path(), "cpus:8"));
+    let mut conn = master.accept_connection().await;
+    assert!(matches!(
+        timeout(WAIT, conn.recv()).await.unwrap().unwrap(),
+        Some(Message::Hello(_))
+    ));
+    conn.send(Message::HelloAck(HelloAck {
+        protocol_version: PROTOCOL_VERSION,
+        master: "fake".into(),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    assert!(matches!(
+        timeout(WAIT, conn.recv()).await.unwrap().unwrap(),
+        Some(Message::RegisterAgent(_))
+    ));
+    let reason = "RegisterAgent: `cpus` 8 is above the limit 4 of master.max_agent_resources";
+    conn.send(Message::Error(Error::new(ErrorCode::AgentRefused, reason)))
+        .await
+        .unwrap();
+    drop(conn);
+    let result = timeout(WAIT, agent.handle)
+        .await
+        .expect("run returns without retrying")
+        .unwrap();
+    let message = format!("{:#}", result.unwrap_err());
+    assert_eq!(
+        message,
+        format!("master refused us with AGENT_REFUSED: {reason}")
+    );
+}
+
 #[tokio::test]
 async fn garbage_from_the_master_does_not_take_the_agent_down() {
     use tokio::io::AsyncWriteExt as _;

@@ -190,3 +190,23 @@ async fn root_tasks_run_when_allowed_and_the_env_is_the_users() {
         "0\nroot\nx\n"
     );
 }
+
+/// The user the agent finally resolves is bounded by the framework's principal
+/// (`TaskInfo.allowed_users`, filled by the master): the agent's own default user is refused
+/// `not_authorized` when the principal may not use it, and an allowed one runs. No root needed.
+#[tokio::test]
+async fn the_principals_users_bound_the_resolved_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut state, mut exits) = AgentState::new(config(dir.path(), false), "a1".into());
+    let default_user = state.config().task_user.clone();
+    let mut info = task("bounded", "true", "");
+    info.allowed_users = vec!["someone-else".into()];
+    let s = run_one(&mut state, info);
+    assert_eq!(s.state, TaskState::TaskFailed as i32, "{s:?}");
+    assert_eq!(s.reason, "not_authorized", "{s:?}");
+    assert!(s.message.contains(&default_user), "{s:?}");
+    let mut info = task("allowed", "true", "");
+    info.allowed_users = vec!["someone-else".into(), default_user];
+    let end = run_to_end(&mut state, &mut exits, info).await;
+    assert_eq!(end.state, TaskState::TaskFinished as i32, "{end:?}");
+}

@@ -47,9 +47,10 @@ impl MasterState {
         {
             tracing::warn!(agent = %register.agent_id, %peer, resource = name, amount = %format_milli(have),
                 limit = %format_milli(max), "agent refused: above master.max_agent_resources");
+            // AGENT_REFUSED: the agent stops instead of retrying what cannot succeed.
             return self.close(
                 conn,
-                ErrorCode::InvalidRequest,
+                ErrorCode::AgentRefused,
                 format!(
                     "RegisterAgent: `{name}` {} is above the limit {} of master.max_agent_resources",
                     format_milli(have),
@@ -322,7 +323,7 @@ impl MasterState {
                 }
             }
             Message::FileData(answer) => self.file_data(agent_id, answer),
-            Message::UsageReport(report) => self.usage_report(agent_id, report),
+            Message::UsageReport(report) => self.usage_report(agent_id, report, now),
             Message::Ping(ping) => self.send(conn, Message::Pong(Pong { nonce: ping.nonce })),
             Message::Pong(_) => {}
             Message::Error(error) => {

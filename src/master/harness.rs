@@ -333,7 +333,14 @@ impl Harness {
 
     /// Subscribes with a full `Subscribe`; checks and consumes `Subscribed`.
     pub fn framework_with(&mut self, subscribe: Subscribe) -> Fw {
-        let conn = self.connect(Message::Subscribe(subscribe));
+        self.framework_as(subscribe, None)
+    }
+
+    /// Subscribes on a connection authenticated as `principal` (`None`: anonymous); checks
+    /// and consumes `Subscribed`. The handshake's own checks (the principal's roles and
+    /// users) are the connection task's, not modelled here.
+    pub fn framework_as(&mut self, subscribe: Subscribe, principal: Option<&str>) -> Fw {
+        let conn = self.connect_as(Message::Subscribe(subscribe), principal);
         match self.sent(conn).as_slice() {
             [Out::Msg(Message::Subscribed(Subscribed { framework_id, .. }))] => Fw {
                 conn,

@@ -521,8 +521,8 @@ impl Master {
 /// authentication. Its secret is made at each start and known only to the master process.
 pub const JOBS_PRINCIPAL: &str = "ringmaster-jobs.internal";
 
-/// Adds [`JOBS_PRINCIPAL`] to `auth` (frameworks as user `jobs` only) with a fresh random
-/// secret, and returns the credential the jobs framework connects with.
+/// Adds [`JOBS_PRINCIPAL`] to `auth` (frameworks as user `jobs` only, tasks as any user) with a
+/// fresh random secret, and returns the credential the jobs framework connects with.
 fn jobs_principal(
     auth: &mut crate::security::AuthConfig,
 ) -> anyhow::Result<ringmaster_proto::security::Credential> {
@@ -533,13 +533,16 @@ fn jobs_principal(
         );
     }
     let secret: [u8; 32] = rand::random();
+    // Its tasks run as their job specs say (`task.user`, else the agent's --task-user): jobs
+    // are the operator's, submitted over the master's HTTP (docs/jobs.md).
     let grant = crate::security::PrincipalGrant::new(
         secret.to_vec(),
         BTreeSet::from([ringmaster_proto::security::AuthRole::Framework]),
         crate::security::AllowedUsers::Only(BTreeSet::from([
             crate::jobs::runner::JOBS_USER.to_string()
         ])),
-    );
+    )
+    .with_task_users(crate::security::AllowedUsers::Any);
     auth.principals.insert(JOBS_PRINCIPAL.to_string(), grant);
     Ok(ringmaster_proto::security::Credential::new(
         JOBS_PRINCIPAL,

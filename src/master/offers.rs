@@ -21,6 +21,7 @@ use super::state::{
     make_task_key, Detail, FrameworkRecord, MasterState, OfferRecord, TaskKey, TaskRecord, Tenant,
 };
 use super::ConnId;
+use crate::security::AllowedUsers;
 use ringmaster_core::placement::fragmentation::TaskShape;
 use ringmaster_core::placement::FrameworkKey;
 use ringmaster_core::placement::{
@@ -30,6 +31,45 @@ use ringmaster_core::placement::{
 
 /// The reason KillTask and the victim's final status carry.
 pub(crate) const PREEMPTED: &str = "preempted";
+
+/// The reason of a task that ends FAILED because its framework's principal may not run it as
+/// its user.
+pub(crate) const NOT_AUTHORIZED: &str = "not_authorized";
+
+/// The users a framework's tasks may run as: the bound of its principal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TaskUsers {
+    pub principal: String,
+    /// Sorted; empty: no user at all.
+    pub users: Vec<String>,
+}
+
+impl TaskUsers {
+    /// May a task name `user` (`TaskInfo.user`; empty: the agent's --task-user, which the
+    /// agent checks against [`TaskUsers::users`])?
+    pub fn allow(&self, user: &str) -> bool {
+        if user.is_empty() {
+            !self.users.is_empty()
+        } else {
+            self.users.iter().any(|u| u == user)
+        }
+    }
+
+    /// Why a task naming `user` is refused.
+    pub fn refusal(&self, user: &str) -> String {
+        if self.users.is_empty() {
+            return format!(
+                "principal {:?} may not run tasks as any user",
+                self.principal
+            );
+        }
+        format!(
+            "principal {:?} may not run tasks as user {user:?} (its users: {})",
+            self.principal,
+            self.users.join(", ")
+        )
+    }
+}
 
 impl MasterState {
     /// One allocation run: the placement core's cycle (ringmaster_core::placement::cycle) over
@@ -500,6 +540,18 @@ impl MasterState {
                 format!("Accept: agent {agent_id} of offer {offer_id} is gone; nothing launched"),
             );
         };
+        // A task whose user its framework's principal may not use fails alone; the others go
+        // ahead (docs/security.md, "Task users").
+        let users = self.task_users(framework_id);
+        let (tasks, refused): (Vec<_>, Vec<_>) = tasks
+            .into_iter()
+            .partition(|(info, _)| users.as_ref().is_none_or(|u| u.allow(&info.user)));
+        for (info, resources) in refused {
+            let message = users
+                .as_ref()
+                .map_or_else(String::new, |u| u.refusal(&info.user));
+            self.refuse_task(framework_id, &agent_id, info, &resources, &message, now);
+        }
         let shapes: Vec<TaskShape> = tasks
             .iter()
             .filter_map(|(_, resources)| TaskShape::of_demand(resources))
@@ -545,6 +597,8 @@ impl MasterState {
             let task_key: TaskKey = make_task_key(framework_id, &info.task_id);
             info.framework_id = framework_id.to_string();
             info.agent_id = agent_id.clone();
+            // Whatever the framework sent: the agent checks the user it resolves against this.
+            info.allowed_users = users.as_ref().map(|u| u.users.clone()).unwrap_or_default();
             let shared = self.shared_resources(framework_id, &resources);
             self.tasks.insert(
                 task_key.clone(),
@@ -591,6 +645,85 @@ impl MasterState {
             );
         }
         self.request_allocation(now);
+    }
+
+    /// The users the tasks of `framework_id` may run as, from the principal it authenticated
+    /// as (docs/security.md, "Task users"); `None`: any user (an anonymous framework, or a
+    /// principal allowed any). A principal the configuration does not grant anything (it was
+    /// removed) may run tasks as no user.
+    pub(crate) fn task_users(&self, framework_id: &str) -> Option<TaskUsers> {
+        let principal = self.owners.framework(framework_id);
+        if principal.is_empty() {
+            return None;
+        }
+        let users = match self.config.auth.principals.get(&principal) {
+            Some(grant) => match grant.task_users() {
+                AllowedUsers::Any => return None,
+                AllowedUsers::Only(users) => users.iter().cloned().collect(),
+            },
+            None => Vec::new(),
+        };
+        Some(TaskUsers { principal, users })
+    }
+
+    /// Ends a task of an Accept before it reaches its agent: FAILED with reason
+    /// `not_authorized` and `message`, told to its framework like any task's end; it never
+    /// holds resources, so its share of the offer goes back to the pool.
+    fn refuse_task(
+        &mut self,
+        framework_id: &str,
+        agent_id: &str,
+        info: TaskInfo,
+        resources: &Resources,
+        message: &str,
+        now: Instant,
+    ) {
+        let tenant = self
+            .frameworks
+            .get(framework_id)
+            .map(|f| f.tenant.clone())
+            .unwrap_or_else(|| Tenant::new("", ringmaster_core::placement::DEFAULT_PARTITION));
+        let task_key: TaskKey = make_task_key(framework_id, &info.task_id);
+        let shared = self.shared_resources(framework_id, resources);
+        self.tasks.insert(
+            task_key.clone(),
+            TaskRecord {
+                agent: agent_id.into(),
+                name: info.name.as_str().into(),
+                resources: shared,
+                state: TaskState::TaskStaging,
+                detail: Detail::default(),
+                holds_resources: false,
+                priority: self.config.priorities.base(),
+                at_user_priority: false,
+                tenant,
+                started: self.launches,
+                preempted: false,
+                exit_code: None,
+                terminal_unacked: false,
+                devices: DeviceBinding::default(),
+                pending_update: None,
+                health: Default::default(),
+            },
+        );
+        // In its agent's and framework's sets as any live task, so its end leaves them alike.
+        let hash = self.tasks.hash_of(&task_key);
+        if let Some(agent) = self.agents.get_mut(agent_id) {
+            agent.tasks.insert(hash);
+        }
+        if let Some(fw) = self.frameworks.get_mut(framework_id) {
+            fw.tasks.insert(hash);
+        }
+        tracing::warn!(framework = %framework_id, task = %info.task_id, user = %info.user,
+            message, "task refused");
+        self.finish_task(
+            &task_key,
+            TaskState::TaskFailed,
+            NOT_AUTHORIZED,
+            message,
+            None,
+            now,
+        );
     }
 
     /// Chooses the GPU devices of every task of an Accept on its agent, with the configured

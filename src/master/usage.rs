@@ -9,10 +9,17 @@
 //! An agent is not trusted with more than its own running tasks: entries about other tasks
 //! are ignored, a report holds at most as many entries as the agent runs tasks (the rest is
 //! ignored), and figures that are not finite or out of range are dropped or clamped.
+//!
+//! Nor with its figures: an entry whose memory (rss or peak) is above the agent's total `mem`,
+//! whose CPU seconds are below the task's held sample, or whose sample time is more than
+//! [`MAX_CLOCK_SKEW_MS`] from the master's clock (the handler's `now`) is refused, counted in
+//! `ringmaster_usage_reports_refused_total{reason}` and logged at most once a minute per agent
+//! ([`WARN_EVERY`]; debug otherwise), so one bad agent cannot flood the log.
 
 use std::collections::HashMap;
 
 use ringmaster_proto::{TaskUsage, UsageReport};
+use tokio::time::{Duration, Instant};
 
 use super::ops::model::{AgentUsageView, TaskUsageView};
 use super::state::{make_task_key, MasterState, TaskKey};
@@ -22,6 +29,44 @@ const MAX_CPU_SECONDS: f64 = 1e12;
 /// Cores above this are a bogus rate (clock or counter trouble).
 const MAX_CORES: f64 = 1e6;
 const MIB: f64 = 1024.0 * 1024.0;
+/// A sample time further than this from the master's clock (either way) is refused: one day.
+pub(crate) const MAX_CLOCK_SKEW_MS: u64 = 24 * 3600 * 1000;
+/// At most one warning about refused entries per agent in this time; the rest go to debug.
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Why an entry of a report was not kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Not counted: not finite or negative CPU seconds, or not newer than the held sample (a
+    /// report overtaken by a later one).
+    Unusable,
+    /// Its sample time is more than [`MAX_CLOCK_SKEW_MS`] from the master's clock.
+    TimeOutOfRange,
+    /// Its rss or peak is above the agent's total `mem`.
+    MemoryAboveTotal,
+    /// Its CPU seconds are below the held sample's.
+    CpuWentBackwards,
+}
+
+impl Refusal {
+    /// The `reason` label of `usage_reports_refused_total`; `None`: not counted.
+    fn label(self) -> Option<&'static str> {
+        match self {
+            Refusal::Unusable => None,
+            Refusal::TimeOutOfRange => Some("time_out_of_range"),
+            Refusal::MemoryAboveTotal => Some("memory_above_total"),
+            Refusal::CpuWentBackwards => Some("cpu_went_backwards"),
+        }
+    }
+}
+
+/// What bounds an agent's entries: the master's clock and the agent's total memory.
+struct Bounds {
+    /// The master's clock, unix ms.
+    now_ms: u64,
+    /// The agent's total `mem` in bytes; `None`: it declares no `mem`, so nothing bounds it.
+    mem_bytes: Option<u64>,
+}
 
 /// The latest sample of one task: 40 bytes, plus the map's key (48) and slot overhead.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,6 +83,8 @@ pub(crate) struct Sample {
 #[derive(Default)]
 pub(crate) struct UsageBook {
     samples: HashMap<TaskKey, Sample>,
+    /// When each agent was last warned about (only those warned within [`WARN_EVERY`]).
+    warned: HashMap<String, Instant>,
 }
 
 impl UsageBook {
@@ -55,25 +102,36 @@ impl UsageBook {
         self.samples.len()
     }
 
-    /// Records one entry of a report; `false` when it is unusable (non-finite or negative cpu,
-    /// or not newer than the sample already held).
-    fn record(&mut self, key: TaskKey, usage: &TaskUsage) -> bool {
+    /// Records one entry of a report, or says why it is refused: non-finite or negative cpu,
+    /// not newer than the sample held (both [`Refusal::Unusable`]), or one of the sanity
+    /// rules of the module docs.
+    fn record(&mut self, key: TaskKey, usage: &TaskUsage, bounds: &Bounds) -> Result<(), Refusal> {
         let cpu = usage.cpu_seconds;
         if !cpu.is_finite() || cpu < 0.0 {
-            return false;
+            return Err(Refusal::Unusable);
+        }
+        if usage.sampled_at_ms.abs_diff(bounds.now_ms) > MAX_CLOCK_SKEW_MS {
+            return Err(Refusal::TimeOutOfRange);
+        }
+        if bounds
+            .mem_bytes
+            .is_some_and(|total| usage.mem_rss_bytes.max(usage.mem_peak_bytes) > total)
+        {
+            return Err(Refusal::MemoryAboveTotal);
         }
         let cpu = cpu.min(MAX_CPU_SECONDS);
         let previous = self.samples.get(&key);
         if previous.is_some_and(|p| usage.sampled_at_ms <= p.sampled_at_ms) {
-            return false;
+            return Err(Refusal::Unusable);
+        }
+        if previous.is_some_and(|p| cpu < p.cpu_seconds) {
+            return Err(Refusal::CpuWentBackwards);
         }
         let cpu_used = match previous {
-            Some(p) if cpu >= p.cpu_seconds => {
+            Some(p) => {
                 let secs = (usage.sampled_at_ms - p.sampled_at_ms) as f64 / 1000.0;
                 ((cpu - p.cpu_seconds) / secs).min(MAX_CORES) as f32
             }
-            // The counter went back (a restarted cgroup?): no rate from these two.
-            Some(_) => f32::NAN,
             None => f32::NAN,
         };
         self.samples.insert(
@@ -86,6 +144,23 @@ impl UsageBook {
                 sampled_at_ms: usage.sampled_at_ms,
             },
         );
+        Ok(())
+    }
+
+    /// Whether refused entries of `agent_id` are worth a warning at `now` (at most one per
+    /// [`WARN_EVERY`] per agent); remembers it when so.
+    fn warn_now(&mut self, agent_id: &str, now: Instant) -> bool {
+        if self
+            .warned
+            .get(agent_id)
+            .is_some_and(|at| now.saturating_duration_since(*at) < WARN_EVERY)
+        {
+            return false;
+        }
+        // Only agents warned about within the interval are remembered.
+        self.warned
+            .retain(|_, at| now.saturating_duration_since(*at) < WARN_EVERY);
+        self.warned.insert(agent_id.to_string(), now);
         true
     }
 }
@@ -103,14 +178,27 @@ impl Sample {
 }
 
 impl MasterState {
-    /// A `UsageReport` from the registered agent `agent_id`: keeps the entries about tasks it
-    /// runs (not ended), at most as many as it runs; ignores the rest.
-    pub(crate) fn usage_report(&mut self, agent_id: &str, report: UsageReport) {
+    /// A `UsageReport` from the registered agent `agent_id` at `now`: keeps the entries about
+    /// tasks it runs (not ended), at most as many as it runs, that pass the sanity rules of
+    /// the module docs; counts the refused ones by reason and ignores the rest.
+    pub(crate) fn usage_report(&mut self, agent_id: &str, report: UsageReport, now: Instant) {
         let Some(agent) = self.agents.get(agent_id).filter(|a| !a.lost) else {
             return;
         };
         let bound = agent.tasks.len();
+        let mem_milli = agent.total.milli("mem");
+        let bounds = Bounds {
+            now_ms: self.started_unix_ms
+                + now.saturating_duration_since(self.started).as_millis() as u64,
+            mem_bytes: (mem_milli > 0).then(|| {
+                let bytes = u128::from(mem_milli) * (1024 * 1024) / 1000;
+                u64::try_from(bytes).unwrap_or(u64::MAX)
+            }),
+        };
         let mut ignored = report.tasks.len().saturating_sub(bound);
+        // How many entries were refused, and the first one's reason and task (for the log).
+        let mut refused = 0usize;
+        let mut first: Option<(&'static str, &str)> = None;
         for usage in report.tasks.iter().take(bound) {
             let key = make_task_key(&usage.framework_id, &usage.task_id);
             // The membership rule of the agent's task set (`MasterState::agent_tasks`).
@@ -118,12 +206,35 @@ impl MasterState {
                 .tasks
                 .get(&key)
                 .is_some_and(|t| t.agent == agent_id && !t.state.is_terminal());
-            if !runs_it || !self.usage.record(key, usage) {
+            if !runs_it {
                 ignored += 1;
+                continue;
+            }
+            match self.usage.record(key, usage, &bounds) {
+                Ok(()) => {}
+                Err(why) => match why.label() {
+                    Some(reason) => {
+                        self.metrics.usage_refused(reason);
+                        refused += 1;
+                        first.get_or_insert((reason, usage.task_id.as_str()));
+                    }
+                    None => ignored += 1,
+                },
             }
         }
         if ignored > 0 {
             tracing::debug!(agent = %agent_id, ignored, "usage entries ignored");
+        }
+        if let Some((reason, task)) = first {
+            if self.usage.warn_now(agent_id, now) {
+                tracing::warn!(agent = %agent_id, refused, first_reason = reason,
+                    first_task = task, "usage entries refused as implausible \
+                    (ringmaster_usage_reports_refused_total; further warnings about this agent \
+                    wait a minute)");
+            } else {
+                tracing::debug!(agent = %agent_id, refused, first_reason = reason,
+                    first_task = task, "usage entries refused as implausible");
+            }
         }
     }
 
@@ -151,6 +262,19 @@ impl MasterState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_warned_about_once_a_minute_per_agent() {
+        let mut book = UsageBook::default();
+        let start = Instant::now();
+        assert!(book.warn_now("a1", start));
+        assert!(!book.warn_now("a1", start + Duration::from_secs(59)));
+        assert!(book.warn_now("a2", start + Duration::from_secs(59)));
+        assert!(book.warn_now("a1", start + WARN_EVERY));
+        // Only agents warned about within the minute are remembered.
+        assert!(book.warn_now("a3", start + Duration::from_secs(200)));
+        assert_eq!(book.warned.len(), 1);
+    }
 
     #[test]
     fn a_sample_stays_small() {

@@ -328,6 +328,12 @@ impl FrameFuzzer {
                 failures: self.rng.random(),
                 grace_ms: self.wild_u64(),
             }),
+            // What a framework claims here the master overwrites.
+            allowed_users: if self.chance(90) {
+                vec![]
+            } else {
+                vec![self.wild_string(&[])]
+            },
         }
     }
 

@@ -11,6 +11,7 @@ mod liveness;
 mod offers;
 mod priorities;
 mod robust;
+mod task_users;
 mod tasks;
 mod usage;
 

@@ -56,7 +56,7 @@ fn an_agent_above_max_agent_resources_is_refused_naming_the_resource_and_limit()
     assert_eq!(
         h.expect_closed(conn),
         error(
-            ErrorCode::InvalidRequest,
+            ErrorCode::AgentRefused,
             "RegisterAgent: `cpus` 18446744073709551.615 is above the limit 4096 of master.max_agent_resources"
         )
     );
@@ -74,7 +74,7 @@ fn an_agent_above_max_agent_resources_is_refused_naming_the_resource_and_limit()
     assert_eq!(
         h.expect_closed(conn),
         error(
-            ErrorCode::InvalidRequest,
+            ErrorCode::AgentRefused,
             "RegisterAgent: `mem` 1024 is above the limit 512 of master.max_agent_resources"
         )
     );

@@ -89,6 +89,14 @@ pub(crate) const AUTH_FAILURE_REASONS: [&str; 7] = [
 /// handshake (bad certificate, wrong CA, garbage), or no handshake in time.
 pub(crate) const TLS_FAILURE_REASONS: [&str; 3] = ["plaintext", "handshake", "timeout"];
 
+/// Labels of `usage_reports_refused_total`: usage entries an agent reported that the master
+/// dropped as implausible (docs/protocol.md, "Task usage").
+pub(crate) const USAGE_REFUSAL_REASONS: [&str; 3] = [
+    "memory_above_total",
+    "cpu_went_backwards",
+    "time_out_of_range",
+];
+
 /// Every task state a series exists for, so series do not appear and vanish.
 const TASK_STATES: [TaskState; 6] = [
     TaskState::TaskStaging,
@@ -128,6 +136,7 @@ pub struct Metrics {
     errors_sent: Counter,
     auth_failures: Family<Label, Counter>,
     tls_handshake_failures: Family<Label, Counter>,
+    usage_refused: Family<Label, Counter>,
     /// Replication (cluster mode; docs/architecture.md, "Replication").
     replication_commit_seconds: Histogram,
     /// A single master's registry commit (`--work-dir`, no cluster).
@@ -180,6 +189,7 @@ impl Metrics {
             errors_sent: Counter::default(),
             auth_failures: Family::default(),
             tls_handshake_failures: Family::default(),
+            usage_refused: Family::default(),
             // 10 µs … ~10 s, each bucket 1.5 times the one before: fine enough to read a
             // p50 and a p99 from (docs/benchmarks.md, "Replicated masters").
             replication_commit_seconds: Histogram::new(exponential_buckets(1e-5, 1.5, 35)),
@@ -344,7 +354,15 @@ impl Metrics {
             "Connections closed before or during the TLS handshake, by reason",
             m.tls_handshake_failures.clone(),
         );
+        r.register(
+            "usage_reports_refused",
+            "Task usage entries agents reported and the master refused as implausible, by reason",
+            m.usage_refused.clone(),
+        );
         // Series that exist from the start read 0 instead of being absent.
+        for reason in USAGE_REFUSAL_REASONS {
+            let _ = m.usage_refused.get_or_create(&[("reason", reason)]);
+        }
         for reason in AUTH_FAILURE_REASONS {
             let _ = m.auth_failures.get_or_create(&[("reason", reason)]);
         }
@@ -415,6 +433,13 @@ impl Metrics {
     /// [`AUTH_FAILURE_REASONS`].
     pub(crate) fn auth_failed(&self, reason: &'static str) {
         self.auth_failures
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// A usage entry refused as implausible; `reason` is one of [`USAGE_REFUSAL_REASONS`].
+    pub(crate) fn usage_refused(&self, reason: &'static str) {
+        self.usage_refused
             .get_or_create(&[("reason", reason)])
             .inc();
     }
