@@ -123,7 +123,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
 
 /// Runs one agent until `shutdown` completes (then kills its tasks and returns `Ok`). Returns
 /// an error only for what retrying cannot fix: an unusable work dir, `--isolation cgroups`
-/// without usable cgroups, or a protocol version the master does not speak.
+/// without usable cgroups, a protocol version the master does not speak, or a master that refuses
+/// the agent itself (`AGENT_REFUSED`: its resources exceed `max_agent_resources`).
 pub async fn run_with_isolation(
     config: AgentConfig,
     isolation: IsolationConfig,

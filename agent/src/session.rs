@@ -38,6 +38,8 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 /// How often due status updates are looked for.
 const RETRY_CHECK: Duration = Duration::from_millis(250);
+/// How often ended sandboxes are looked at for collection ([`crate::gc`]).
+const GC_CHECK: Duration = Duration::from_secs(10);
 
 type MasterConnection = Connection<BoxedStream>;
 
@@ -140,6 +142,7 @@ pub async fn run_sessions<F: Future<Output = ()>>(
         }
         // Wait out the backoff while still recording task exits.
         let wake = Instant::now() + backoff;
+        collect_sandboxes(&mut state);
         loop {
             tokio::select! {
                 _ = shutdown.as_mut() => return shut_down(state, exits, None).await,
@@ -318,6 +321,8 @@ async fn serve<F: Future<Output = ()>>(
     usage_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (usage_tx, mut usage_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut sampling = false;
+    let mut gc = tokio::time::interval(GC_CHECK);
+    gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let outbox = tokio::select! {
             _ = shutdown.as_mut() => return Ended::Shutdown(Some(conn)),
@@ -351,6 +356,10 @@ async fn serve<F: Future<Output = ()>>(
                 sampling = false;
                 crate::usage::report_message(report)
             }
+            _ = gc.tick() => {
+                collect_sandboxes(state);
+                Vec::new()
+            }
         };
         if let Err(e) = send_all(&mut conn, outbox).await {
             return Ended::Retry(e);
@@ -373,6 +382,21 @@ fn read_file(
     });
 }
 
+/// Removes the ended sandboxes that are due ([`crate::gc`]) off the session loop.
+fn collect_sandboxes(state: &mut AgentState) {
+    let due = state.sandboxes_to_collect(crate::updates::unix_ms());
+    if due.is_empty() {
+        return;
+    }
+    tokio::task::spawn_blocking(move || {
+        for entry in &due {
+            if let Err(e) = crate::gc::remove(entry) {
+                tracing::warn!("cannot collect a sandbox: {e}");
+            }
+        }
+    });
+}
+
 /// What one message from the master asks of the agent, as messages to send back.
 fn handle_master_message(state: &mut AgentState, message: Message) -> Vec<Message> {
     match message {
@@ -381,7 +405,12 @@ fn handle_master_message(state: &mut AgentState, message: Message) -> Vec<Messag
         Message::RunTasks(run) => state.run_tasks(run),
         Message::KillTask(kill) => state.kill_task(kill),
         Message::StatusAck(ack) => {
+            let waiting = state.sandboxes_waiting();
             state.acknowledged(&ack.update_id);
+            if state.sandboxes_waiting() > waiting {
+                // A run just ended for good: collected now if due (a zero delay, a full disk).
+                collect_sandboxes(state);
+            }
             Vec::new()
         }
         Message::Error(error) => {

@@ -776,3 +776,48 @@ async fn a_refused_connection_and_an_unknown_leader_move_to_the_next_master() {
     );
     agent.stop().await.unwrap();
 }
+
+/// Sandboxes are collected through the running agent: with `--sandbox-gc-delay 0s`, a task's
+/// run directory and the agent's record of it are gone once the master acknowledged its end;
+/// with the default delay they stay (the output can still be read).
+#[tokio::test]
+async fn an_acknowledged_tasks_sandbox_is_collected_after_the_delay() {
+    let master = FakeMaster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&master.addr, dir.path(), "cpus:4;mem:1024");
+    cfg.safeguards.sandbox_gc_delay = Duration::ZERO;
+    let agent = RunningAgent::start(cfg);
+    let (mut link, _) = master.accept("a1", 60_000).await;
+    link.run(vec![task("brief", "echo done", "cpus:1")]).await;
+    let running = link.next_update().await;
+    let finished = link.next_update().await;
+    assert_eq!(state(&finished), TaskState::TaskFinished);
+    let run = sandbox(dir.path(), "brief");
+    assert!(run.join("stdout").exists());
+    link.ack(&running).await;
+    link.ack(&finished).await;
+    timeout(WAIT, async {
+        while run.exists() || dir.path().join("meta/tasks/fw").exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the sandbox and its record are collected");
+    assert!(!dir.path().join("sandboxes/fw").exists());
+    agent.stop().await.unwrap();
+
+    // The default delay keeps it.
+    let master = FakeMaster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = RunningAgent::start(config(&master.addr, dir.path(), "cpus:4;mem:1024"));
+    let (mut link, _) = master.accept("a1", 60_000).await;
+    link.run(vec![task("kept", "echo done", "cpus:1")]).await;
+    let running = link.next_update().await;
+    let finished = link.next_update().await;
+    link.ack(&running).await;
+    link.ack(&finished).await;
+    link.send(Message::Ping(Ping { nonce: 1 })).await;
+    while !matches!(link.recv().await, Message::Pong(_)) {}
+    assert!(sandbox(dir.path(), "kept").join("stdout").exists());
+    agent.stop().await.unwrap();
+}
