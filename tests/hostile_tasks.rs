@@ -32,6 +32,22 @@ async fn wait_for_file(path: &Path) {
     .unwrap_or_else(|_| panic!("{} did not appear", path.display()));
 }
 
+/// The run directory of a task once the agent made it.
+async fn run_of(agent_dir: &Path, framework_id: &str, task_id: &str) -> PathBuf {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(run) =
+                ringmaster_agent::sandbox::latest_run(agent_dir, framework_id, task_id)
+            {
+                return ringmaster_agent::sandbox::run_dir(agent_dir, framework_id, task_id, &run);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no run of {task_id}"))
+}
+
 /// Runs `tasks` on the one agent through one offer.
 async fn launch(fw: &mut Client, tasks: Vec<TaskInfo>) {
     fw.demand("cpus:1;mem:64", tasks.len() as u32).await;
@@ -94,7 +110,8 @@ async fn links_in_a_sandbox_never_redirect_the_agents_writes() {
     let first = end_of(&mut fw, "t").await;
     assert_eq!(first.state(), TaskState::TaskFailed, "{first:?}");
     assert_eq!(first.exit_code, Some(1), "{first:?}");
-    assert!(first.message.ends_with("; stderr: oops"), "{first:?}");
+    assert!(!created.exists(), "root wrote where a task's link pointed");
+    assert!(first.message.contains("oops"), "{first:?}");
 
     // The same task id again: a fresh run, not the old sandbox with its links.
     launch(&mut fw, vec![task("t", "cpus:1;mem:64", "echo second run")]).await;
@@ -151,16 +168,14 @@ async fn what_a_task_writes_is_not_what_a_restarted_agent_reports() {
         .expect("RUNNING names the pid");
 
     let mut fw = Client::framework(master.addr(), "hostile").await;
-    // Forgeries: an exit status linked to a root-only file and a FINISHED record, a task record
-    // that names the victim's process and pid 1, in every place an older agent read them.
+    // `forger` forges a record of its own end, FINISHED with exit 0, where an older agent kept
+    // its record (and where this one keeps its own, in its meta directory), then exits 3.
     let forge = format!(
-        "ln -s {s} .ringmaster-exit; ln -s {s} exit; \
-         printf 'framework_id={fw}\\ntask_id=forger\\npid={v}\\nstart_ticks=0\\nended_state=3\\nended_exit_code=0\\n' > .ringmaster-task; \
+        "rm -f .ringmaster-task task; \
+         printf 'framework_id={fw}\\ntask_id=forger\\npid=1\\nstart_ticks=0\\nresources=cpus:1\\nended_state=3\\nended_exit_code=0\\n' > .ringmaster-task; \
          cp .ringmaster-task task; \
          while [ ! -e go ]; do sleep 0.05; done; exit 3",
-        s = secret.display(),
         fw = fw.id,
-        v = victim,
     );
     let mut forger = task("forger", "cpus:1;mem:64", &forge);
     forger.health = Some(HealthCheck {
@@ -170,11 +185,24 @@ async fn what_a_task_writes_is_not_what_a_restarted_agent_reports() {
         failures: 100,
         grace_ms: 100,
     });
-    launch(&mut fw, vec![forger]).await;
-    fw.expect_state("forger", TaskState::TaskRunning).await;
-    let run = ringmaster_agent::sandbox::latest_run_dir(&agent_dir, &fw.id, "forger");
+    // `peeker` links its exit status to the root-only secret, and kills whatever started it
+    // (an older agent's wrapper, which would have overwritten the link; the supervisor is
+    // root's and out of its reach), then exits 4.
+    let peek = format!(
+        "ln -s {s} .ringmaster-exit; ln -s {s} exit; kill -9 $PPID; \
+         while [ ! -e go ]; do sleep 0.05; done; exit 4",
+        s = secret.display(),
+    );
+    launch(
+        &mut fw,
+        vec![forger, task("peeker", "cpus:1;mem:64", &peek)],
+    )
+    .await;
+    let run = run_of(&agent_dir, &fw.id, "forger").await;
+    let peeker = run_of(&agent_dir, &fw.id, "peeker").await;
     wait_for_file(&run.join("task")).await;
     wait_for_file(&run.join("checked-as")).await;
+    wait_for_file(&peeker.join("exit")).await;
 
     drop(agent); // SIGKILL: the tasks keep running under their supervisors
     wait_for_state(&master, "agent disconnected", |s| !s.agents[0].connected).await;
@@ -193,11 +221,14 @@ async fn what_a_task_writes_is_not_what_a_restarted_agent_reports() {
     );
 
     std::fs::write(run.join("go"), "").unwrap();
-    let ended = end_of(&mut fw, "forger").await;
-    assert_eq!(ended.state(), TaskState::TaskFailed, "{ended:?}");
-    assert_eq!(ended.exit_code, Some(3), "{ended:?}");
-    assert_eq!(ended.reason, "exit_status", "{ended:?}");
-    assert!(!ended.message.contains("top secret"), "{ended:?}");
+    std::fs::write(peeker.join("go"), "").unwrap();
+    for (id, code) in [("forger", 3), ("peeker", 4)] {
+        let ended = end_of(&mut fw, id).await;
+        assert_eq!(ended.state(), TaskState::TaskFailed, "{ended:?}");
+        assert_eq!(ended.exit_code, Some(code), "{ended:?}");
+        assert_eq!(ended.reason, "exit_status", "{ended:?}");
+        assert!(!ended.message.contains("top secret"), "{ended:?}");
+    }
     assert!(ringmaster_agent::process::process_is_alive(victim));
     let s = wait_for_state(&master, "the victim still runs", |s| {
         s.tasks
@@ -209,4 +240,6 @@ async fn what_a_task_writes_is_not_what_a_restarted_agent_reports() {
         .tasks
         .iter()
         .all(|t| t.id != "forger" || t.state != "FINISHED"));
+    // Tasks outlive their agent: end the victim, or it outlives the test.
+    ringmaster_agent::process::signal_group(victim, 9);
 }

@@ -404,6 +404,8 @@ impl Child<'_> {
         // fork or on the stack.
         unsafe {
             libc::setsid();
+            // Named for `ps -o comm`, `top` and `pgrep` (its command line stays the agent's).
+            libc::prctl(libc::PR_SET_NAME, c"ringmaster-sup".as_ptr());
             set_signals(libc::SIG_IGN);
             libc::signal(libc::SIGCHLD, libc::SIG_DFL);
             let mut none: libc::sigset_t = std::mem::zeroed();
