@@ -708,8 +708,7 @@ impl AgentState {
             user: Some(user.clone()),
             cgroup: cgroup.clone(),
         };
-        // Recorded before the process starts (without pids): a run whose record says it never
-        // started is removed at restart. A task the agent cannot record is not started.
+        // A task the agent cannot record is not started.
         let mut record = TaskFile {
             framework_id: key.framework_id.clone(),
             task_id: key.task_id.clone(),
@@ -728,9 +727,10 @@ impl AgentState {
             health: health_spec.clone(),
             acked_ms: None,
         };
-        let recorded = task_files::create_meta_dir(&meta_dir, &self.config.work_dir)
-            .and_then(|()| record.save(&meta_dir));
-        if let Err(e) = recorded {
+        // The meta directory first (the supervisor records the task's end there); the record
+        // with the pids, before the gate opens. A meta directory without a record is a run
+        // that never started (the agent stopped in between): collected at restart.
+        if let Err(e) = task_files::create_meta_dir(&meta_dir, &self.config.work_dir) {
             let (why, message) = self.storage_failure("record the task", &e);
             self.discard_run(&key, &sandbox, &meta_dir, cgroup.as_deref());
             return self.refuse(key, resources, blank, why, message, out);

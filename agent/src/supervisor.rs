@@ -488,7 +488,6 @@ impl Child<'_> {
                 } else if libc::WIFSIGNALED(status) {
                     line(fd, b"signal ", Some(libc::WTERMSIG(status) as i64), b"\n");
                 }
-                libc::fsync(fd);
                 libc::close(fd);
                 libc::renameat(FD_META, tmp.as_ptr(), FD_META, c"exit".as_ptr());
             }

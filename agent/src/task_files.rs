@@ -262,8 +262,10 @@ impl TaskFile {
         Ok(file)
     }
 
-    /// Writes the record into its meta directory atomically (temporary file of mode 0600,
-    /// flushed, then renamed). The directory is the agent's alone.
+    /// Writes the record into its meta directory atomically (temporary file of mode 0600, then
+    /// renamed). The directory is the agent's alone. Not flushed to the disk: what it protects
+    /// against is the agent's crash, not the host's (a host that crashes takes its tasks
+    /// with it, and a torn record is reported as a lost run).
     pub fn save(&self, meta_dir: &Path) -> std::io::Result<()> {
         let tmp = meta_dir.join(format!("{TASK_FILE}.tmp"));
         let mut file = std::fs::OpenOptions::new()
@@ -274,7 +276,6 @@ impl TaskFile {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
         file.write_all(self.render().as_bytes())?;
-        file.sync_data()?;
         drop(file);
         std::fs::rename(&tmp, meta_dir.join(TASK_FILE))
     }
