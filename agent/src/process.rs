@@ -155,28 +155,6 @@ pub fn set_environment(command: &mut Command, env: &[(String, String)]) {
     command.envs(environment(env));
 }
 
-/// The real uid a process runs as (`/proc/PID/status`).
-pub fn process_uid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// The environment a process was started with (`/proc/PID/environ`): for a task, the one
-/// [`set_environment`] gave it.
-pub fn process_environment(pid: u32) -> Option<Vec<(String, String)>> {
-    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    Some(
-        raw.split(|&b| b == 0)
-            .filter_map(|entry| {
-                let entry = std::str::from_utf8(entry).ok()?;
-                let (k, v) = entry.split_once('=')?;
-                (!k.is_empty()).then(|| (k.to_string(), v.to_string()))
-            })
-            .collect(),
-    )
-}
-
 /// Starts `sh -c COMMAND` in its own process group inside the sandbox. When the group is gone,
 /// `(tag, outcome)` is sent on `exits`. Must be called within a tokio runtime.
 pub fn launch<T: Send + 'static>(
