@@ -6,22 +6,8 @@
 mod common;
 mod processes;
 
-use std::path::Path;
-use std::time::Duration;
-
 use common::*;
 use ringmaster_proto::{Kill, Message, TaskState};
-
-/// Waits (with a timeout) until `path` exists.
-async fn wait_for_file(path: &Path) {
-    tokio::time::timeout(WAIT, async {
-        while !path.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{} did not appear", path.display()));
-}
 
 #[tokio::test]
 async fn a_restarted_agent_adopts_running_tasks_and_reports_ended_ones() {

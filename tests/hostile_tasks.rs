@@ -21,17 +21,6 @@ fn is_root() -> bool {
     ringmaster_agent::users::agent_uid() == 0
 }
 
-/// Waits (with a timeout) until `path` exists.
-async fn wait_for_file(path: &Path) {
-    tokio::time::timeout(WAIT, async {
-        while !path.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{} did not appear", path.display()));
-}
-
 /// The run directory of a task once the agent made it.
 async fn run_of(agent_dir: &Path, framework_id: &str, task_id: &str) -> PathBuf {
     tokio::time::timeout(WAIT, async {

@@ -781,47 +781,8 @@ impl CgroupRoot {
     /// Sets the agent cgroup's caps: its memory limit (no swap past it), CPU quota and pids
     /// limit; `None` for memory or cpu lifts that limit (a cap of an earlier run goes away).
     fn apply_caps(&self) -> Result<(), String> {
-        let path = &self.agent_path;
-        let agent = self.load(path);
-        let mem: &MemController = agent
-            .controller_of()
-            .ok_or_else(|| format!("cgroup {path} has no memory controller"))?;
-        let cpu: &CpuController = agent
-            .controller_of()
-            .ok_or_else(|| format!("cgroup {path} has no cpu controller"))?;
-        let pids: &PidController = agent
-            .controller_of()
-            .ok_or_else(|| format!("cgroup {path} has no pids controller"))?;
-        let caps = &self.caps;
-        let memory = caps
-            .memory_bytes
-            .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX));
-        if !self.v2 {
-            // v1 keeps memory+swap >= memory: lift it first so the memory limit may rise.
-            let _ = mem.set_memswap_limit(-1);
-        }
-        mem.set_limit(memory)
-            .map_err(|e| format!("cannot set the memory limit of cgroup {path}: {e}"))?;
-        let swap = match (caps.memory_bytes, self.v2) {
-            (None, true) => Some(-1),
-            (None, false) => None,
-            (Some(_), true) => Some(0),
-            (Some(_), false) => Some(memory),
-        };
-        if let Some(swap) = swap {
-            if let Err(e) = mem.set_memswap_limit(swap) {
-                tracing::debug!(cgroup = %path, "swap limit not set (no swap accounting?): {e}");
-            }
-        }
-        let quota = caps
-            .cpu_quota_us
-            .map_or(-1, |q| i64::try_from(q).unwrap_or(i64::MAX));
-        cpu.set_cfs_quota_and_period(Some(quota), Some(caps.cpu_period_us))
-            .map_err(|e| format!("cannot set the cpu quota of cgroup {path}: {e}"))?;
-        let max = i64::try_from(caps.pids_max).unwrap_or(i64::MAX);
-        pids.set_pid_max(MaxValue::Value(max))
-            .map_err(|e| format!("cannot set the process limit of cgroup {path}: {e}"))?;
-        Ok(())
+        let agent = self.load(&self.agent_path);
+        set_limits(&agent, &self.agent_path, &self.caps, self.v2)
     }
 
     /// Makes the agent's cgroup again, with its caps, when it is missing from a hierarchy (it
@@ -920,41 +881,7 @@ impl TaskCgroup {
     }
 
     fn apply(&self, limits: &TaskLimits) -> Result<(), String> {
-        let path = &self.path;
-        let mem: &MemController = self
-            .cgroup
-            .controller_of()
-            .ok_or_else(|| format!("cgroup {path} has no memory controller"))?;
-        let cpu: &CpuController = self
-            .cgroup
-            .controller_of()
-            .ok_or_else(|| format!("cgroup {path} has no cpu controller"))?;
-        let pids: &PidController = self
-            .cgroup
-            .controller_of()
-            .ok_or_else(|| format!("cgroup {path} has no pids controller"))?;
-        let memory = limits
-            .memory_bytes
-            .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX));
-        mem.set_limit(memory)
-            .map_err(|e| format!("cannot set the memory limit of cgroup {path}: {e}"))?;
-        // No swapping past the limit: memory+swap = the limit (v1, where swap is accounted);
-        // no swap at all (v2). Kernels without swap accounting lack the file: fine.
-        if limits.memory_bytes.is_some() {
-            let swap = if self.cgroup.v2() { 0 } else { memory };
-            if let Err(e) = mem.set_memswap_limit(swap) {
-                tracing::debug!(cgroup = %path, "swap limit not set (no swap accounting?): {e}");
-            }
-        }
-        let quota = limits
-            .cpu_quota_us
-            .map_or(-1, |q| i64::try_from(q).unwrap_or(i64::MAX));
-        cpu.set_cfs_quota_and_period(Some(quota), Some(limits.cpu_period_us))
-            .map_err(|e| format!("cannot set the cpu quota of cgroup {path}: {e}"))?;
-        let max = i64::try_from(limits.pids_max).unwrap_or(i64::MAX);
-        pids.set_pid_max(MaxValue::Value(max))
-            .map_err(|e| format!("cannot set the process limit of cgroup {path}: {e}"))?;
-        Ok(())
+        set_limits(&self.cgroup, &self.path, limits, self.cgroup.v2())
     }
 
     /// Switches the cgroup's devices controller to deny-by-default and allows what
@@ -1135,6 +1062,50 @@ fn allow(devices: &DevicesController, rule: &DeviceRule) -> cgroups_rs::fs::erro
         .filter_map(DevicePermissions::from_char)
         .collect();
     devices.allow_device(kind, number(rule.major), number(rule.minor), &access)
+}
+
+/// Sets a cgroup's memory limit (no swap past it: memory+swap at the limit on v1, where swap
+/// is accounted; no swap on v2), CPU quota and pids limit; `None` for memory or cpu lifts that
+/// limit (an earlier one goes away). Kernels without swap accounting lack the swap file: fine.
+fn set_limits(cgroup: &Cgroup, path: &str, limits: &TaskLimits, v2: bool) -> Result<(), String> {
+    let mem: &MemController = cgroup
+        .controller_of()
+        .ok_or_else(|| format!("cgroup {path} has no memory controller"))?;
+    let cpu: &CpuController = cgroup
+        .controller_of()
+        .ok_or_else(|| format!("cgroup {path} has no cpu controller"))?;
+    let pids: &PidController = cgroup
+        .controller_of()
+        .ok_or_else(|| format!("cgroup {path} has no pids controller"))?;
+    let memory = limits
+        .memory_bytes
+        .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX));
+    if !v2 {
+        // v1 keeps memory+swap >= memory: lift it first so the memory limit may rise.
+        let _ = mem.set_memswap_limit(-1);
+    }
+    mem.set_limit(memory)
+        .map_err(|e| format!("cannot set the memory limit of cgroup {path}: {e}"))?;
+    let swap = match (limits.memory_bytes, v2) {
+        (None, true) => Some(-1),
+        (None, false) => None,
+        (Some(_), true) => Some(0),
+        (Some(_), false) => Some(memory),
+    };
+    if let Some(swap) = swap {
+        if let Err(e) = mem.set_memswap_limit(swap) {
+            tracing::debug!(cgroup = %path, "swap limit not set (no swap accounting?): {e}");
+        }
+    }
+    let quota = limits
+        .cpu_quota_us
+        .map_or(-1, |q| i64::try_from(q).unwrap_or(i64::MAX));
+    cpu.set_cfs_quota_and_period(Some(quota), Some(limits.cpu_period_us))
+        .map_err(|e| format!("cannot set the cpu quota of cgroup {path}: {e}"))?;
+    let max = i64::try_from(limits.pids_max).unwrap_or(i64::MAX);
+    pids.set_pid_max(MaxValue::Value(max))
+        .map_err(|e| format!("cannot set the process limit of cgroup {path}: {e}"))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -369,6 +369,24 @@ fn line(fd: RawFd, prefix: &[u8], value: Option<i64>, suffix: &[u8]) {
     put(fd, &out[..len]);
 }
 
+/// Waits at a gate: true when `go` comes through `fd`, false when it closes without it.
+fn gate_opened(fd: RawFd) -> bool {
+    let mut word = [0u8; 3];
+    let mut got = 0;
+    while got < word.len() {
+        // SAFETY: reads into the rest of a stack buffer of the given length.
+        let n = unsafe { libc::read(fd, word[got..].as_mut_ptr().cast(), word.len() - got) };
+        if n < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        if n <= 0 {
+            break;
+        }
+        got += n as usize;
+    }
+    &word == b"go\n"
+}
+
 /// Closes every descriptor from `first` up.
 fn close_from(first: RawFd) {
     // SAFETY: close_range only closes descriptors.
@@ -447,19 +465,7 @@ impl Child<'_> {
             libc::close(go[0]);
             line(FD_REPORT, b"P", Some(task as i64), b"\n");
             libc::close(FD_REPORT);
-            let mut word = [0u8; 3];
-            let mut got = 0;
-            while got < word.len() {
-                let n = libc::read(FD_GATE, word[got..].as_mut_ptr().cast(), word.len() - got);
-                if n < 0 && errno() == libc::EINTR {
-                    continue;
-                }
-                if n <= 0 {
-                    break;
-                }
-                got += n as usize;
-            }
-            let started = &word == b"go\n";
+            let started = gate_opened(FD_GATE);
             if started {
                 put(go[1], b"go\n");
             } else {
@@ -547,19 +553,7 @@ impl Child<'_> {
                 fail(b"stderr");
             }
             line(FD_REPORT, b"R", None, b"\n");
-            let mut word = [0u8; 3];
-            let mut got = 0;
-            while got < word.len() {
-                let n = libc::read(go, word[got..].as_mut_ptr().cast(), word.len() - got);
-                if n < 0 && errno() == libc::EINTR {
-                    continue;
-                }
-                if n <= 0 {
-                    break;
-                }
-                got += n as usize;
-            }
-            if &word != b"go\n" {
+            if !gate_opened(go) {
                 libc::_exit(125);
             }
             if libc::dup2(FD_NULL, 0) < 0 || libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {

@@ -390,3 +390,14 @@ pub async fn metric_value(http: std::net::SocketAddr, series: &str) -> f64 {
         .parse()
         .expect("a number")
 }
+
+/// Waits (with a timeout) until `path` exists.
+pub async fn wait_for_file(path: &std::path::Path) {
+    tokio::time::timeout(WAIT, async {
+        while !path.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} did not appear", path.display()));
+}
