@@ -12,8 +12,10 @@ use ringmaster_proto::{
 };
 use tokio::time::Instant;
 
+use super::allocator::DISK;
 use super::events::ConnId;
 use compact_str::CompactString;
+use ringmaster_core::placement::AgentKey;
 
 use super::health::Health;
 use super::state::{make_task_key, AgentRecord, MasterState, Peer, TaskKey};
@@ -277,11 +279,18 @@ impl MasterState {
     ) {
         match message {
             Message::AgentHeartbeat(hb) => {
-                if let Some(agent) = self.agents.get_mut(agent_id) {
-                    agent.last_heartbeat = now;
-                    if let Ok(free) = Resources::from_wire(hb.free.as_ref()) {
-                        agent.reported_free = free;
-                    }
+                let Some(agent) = self.agents.get_mut(agent_id) else {
+                    return;
+                };
+                agent.last_heartbeat = now;
+                let Ok(free) = Resources::from_wire(hb.free.as_ref()) else {
+                    return;
+                };
+                // A heartbeat without `free` tells nothing about the disk.
+                let disk = hb.free.is_some().then(|| free.milli(DISK));
+                agent.reported_free = free;
+                if let (Some(key), Some(disk)) = (agent.key, disk) {
+                    self.bound_free_disk(agent_id, key, disk, now);
                 }
             }
             Message::StatusUpdate(update) => {
@@ -334,6 +343,27 @@ impl MasterState {
                 ErrorCode::UnexpectedMessage,
                 format!("{} is not valid from an agent", other.kind()),
             ),
+        }
+    }
+
+    /// The agent's reported free `disk` (milli) bounds what is offered there (docs/protocol.md,
+    /// "Agents"): the books' free disk beyond it is withheld until a heartbeat reports room. In
+    /// flight, launches lower the books before the agent hears of them and the agent reports
+    /// right after a task end, so a stale report errs neither way for long.
+    fn bound_free_disk(&mut self, agent_id: &str, key: AgentKey, reported: u64, now: Instant) {
+        let (was, withheld) = self.alloc.bound_free_disk(key, reported);
+        if withheld == was {
+            return;
+        }
+        if was == 0 {
+            tracing::info!(agent = %agent_id, withheld = %format_milli(withheld),
+                "the agent reports less free disk than the books: the rest is withheld from offers");
+        } else if withheld == 0 {
+            tracing::info!(agent = %agent_id, "the agent reports room on its disk: nothing withheld");
+        }
+        if withheld < was {
+            // Disk to offer again.
+            self.request_allocation(now);
         }
     }
 

@@ -16,7 +16,11 @@
 //!   [`Allocator::offer_returned`], [`Allocator::hold`], [`Allocator::release`]); a held task's
 //!   device binding is taken from and released to the device book with them;
 //! - a framework is in the DRF sorter and the key map together ([`Allocator::add_framework`],
-//!   [`Allocator::remove_framework`]).
+//!   [`Allocator::remove_framework`]);
+//! - disk withheld from an agent (it reported less free disk than the books,
+//!   [`Allocator::bound_free_disk`]) is taken from its free and charged to no framework; it is
+//!   never more than the agent's total less its free, so giving it back cannot fail, and it
+//!   leaves with the agent.
 //!
 //! The handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `durability`) keep the
 //! conversation (messages, records, timers, logs) and call these methods for the books.
@@ -77,10 +81,18 @@ pub(crate) struct Allocator {
     /// The popular slice sizes of the last cycle's target: which GPU a slice is bound to under
     /// `devices.selection: most-used-that-fits` (docs/devices.md).
     share_fill: Arc<ShareFill>,
+    /// Per agent, the `disk` (milli) taken from its free because it reported less free disk
+    /// than the books ([`bound_free_disk`](Self::bound_free_disk)); absent when none.
+    withheld: HashMap<AgentKey, u64>,
+    /// The sum of `withheld`.
+    withheld_total: u64,
     agent_by_key: HashMap<AgentKey, String>,
     framework_by_key: HashMap<FrameworkKey, String>,
     next_framework_key: FrameworkKey,
 }
+
+/// The dimension an agent's report bounds (docs/protocol.md, "Agents").
+pub(crate) const DISK: &str = "disk";
 
 impl Allocator {
     pub fn new(config: &Config) -> Self {
@@ -92,6 +104,8 @@ impl Allocator {
             device_free: HashMap::new(),
             launched_shapes: ShapeWindow::default(),
             share_fill: Arc::default(),
+            withheld: HashMap::new(),
+            withheld_total: 0,
             agent_by_key: HashMap::new(),
             framework_by_key: HashMap::new(),
             next_framework_key: 0,
@@ -125,12 +139,56 @@ impl Allocator {
         note_free_in(&mut self.device_free, &self.cluster, &self.devices, key);
     }
 
-    /// Drops an agent from the cluster, the device book and the key map.
+    /// Drops an agent from the cluster, the device book and the key map, with what was
+    /// withheld from it.
     pub fn remove_agent(&mut self, key: AgentKey) {
+        if let Some(withheld) = self.withheld.remove(&key) {
+            self.withheld_total -= withheld;
+        }
         self.cluster.remove_agent(key);
         self.devices.remove_agent(key);
         self.device_free.remove(&key);
         self.agent_by_key.remove(&key);
+    }
+
+    /// The agent reported `reported` (milli) free `disk`: that bounds what may be offered
+    /// there. Withholds what the books have free beyond it (free plus what is withheld already,
+    /// less the report), taking more from its free or giving back what it has room for again.
+    /// Touches this agent only; returns what was withheld before and what is now.
+    pub fn bound_free_disk(&mut self, key: AgentKey, reported: u64) -> (u64, u64) {
+        let Some(agent) = self.cluster.agent(key) else {
+            return (0, 0);
+        };
+        let (free, total) = (agent.free.milli(DISK), agent.total.milli(DISK));
+        let was = self.withheld.get(&key).copied().unwrap_or(0);
+        let now = free.saturating_add(was).saturating_sub(reported);
+        if now == was {
+            return (was, now);
+        }
+        let moved = if now > was {
+            // Within its free: `now - was` is at most `free`.
+            self.cluster.take(key, &disk(now - was))
+        } else {
+            // Never above its total, whatever else clamped its books.
+            match (was - now).min(total.saturating_sub(free)) {
+                0 => Ok(()),
+                back => self.cluster.give_back(key, &disk(back)),
+            }
+        };
+        if moved.is_err() {
+            return (was, was);
+        }
+        // Free and withheld together stay within the total: what has no room is dropped.
+        let free = self.cluster.agent(key).map_or(0, |a| a.free.milli(DISK));
+        let now = now.min(total.saturating_sub(free));
+        self.withheld_total = self.withheld_total - was + now;
+        if now == 0 {
+            self.withheld.remove(&key);
+        } else {
+            self.withheld.insert(key, now);
+        }
+        self.changed(key);
+        (was, now)
     }
 
     // --- frameworks ---
@@ -372,6 +430,16 @@ impl Allocator {
         Arc::clone(&self.share_fill)
     }
 
+    /// The `disk` (milli) withheld from the agent ([`bound_free_disk`](Self::bound_free_disk)).
+    pub fn withheld(&self, key: AgentKey) -> u64 {
+        self.withheld.get(&key).copied().unwrap_or(0)
+    }
+
+    /// The `disk` (milli) withheld from every agent.
+    pub fn withheld_total(&self) -> u64 {
+        self.withheld_total
+    }
+
     /// The id of the agent admitted under `key`.
     pub fn agent_id(&self, key: AgentKey) -> Option<&str> {
         self.agent_by_key.get(&key).map(String::as_str)
@@ -381,6 +449,13 @@ impl Allocator {
     pub fn framework_id(&self, key: FrameworkKey) -> Option<&str> {
         self.framework_by_key.get(&key).map(String::as_str)
     }
+}
+
+/// `milli` of `disk` as a bundle (empty when 0).
+pub(crate) fn disk(milli: u64) -> Resources {
+    let mut r = Resources::new();
+    r.set_milli(DISK, milli);
+    r
 }
 
 /// An agent's free cpu and memory as the fragment score reads them.
@@ -629,6 +704,44 @@ mod tests {
         alloc.offer_returned(Some(agent), Some(fw), &offered);
         assert_eq!(alloc.cluster().free(), &res("cpus:4;mem:2048"));
         assert!(allocation(&alloc, fw).is_empty());
+    }
+
+    /// Reported free disk bounds the agent's free: the rest is withheld (charged to nobody),
+    /// given back as room is reported, never above the total even after a clamped hold, and
+    /// gone with the agent.
+    #[test]
+    fn reported_free_disk_withholds_and_gives_back_within_the_total() {
+        let mut alloc = allocator();
+        let (agent, _) = alloc.add_agent("a1", res("cpus:2;disk:1000"), Vec::new());
+        let free = |alloc: &Allocator| alloc.cluster().agent(agent).unwrap().free.clone();
+        assert_eq!(alloc.bound_free_disk(agent, 0), (0, 1_000_000));
+        assert_eq!(free(&alloc), res("cpus:2"));
+        assert_eq!(alloc.withheld_total(), 1_000_000);
+        assert_eq!(alloc.bound_free_disk(agent, 0), (1_000_000, 1_000_000));
+        assert_eq!(alloc.bound_free_disk(agent, 400_000), (1_000_000, 600_000));
+        assert_eq!(free(&alloc), res("cpus:2;disk:400"));
+        // A clamped hold (more disk than is free) overcounts the books by 400.
+        let fw = alloc.add_framework("f1", 1.0);
+        let task = res("cpus:2;disk:800");
+        assert!(alloc.hold(agent, Some(fw), &task, None).clamped.is_some());
+        alloc.release(Some(agent), Some(fw), &task, &DeviceBinding::default());
+        assert_eq!(free(&alloc), res("cpus:2;disk:800"));
+        // Free 800 and withheld 600 exceed the total: giving back stops at the total.
+        assert_eq!(alloc.bound_free_disk(agent, 1_000_000), (600_000, 0));
+        assert_eq!(free(&alloc), res("cpus:2;disk:1000"));
+        assert_eq!(alloc.withheld_total(), 0);
+        assert!(allocation(&alloc, fw).is_empty());
+        // Withheld disk leaves with the agent; the next agent under its key starts clean.
+        assert_eq!(alloc.bound_free_disk(agent, 100_000), (0, 900_000));
+        alloc.remove_agent(agent);
+        assert_eq!((alloc.withheld(agent), alloc.withheld_total()), (0, 0));
+        let (next, _) = alloc.add_agent("a2", res("cpus:1;disk:10"), Vec::new());
+        assert_eq!(next, agent);
+        assert_eq!(alloc.withheld(next), 0);
+        assert_eq!(alloc.cluster().free(), &res("cpus:1;disk:10"));
+        // An agent without disk withholds nothing.
+        let (plain, _) = alloc.add_agent("a3", res("cpus:1"), Vec::new());
+        assert_eq!(alloc.bound_free_disk(plain, 0), (0, 0));
     }
 
     #[test]

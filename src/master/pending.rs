@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use ringmaster_proto::resources::Resources;
 use tokio::time::Instant;
 
+use super::allocator::disk;
 pub use super::ops::model::{Excluded, Health, PendingView};
 use super::state::{AgentRecord, FrameworkRecord, MasterState};
 use ringmaster_core::placement::feasible::{self, AgentFacts, Filter};
@@ -18,8 +19,10 @@ use ringmaster_core::placement::{task_priority, AgentKey, WhyUnplaced};
 pub(crate) struct Usage {
     /// Sum of outstanding offers.
     pub offered: Resources,
-    /// Held by tasks: total − free − offered.
+    /// Held by tasks: total − free − offered − withheld.
     pub used: Resources,
+    /// Disk withheld from agents that reported less free than the books.
+    pub withheld: Resources,
     /// Outstanding offers per agent id.
     pub offered_on: HashMap<String, Resources>,
 }
@@ -71,9 +74,12 @@ impl MasterState {
             .total()
             .saturating_sub(self.alloc.cluster().free())
             .saturating_sub(&offered);
+        let withheld = disk(self.alloc.withheld_total());
+        let used = used.saturating_sub(&withheld);
         Usage {
             offered,
             used,
+            withheld,
             offered_on,
         }
     }

@@ -42,7 +42,8 @@ pub(crate) struct AgentRecord {
     pub hostname: String,
     pub attributes: Vec<(String, String)>,
     pub total: Resources,
-    /// Free resources as the agent last reported them (informational).
+    /// Free resources as the agent last reported them: informational, but for its `disk`, which
+    /// bounds what is offered there (`Allocator::bound_free_disk`).
     pub reported_free: Resources,
     /// Present while the agent is admitted (not lost).
     pub key: Option<AgentKey>,

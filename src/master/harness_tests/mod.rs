@@ -5,6 +5,7 @@ mod agents;
 mod batch;
 mod files;
 mod frameworks;
+mod full_disk;
 mod health;
 mod jobs_store;
 mod liveness;

@@ -36,6 +36,10 @@ pub struct Snapshot {
     pub used: String,
     /// In outstanding offers.
     pub offered: String,
+    /// Disk withheld from offers: agents reported less free disk than the books (a full disk;
+    /// docs/protocol.md, "Agents"). Neither used, offered nor free.
+    #[serde(default)]
+    pub withheld: String,
     pub free: String,
     /// This master's replication group, in cluster mode (docs/operations.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,6 +116,10 @@ pub struct AgentView {
     pub free: String,
     pub used: String,
     pub offered: String,
+    /// Its disk withheld from offers: the books' free disk beyond what it last reported free
+    /// (a full disk). Not in `free` nor `used`.
+    #[serde(default)]
+    pub withheld: String,
     pub reported_free: String,
     /// `connected`, `disconnected` (may come back within `agent_timeout`) or `lost`.
     pub state: String,

@@ -15,6 +15,7 @@ use super::metrics::Total;
 pub use super::model::{
     AgentView, FrameworkView, OfferView, RingBucketView, RingSetView, Snapshot, TaskView,
 };
+use crate::master::allocator::disk;
 use crate::master::state::MasterState;
 
 impl MasterState {
@@ -29,8 +30,13 @@ impl MasterState {
                 let entry = a.key.and_then(|k| self.alloc.cluster().agent(k));
                 let free = entry.map(|e| &e.free).unwrap_or(&empty);
                 let offered = usage.offered_on.get(a.id.as_str()).unwrap_or(&empty);
+                let withheld = disk(a.key.map_or(0, |k| self.alloc.withheld(k)));
                 let used = match entry {
-                    Some(e) => e.total.saturating_sub(free).saturating_sub(offered),
+                    Some(e) => e
+                        .total
+                        .saturating_sub(free)
+                        .saturating_sub(offered)
+                        .saturating_sub(&withheld),
                     None => Resources::new(),
                 };
                 let buckets = a
@@ -59,6 +65,7 @@ impl MasterState {
                     },
                     used: used.to_string(),
                     offered: offered.to_string(),
+                    withheld: withheld.to_string(),
                     reported_free: a.reported_free.to_string(),
                     state: match (a.lost, a.conn.is_some()) {
                         (true, _) => "lost",
@@ -187,6 +194,7 @@ impl MasterState {
             total: total.to_string(),
             used: usage.used.to_string(),
             offered: usage.offered.to_string(),
+            withheld: usage.withheld.to_string(),
             free: self.alloc.cluster().free().to_string(),
             cluster: match &self.cluster_view {
                 Some(view) => Some(view()),
