@@ -30,17 +30,18 @@ impl MasterState {
     ) {
         let total = match Resources::from_wire(register.total.as_ref()) {
             Ok(total) if !total.is_empty() => total,
+            // What the agent is cannot change by retrying: AGENT_REFUSED stops it.
             Ok(_) => {
                 return self.close(
                     conn,
-                    ErrorCode::InvalidRequest,
+                    ErrorCode::AgentRefused,
                     "RegisterAgent: total resources are empty".into(),
                 )
             }
             Err(e) => {
                 return self.close(
                     conn,
-                    ErrorCode::InvalidRequest,
+                    ErrorCode::AgentRefused,
                     format!("RegisterAgent: bad total resources: {e}"),
                 )
             }
@@ -65,7 +66,7 @@ impl MasterState {
             Err(e) => {
                 return self.close(
                     conn,
-                    ErrorCode::InvalidRequest,
+                    ErrorCode::AgentRefused,
                     format!("RegisterAgent: bad devices: {e}"),
                 )
             }

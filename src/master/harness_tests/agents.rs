@@ -60,7 +60,7 @@ fn registration_with_empty_resources_is_refused_and_closed() {
     assert_eq!(
         h.sent(conn),
         vec![Out::Close(error(
-            ErrorCode::InvalidRequest,
+            ErrorCode::AgentRefused,
             "RegisterAgent: total resources are empty"
         ))]
     );
@@ -80,7 +80,7 @@ fn registration_with_bad_resource_names_is_refused_and_closed() {
     assert_eq!(
         h.sent(conn),
         vec![Out::Close(error(
-            ErrorCode::InvalidRequest,
+            ErrorCode::AgentRefused,
             &format!("RegisterAgent: bad total resources: {why}")
         ))]
     );
