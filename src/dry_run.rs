@@ -49,8 +49,8 @@ use ringmaster_core::placement::feasible::{self, AgentFacts};
 use ringmaster_core::placement::{
     no_devices, run_cycle, task_priority, AgentKey, Allocation, BalanceSettings, Cluster,
     CycleInput, DrfSorter, Filter, FrameworkKey, Grant, PlacementContext, PlacerKind, Priority,
-    PriorityConfig, QuotaLedger, Request, Resources, RingsConfig, RunningTask, TieredRequest,
-    Unserved, WhyUnplaced, DEFAULT_PARTITION,
+    PriorityConfig, QuotaLedger, Quotas, Request, Resources, RingsConfig, RunningTask,
+    TieredRequest, Unserved, WhyUnplaced, DEFAULT_PARTITION,
 };
 
 #[derive(Debug, Deserialize)]
@@ -553,6 +553,7 @@ pub fn exact_cycle_input<'a, T>(
         waiting: &|_| false,
         running: &Vec::new,
         devices: &no_devices,
+        quotas: None,
     }
 }
 
@@ -739,6 +740,11 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
             .collect();
         let tasks = running.clone();
         let held = holds.clone();
+        let owners: Vec<(String, String)> = scenario
+            .requests
+            .iter()
+            .map(|(fw, _, _)| p.framework_users[*fw].clone())
+            .collect();
         let input = CycleInput {
             base: config.base(),
             grant: Grant::Demand,
@@ -746,6 +752,11 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
             waiting: &|fw| held.values().any(|h| *h == fw),
             running: &|| tasks.clone(),
             devices: &no_devices,
+            quotas: Some(Quotas {
+                config,
+                ledger: &ledger,
+                owners: &owners,
+            }),
         };
         let outcome = run_cycle(&mut cluster, &mut drf, &mut requests, &input, &mut context);
         let progress = !outcome.grants.is_empty() || !outcome.preemptions.is_empty();
@@ -911,6 +922,128 @@ fn final_shares(scenario: &Scenario, drf: &DrfSorter, cluster: &Cluster) -> Shar
 mod tests {
     use super::*;
 
+    /// The places of a scenario's run as `(framework, priority)`, and whether it preempted.
+    fn order(yaml: &str) -> (Vec<(String, Priority)>, bool) {
+        let scenario = Scenario::from_yaml(
+            yaml,
+            "s.yaml",
+            RingsConfig::default(),
+            BalanceSettings::default(),
+        )
+        .unwrap();
+        let run = run(&scenario, PlacerKind::Ring);
+        let preempted = run.events.iter().any(|e| matches!(e, Event::Preempted(_)));
+        let placed = run
+            .placed
+            .iter()
+            .map(|p| (p.resources.clone(), p.priority.unwrap_or_default()))
+            .collect();
+        (placed, preempted)
+    }
+
+    fn seed_003_order(gpus: u32) -> String {
+        format!(
+            "priorities:
+  base: 0
+  users:
+    user1: {{ default: {{ priority: 30, quota: \"gpus:4\" }} }}
+    user2: {{ default: {{ priority: 15, quota: \"gpus:8\" }} }}
+agents:
+  - {{ id: a1, resources: \"cpus:16;gpus:{gpus}\" }}
+frameworks:
+  - {{ name: U1, user: user1 }}
+  - {{ name: U2, user: user2 }}
+requests:
+  - {{ framework: U1, resources: \"gpus:2\" }}
+  - {{ framework: U1, resources: \"gpus:4\" }}
+  - {{ framework: U2, resources: \"gpus:4\" }}
+  - {{ framework: U2, resources: \"gpus:6\" }}
+"
+        )
+    }
+
+    /// SPEC seed 003's first example, by hand: t1 (user1, 2 GPUs) runs at 30; t2 (user1, 4)
+    /// is over user1's quota once t1 runs, so base; t3 (user2, 4) at 15; t4 (user2, 6) over
+    /// user2's quota once t3 runs, so base. Served by the priority each has when it is served:
+    /// t1, t3, then t2 and t4 at base as room allows. With 8 GPUs t2 and t4 wait and nothing
+    /// is preempted (before, t2 was placed at base before t3 and then preempted by it: a task
+    /// launched only to be killed); with 16 the order is t1, t3, t2, t4 (was t1, t2, t3, t4).
+    #[test]
+    fn seed_003_demands_are_served_by_the_priority_they_have_when_served() {
+        let at = |r: &str, p: Priority| (r.to_string(), p);
+        assert_eq!(
+            order(&seed_003_order(8)),
+            (vec![at("gpus:2", 30), at("gpus:4", 15)], false)
+        );
+        assert_eq!(
+            order(&seed_003_order(16)),
+            (
+                vec![
+                    at("gpus:2", 30),
+                    at("gpus:4", 15),
+                    at("gpus:4", 0),
+                    at("gpus:6", 0)
+                ],
+                false
+            )
+        );
+    }
+
+    mod serve_order {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A scenario of two or three users with priorities and GPU quotas, a few agents, and
+        /// requests of random sizes and counts, nothing running at the start.
+        fn scenario() -> impl Strategy<Value = String> {
+            (
+                proptest::collection::vec((1u32..40, 1u32..9), 2..4),
+                proptest::collection::vec(1u32..9, 1..4),
+                proptest::collection::vec((0usize..3, 1u32..6, 1u32..3), 1..8),
+            )
+                .prop_map(|(users, agents, requests)| {
+                    let mut yaml = String::from("priorities:\n  base: 0\n  users:\n");
+                    for (i, (priority, quota)) in users.iter().enumerate() {
+                        yaml.push_str(&format!(
+                            "    u{i}: {{ default: {{ priority: {priority}, quota: \"gpus:{quota}\" }} }}\n"
+                        ));
+                    }
+                    yaml.push_str("agents:\n");
+                    for (i, gpus) in agents.iter().enumerate() {
+                        yaml.push_str(&format!(
+                            "  - {{ id: a{i}, resources: \"cpus:64;gpus:{gpus}\" }}\n"
+                        ));
+                    }
+                    yaml.push_str("frameworks:\n");
+                    for i in 0..users.len() {
+                        yaml.push_str(&format!("  - {{ name: F{i}, user: u{i} }}\n"));
+                    }
+                    yaml.push_str("requests:\n");
+                    for (user, gpus, count) in requests {
+                        let user = user % users.len();
+                        yaml.push_str(&format!(
+                            "  - {{ framework: F{user}, resources: \"gpus:{gpus}\", count: {count} }}\n"
+                        ));
+                    }
+                    yaml
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+            /// Nothing runs at the start, so every task is one this run placed: served by the
+            /// priority each copy has when it is served, none is ever preempted (a higher
+            /// demand that did not fit when its tier was served fits no better once lower
+            /// ones took what it could not use).
+            #[test]
+            fn no_task_placed_by_a_run_is_preempted_by_it(yaml in scenario()) {
+                let (_, preempted) = order(&yaml);
+                prop_assert!(!preempted, "{yaml}");
+            }
+        }
+    }
+
     const DRF_PAPER: &str = "\
 agents:
   - { id: a1, resources: \"cpus:9;mem:18432\" }
@@ -952,10 +1085,11 @@ requests:
     }
 
     /// The master's cycle, derived by hand: a1 has cpus:4; alice (p5, quota cpus:2) asks for 3
-    /// copies, bob (no grant: base) for 2. Cycle 1 tiers alice's request at p5 (she runs
-    /// nothing yet) and serves that tier first even though DRF would alternate: A gets 3 copies,
-    /// then B the last cpu. The copies launch in grant order: A/1 and A/2 at p5 fill alice's
-    /// quota, so A/3 runs at base. Cycle 2 places nothing: bob's second copy waits at base.
+    /// copies, bob (no grant: base) for 2. Alice's copies are served at p5 first, even though
+    /// DRF would alternate, while her quota lasts: A/1 and A/2. Her third copy would run at
+    /// base, so it is served with bob's at base, in DRF order: bob holds nothing and alice 2
+    /// cpus, so B/1, then B/2 (bob 1 < alice 2), and A's third waits. (Before issue 44 the whole
+    /// request was served at p5: A/3 was placed ahead of bob at base priority.)
     #[test]
     fn priority_tiers_come_before_drf_and_copies_launch_between_cycles() {
         let text = "\
@@ -990,12 +1124,12 @@ requests:
             [
                 placed(1, "A", 1, 5),
                 placed(2, "A", 2, 5),
-                placed(3, "A", 3, 0),
-                placed(4, "B", 1, 0),
+                placed(3, "B", 1, 0),
+                placed(4, "B", 2, 0),
             ]
         );
         assert!(
-            lines[4].starts_with(r#"{"unplaced":[{"framework":"B","resources":"cpus:1","count":1,"why":"no agent fits cpus:1: 1 agent short of cpus; "#),
+            lines[4].starts_with(r#"{"unplaced":[{"framework":"A","resources":"cpus:1","count":1,"why":"no agent fits cpus:1: 1 agent short of cpus; "#),
             "{}",
             lines[4]
         );
@@ -1006,7 +1140,7 @@ requests:
         );
         assert_eq!(
             lines[5],
-            r#"{"agents":[{"id":"a1","free":""}],"shares":{"B":0.25,"A":0.75}}"#
+            r#"{"agents":[{"id":"a1","free":""}],"shares":{"B":0.5,"A":0.5}}"#
         );
         assert_eq!(lines.len(), 6);
     }

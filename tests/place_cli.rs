@@ -279,6 +279,42 @@ fn new_placer_names_are_accepted_and_bad_balance_sections_located() {
     );
 }
 
+/// SPEC seed 003's first example (issue 44): demands are served by the priority each has when
+/// it is served: t1 (user1, p30), t3 (user2, p15), then the base ones as room allows; with 8
+/// GPUs t2 and t4 wait and nothing is preempted, with 16 the order is t1, t3, t2, t4.
+#[test]
+fn seed_003_order_of_service() {
+    let (code, lines, stderr) = place(&["--scenario", &path("seed_003_order.yaml")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        lines[..2],
+        [
+            r#"{"step":1,"framework":"U1","agent":"a1","phase":"up","bucket":8,"resources":"gpus:2","id":"U1/1","priority":30}"#,
+            r#"{"step":2,"framework":"U2","agent":"a1","phase":"up","bucket":6,"resources":"gpus:4","id":"U2/1","priority":15}"#,
+        ]
+    );
+    assert!(
+        lines[2].starts_with(r#"{"unplaced":[{"framework":"U1","resources":"gpus:4""#),
+        "{}",
+        lines[2]
+    );
+    assert!(!lines.iter().any(|l| l.contains("preempted")), "{lines:?}");
+    let (code, lines, stderr) = place(&["--scenario", &path("seed_003_order_16.yaml")]);
+    assert_eq!(code, 0, "{stderr}");
+    let order: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with(r#"{"step""#))
+        .filter_map(|l| l.split("\"id\":\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(order, ["U1/1", "U2/1", "U1/2", "U2/2"]);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(r#""id":"U1/2","priority":0"#)),
+        "{lines:?}"
+    );
+}
+
 /// SPEC seed 003's GPU partition: the 4-GPU request preempts the base-priority t2 (only t2 is
 /// lower) and runs; the 6-GPU request is then over quota → base priority, and waits.
 ///

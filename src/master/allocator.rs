@@ -34,7 +34,7 @@ use ringmaster_core::placement::fragmentation::{
 };
 use ringmaster_core::placement::{
     run_cycle, AgentKey, Cluster, CycleInput, DrfSorter, Filter, FrameworkKey, Grant, Outcome,
-    PlacementContext, PlacementError, QuotaLedger, RunningTask, TieredRequest,
+    PlacementContext, PlacementError, QuotaLedger, Quotas, RunningTask, TieredRequest,
 };
 use ringmaster_proto::devices::{Device, DeviceBinding, DeviceError, ShareFill, GPU_MILLI};
 use ringmaster_proto::resources::{Resources, MILLI};
@@ -55,6 +55,9 @@ pub(crate) struct CycleFacts<'a, T> {
     pub running: &'a dyn Fn() -> Vec<RunningTask<T>>,
     /// A running task's device binding (for the per-device preemption check).
     pub binding: &'a dyn Fn(&T) -> Option<&'a DeviceBinding>,
+    /// Each request's (user, partition), by index: the cycle serves every copy at the priority
+    /// it runs at then, within its user's quota or not (SPEC seed 003).
+    pub owners: &'a [(String, String)],
 }
 
 /// What went wrong while holding a task's resources; the books stay consistent either way
@@ -396,6 +399,11 @@ impl Allocator {
             waiting: &waiting,
             running: facts.running,
             devices: &device_check,
+            quotas: Some(Quotas {
+                config: &config.priorities,
+                ledger: &self.ledger,
+                owners: facts.owners,
+            }),
         };
         let outcome = run_cycle(cluster, drf, requests, &input, &mut context);
         drop(context);
@@ -558,6 +566,7 @@ mod tests {
             waiting: &|_| false,
             running: &Vec::new,
             binding: &|_| None,
+            owners: &[],
         };
         alloc.launched(TaskShape::of_demand(&res("cpus:1;gpu_milli:200")).unwrap());
         let outcome = alloc.run(&mut requests, &Config::default(), &facts);
@@ -809,6 +818,7 @@ mod tests {
             waiting: &|_| false,
             running: &Vec::new,
             binding: &|_| None,
+            owners: &[],
         };
         let mut requests = vec![request(fw, "cpus:1;mem:128")];
         let outcome = alloc.run(&mut requests, &Config::default(), &facts);

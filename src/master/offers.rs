@@ -144,11 +144,22 @@ impl MasterState {
                 .collect()
         };
         let binding = |key: &TaskKey| tasks.get(key).map(|t| &t.devices);
+        let owners: Vec<(String, String)> = requests
+            .iter()
+            .map(|r| {
+                self.alloc
+                    .framework_id(r.request.framework)
+                    .and_then(|id| frameworks.get(id))
+                    .map(|f| (f.tenant.user.to_string(), f.tenant.partition.to_string()))
+                    .unwrap_or_default()
+            })
+            .collect();
         let facts = CycleFacts {
             feasible: &feasible,
             waiting: &waiting,
             running: &running,
             binding: &binding,
+            owners: &owners,
         };
         let outcome = self.alloc.run(&mut requests, &self.config, &facts);
         // Whatever is still asked for after the run could not be placed in it.

@@ -150,7 +150,39 @@ pub fn allocate_in(
             .filter(|r| r.count > 0)
             .map(|r| (&r.demand, u64::from(r.count))),
     );
-    allocate_pending(cluster, drf, requests, None, grant, eligible, context)
+    allocate_pending(
+        cluster,
+        drf,
+        requests,
+        None,
+        grant,
+        eligible,
+        context,
+        &mut Hooks::none(),
+    )
+}
+
+/// What a cycle step asks besides the placement: may request `i` be served one more copy
+/// now (its priority may have dropped below the tier being served, as copies served before it
+/// used up its user's quota), and what a grant of `copies` of request `i` changes for the
+/// next ones.
+pub(crate) struct Hooks<'h> {
+    pub admit: Option<&'h Admit<'h>>,
+    pub granted: Option<&'h mut Granted<'h>>,
+}
+
+/// May request `i` (its demand) be served one more copy in this step?
+pub(crate) type Admit<'a> = dyn Fn(usize, &Resources) -> bool + 'a;
+/// Request `i` (its demand) was granted this many copies.
+pub(crate) type Granted<'a> = dyn FnMut(usize, &Resources, u32) + 'a;
+
+impl Hooks<'_> {
+    pub fn none() -> Self {
+        Hooks {
+            admit: None,
+            granted: None,
+        }
+    }
 }
 
 /// Where a step finds its requests: plain [`Request`]s, or the cycle's tiered ones.
@@ -170,8 +202,9 @@ impl HasRequest for Request {
 
 /// [`allocate_in`] on a context whose pending set the caller already filled (with these
 /// requests' remaining copies among others, e.g. every priority tier's of a cycle), serving
-/// only `requests[i]` for `i` in `serve` (in that order per framework; all when `None`).
-/// Allocations index `requests`.
+/// only `requests[i]` for `i` in `serve` (in that order per framework; all when `None`), each
+/// copy only while `hooks.admit` allows it. Allocations index `requests`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn allocate_pending<R: HasRequest, E: Fn(FrameworkKey, AgentKey) -> bool + ?Sized>(
     cluster: &mut Cluster,
     drf: &mut DrfSorter,
@@ -180,6 +213,7 @@ pub(crate) fn allocate_pending<R: HasRequest, E: Fn(FrameworkKey, AgentKey) -> b
     grant: Grant,
     eligible: &E,
     context: &mut PlacementContext,
+    hooks: &mut Hooks<'_>,
 ) -> Vec<Allocation> {
     // Each framework's requests with copies left, in order: (framework, index) pairs sorted by
     // framework (stable, so request order holds within one). On the stack for a short step.
@@ -238,7 +272,8 @@ pub(crate) fn allocate_pending<R: HasRequest, E: Fn(FrameworkKey, AgentKey) -> b
         while *at < *end {
             let i = by_framework[*at].1;
             let req = requests[i].request();
-            if req.count == 0 {
+            if req.count == 0 || hooks.admit.is_some_and(|admit| !admit(i, &req.demand)) {
+                // Served out, or no longer of this step's priority: its next copies wait.
                 *at += 1;
                 continue;
             }
@@ -293,6 +328,9 @@ pub(crate) fn allocate_pending<R: HasRequest, E: Fn(FrameworkKey, AgentKey) -> b
             req.count = req.count.saturating_sub(copies);
             if tracks_pending {
                 context.remove_pending(&req.demand, u64::from(before - req.count));
+            }
+            if let Some(granted) = hooks.granted.as_mut() {
+                granted(i, &req.demand, before - req.count);
             }
             out.push(Allocation {
                 framework: fw,

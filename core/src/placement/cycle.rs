@@ -3,7 +3,10 @@
 //! Priority tiers, highest first → DRF order within each tier ([`super::allocate_in`]) → feasibility
 //! (the caller's [`Filter`] verdict per agent) → place → preempt ([`plan_preemption`]) → an
 //! [`Outcome`]: the grants, the preemptions to carry out, and every demand left unserved with
-//! its reason.
+//! its reason. With the callers' [`Quotas`], a copy's tier is the priority it runs at when it is
+//! served (the copies served before it in the cycle count against its user's quota), so a copy
+//! whose priority dropped is served with its lower tier, never ahead of a higher demand that
+//! would then preempt it.
 //!
 //! Preemption comes after every tier was served: each unserved demand above the base priority,
 //! highest tier first and in request order within a tier, may evict strictly lower-priority
@@ -15,15 +18,19 @@
 //!
 //! Pure like the rest of the crate: agent facts, holds and running tasks come in as closures.
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 use smallvec::SmallVec;
 
-use super::allocation::{allocate_pending, Allocation, Grant, HasRequest, Request};
+use super::allocation::{allocate_pending, Allocation, Grant, HasRequest, Hooks, Request};
 use super::feasible::Filter;
-use super::priority::{plan_preemption_with, DeviceCheck, PreemptionPlan, Priority, RunningTask};
+use super::priority::{
+    copies_at_user_priority, plan_preemption_with, DeviceCheck, PreemptionPlan, Priority,
+    PriorityConfig, QuotaLedger, RunningTask,
+};
 use super::{AgentKey, Cluster, DrfSorter, FrameworkKey, PlacementContext, Resources};
 
 /// What a cycle needs besides the cluster, the DRF sorter and the requests.
@@ -46,6 +53,21 @@ pub struct CycleInput<'a, T> {
     /// half-used GPUs from a free one); a caller without devices passes
     /// [`super::priority::no_devices`].
     pub devices: DeviceCheck<'a, T>,
+    /// The priority quotas, for a caller that has them ([`Quotas`]); `None` keeps each
+    /// request at the priority it came with.
+    pub quotas: Option<Quotas<'a>>,
+}
+
+/// The priority quotas of a cycle's requests: with them, each copy is served at the priority
+/// it runs at when it is served (SPEC seed 003), counting the copies served before it in this
+/// cycle against its user's quota, not at the priority its request had when the cycle began.
+pub struct Quotas<'a> {
+    pub config: &'a PriorityConfig,
+    /// What runs at user priority when the cycle begins.
+    pub ledger: &'a QuotaLedger,
+    /// Each request's (user, partition), by index in the cycle's requests (a request beyond
+    /// the list has no priority: base).
+    pub owners: &'a [(String, String)],
 }
 
 /// A request and the priority its next task would run at (its tier).
@@ -139,21 +161,6 @@ pub fn run_cycle<T: Clone>(
     input: &CycleInput<T>,
     context: &mut PlacementContext,
 ) -> Outcome<T> {
-    // The requests with copies left, highest priority first and in request order within a
-    // priority (a stable sort), and the tiers as (priority, start, end) runs of that order. On
-    // the stack for a short cycle.
-    let mut order: SmallVec<[usize; 8]> = (0..requests.len())
-        .filter(|&i| requests[i].request.count > 0)
-        .collect();
-    order.sort_by_key(|&i| Reverse(requests[i].priority));
-    let mut tiers: SmallVec<[(Priority, usize, usize); 4]> = SmallVec::new();
-    for (at, &i) in order.iter().enumerate() {
-        let priority = requests[i].priority;
-        match tiers.last_mut() {
-            Some(tier) if tier.0 == priority => tier.2 = at + 1,
-            _ => tiers.push((priority, at, at + 1)),
-        }
-    }
     let eligible = |fw: FrameworkKey, agent: AgentKey| (input.feasible)(fw, agent).is_ok();
     // Every tier's demands are pending while any tier is served: a lower tier's demand that
     // fits no agent blocks its dimension for the balance weights too (SPEC seed 000).
@@ -167,24 +174,118 @@ pub fn run_cycle<T: Clone>(
             .filter(|r| r.request.count > 0)
             .map(|r| (&r.request.demand, u64::from(r.request.count))),
     );
+    // With quotas, what the copies served so far this cycle hold at user priority.
+    let ledger = input
+        .quotas
+        .as_ref()
+        .map(|q| RefCell::new(q.ledger.clone()));
+    let at_user = |i: usize, demand: &Resources, copies: u64| -> u64 {
+        match (&input.quotas, &ledger) {
+            (Some(q), Some(ledger)) => match q.owners.get(i) {
+                Some((user, partition)) => copies_at_user_priority(
+                    q.config,
+                    &ledger.borrow(),
+                    user,
+                    partition,
+                    demand,
+                    copies,
+                ),
+                None => 0,
+            },
+            _ => copies,
+        }
+    };
+    // The priority request `i`'s next copy runs at now.
+    let now = |i: usize, demand: &Resources| -> Option<Priority> {
+        let q = input.quotas.as_ref()?;
+        let grant = q
+            .owners
+            .get(i)
+            .and_then(|(user, partition)| q.config.grant(user, partition));
+        match (grant, at_user(i, demand, 1)) {
+            (Some(grant), 1) => Some(grant.priority),
+            _ => Some(q.config.base()),
+        }
+    };
+    // Tiers highest first; each served in DRF order. With quotas, a tier is what the requests'
+    // next copies run at when the tier begins, and a copy whose priority has dropped since
+    // (the copies served before it used up its user's quota) waits for its lower tier: a
+    // request is never placed in a step where a higher one then preempts it.
     let mut grants = Vec::new();
-    for &(_, start, end) in &tiers {
+    let mut below: Option<Priority> = None;
+    loop {
+        if input.quotas.is_some() {
+            for (i, r) in requests.iter_mut().enumerate() {
+                if r.request.count > 0 {
+                    r.priority = now(i, &r.request.demand).unwrap_or(r.priority);
+                }
+            }
+        }
+        let tier = requests
+            .iter()
+            .filter(|r| r.request.count > 0 && below.is_none_or(|b| r.priority < b))
+            .map(|r| r.priority)
+            .max();
+        let Some(tier) = tier else {
+            break;
+        };
+        below = Some(tier);
+        let serve: SmallVec<[usize; 8]> = (0..requests.len())
+            .filter(|&i| requests[i].request.count > 0 && requests[i].priority == tier)
+            .collect();
+        let admit = |i: usize, demand: &Resources| now(i, demand).is_none_or(|p| p >= tier);
+        let mut granted = |i: usize, demand: &Resources, copies: u32| {
+            let (Some(q), Some(ledger)) = (&input.quotas, &ledger) else {
+                return;
+            };
+            let n = at_user(i, demand, u64::from(copies));
+            if let (true, Some((user, partition))) = (n > 0, q.owners.get(i)) {
+                let held = Resources::from_milli(
+                    demand.iter().map(|(name, m)| (name, m.saturating_mul(n))),
+                )
+                .unwrap_or_default();
+                ledger.borrow_mut().start(user, partition, &held);
+            }
+        };
+        let mut hooks = match input.quotas {
+            Some(_) => Hooks {
+                admit: Some(&admit),
+                granted: Some(&mut granted),
+            },
+            None => Hooks::none(),
+        };
         let served = allocate_pending(
             cluster,
             drf,
             requests,
-            Some(&order[start..end]),
+            Some(&serve),
             input.grant,
             &eligible,
             context,
+            &mut hooks,
         );
         match grants.is_empty() {
             true => grants = served,
             false => grants.extend(served),
         }
     }
+    // The requests with copies left, highest priority (as they end the cycle) first and in
+    // request order within a priority (a stable sort), and the tiers as (priority, start,
+    // end) runs of that order.
+    let mut order: SmallVec<[usize; 8]> = (0..requests.len())
+        .filter(|&i| requests[i].request.count > 0)
+        .collect();
+    order.sort_by_key(|&i| Reverse(requests[i].priority));
+    let mut tiers: SmallVec<[(Priority, usize, usize); 4]> = SmallVec::new();
+    for (at, &i) in order.iter().enumerate() {
+        let priority = requests[i].priority;
+        match tiers.last_mut() {
+            Some(tier) if tier.0 == priority => tier.2 = at + 1,
+            _ => tiers.push((priority, at, at + 1)),
+        }
+    }
     // Every request served (the common case): nothing to preempt for or explain.
-    if order.iter().all(|&i| requests[i].request.count == 0) {
+    if order.is_empty() {
         return Outcome {
             grants,
             preemptions: Vec::new(),
@@ -344,6 +445,7 @@ mod tests {
             waiting,
             running: &|| running.clone(),
             devices: &no_devices,
+            quotas: None,
         };
         let mut context = PlacementContext::default();
         run_cycle(&mut s.cluster, &mut s.drf, requests, &input, &mut context)
@@ -512,6 +614,7 @@ mod tests {
             waiting: &|_| false,
             running: &|| panic!("no preemption needed"),
             devices: &no_devices,
+            quotas: None,
         };
         let out = run_cycle(
             &mut s.cluster,

@@ -66,7 +66,7 @@ use slab::Slab;
 pub use crate::resources::{ResourceError, Resources};
 pub use allocation::{allocate, allocate_in, Allocation, Grant, Request};
 pub use cycle::{
-    run_cycle, CycleInput, Outcome, Preemption, TieredRequest, Unserved, UnservedReason,
+    run_cycle, CycleInput, Outcome, Preemption, Quotas, TieredRequest, Unserved, UnservedReason,
 };
 pub use drf::DrfSorter;
 pub use feasible::{AgentFacts, Filter};

@@ -174,6 +174,29 @@ impl QuotaLedger {
     }
 }
 
+/// How many copies of `demand` still fit `user`'s remaining priority quota in `partition`
+/// (at most `copies`), so they run at the user's priority: 0 when the user has no priority
+/// there or the first copy is already over quota. Only the dimensions the quota names count.
+/// [`task_priority`]'s rule for a run of copies, without its words.
+pub fn copies_at_user_priority(
+    config: &PriorityConfig,
+    ledger: &QuotaLedger,
+    user: &str,
+    partition: &str,
+    demand: &Resources,
+    copies: u64,
+) -> u64 {
+    let Some(grant) = config.grant(user, partition) else {
+        return 0;
+    };
+    let used = ledger.used(user, partition);
+    demand
+        .iter()
+        .filter(|&(name, need)| need > 0 && grant.quota.milli(name) > 0)
+        .map(|(name, need)| grant.quota.milli(name).saturating_sub(used.milli(name)) / need)
+        .fold(copies, u64::min)
+}
+
 /// A task's priority and how it was decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskPriority {

@@ -339,3 +339,36 @@ fn an_offer_covers_only_the_gpu_copies_its_devices_hold() {
         (alice.id.as_str(), 1)
     );
 }
+
+/// Issue 44: a demand is served at the priority its copies run at when they are served. alice
+/// (p10, quota `cpus:4`) asks for three `cpus:2` copies, carol (p5) for one, on three agents
+/// that each hold one copy. alice's first two copies fill her quota at p10; her third would run
+/// at base, so carol's p5 copy comes first: alice is offered two agents, carol the third
+/// (before, alice's whole request was served at p10: she got all three, and carol's demand
+/// then preempted the task alice ran at base).
+#[test]
+fn copies_over_the_quota_are_served_after_a_lower_but_above_base_priority() {
+    let mut h = Harness::from_yaml(
+        "priorities:\n  users:\n    alice: { default: { priority: 10, quota: \"cpus:4\" } }\n    carol: { default: { priority: 5, quota: \"cpus:8\" } }\nmaster:\n  agent_timeout: 1h\n",
+    );
+    for id in ["a1", "a2", "a3"] {
+        h.agent(id, "cpus:2;mem:1024");
+    }
+    let alice = h.framework("alice");
+    let carol = h.framework("carol");
+    h.demand(&alice, "cpus:2;mem:64", 3);
+    h.demand(&carol, "cpus:2;mem:64", 1);
+    h.settle();
+    let offered = |offers: Vec<ringmaster_proto::Offer>| {
+        let mut agents: Vec<String> = offers.into_iter().map(|o| o.agent_id).collect();
+        agents.sort();
+        agents
+    };
+    let to_alice = offered(h.expect_offers(&alice));
+    let to_carol = offered(h.expect_offers(&carol));
+    assert_eq!(
+        (to_alice.len(), to_carol.len()),
+        (2, 1),
+        "{to_alice:?} {to_carol:?}"
+    );
+}
