@@ -163,7 +163,11 @@ impl MasterState {
         };
         let outcome = self.alloc.run(&mut requests, &self.config, &facts);
         // Whatever is still asked for after the run could not be placed in it.
-        self.unserved = outcome.unserved.iter().map(|u| u.framework).collect();
+        self.unserved = outcome
+            .unserved
+            .iter()
+            .map(|u| (u.framework, u.reason))
+            .collect();
         for p in outcome.preemptions {
             self.preempt(p.framework, p.priority, p.plan, now);
         }

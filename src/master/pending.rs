@@ -13,7 +13,7 @@ use super::allocator::disk;
 pub use super::ops::model::{Excluded, Health, PendingView};
 use super::state::{AgentRecord, FrameworkRecord, MasterState};
 use ringmaster_core::placement::feasible::{self, AgentFacts, Filter};
-use ringmaster_core::placement::{task_priority, AgentKey, WhyUnplaced};
+use ringmaster_core::placement::{task_priority, AgentKey, UnservedReason, WhyUnplaced};
 
 /// Where the cluster's resources are, beyond the free amounts placement keeps.
 pub(crate) struct Usage {
@@ -102,7 +102,7 @@ impl MasterState {
                 agent_feasible(agent, f, self.alloc.devices().fits(key, &f.demand), now)
             };
             let why = WhyUnplaced::explain_rules(self.alloc.cluster(), &f.demand, &rules);
-            let unserved_last_run = self.unserved.contains(&f.key);
+            let unserved_last_run = self.unserved.contains_key(&f.key);
             let backlogged = self.backlogged(f);
             if !unserved_last_run && !backlogged && why.fitting > 0 {
                 // Not tried yet (the next run is at most `allocation_interval` away).
@@ -148,7 +148,8 @@ impl MasterState {
     /// The priority side of "why pending", when priorities concern the framework (its user
     /// has a priority in its partition, or it waits for preempted tasks): e.g. `over priority
     /// quota in partition gpu: running gpus:6 of gpus:8, task needs gpus:4 → base priority;
-    /// base-priority demands never preempt`.
+    /// base-priority demands never preempt`. What follows the quota's verdict is the last
+    /// allocation cycle's own reason ([`UnservedReason`]), not words of its own.
     fn priority_why(&self, f: &FrameworkRecord, now: Instant) -> Option<String> {
         let held = self.agents.values().find(|a| {
             a.held_for
@@ -156,10 +157,7 @@ impl MasterState {
                 .is_some_and(|(id, until)| *id == f.id && *until > now)
         });
         if let Some(agent) = held {
-            return Some(format!(
-                "waiting for preempted tasks to end on agent {}",
-                agent.id
-            ));
+            return Some(format!("{} on agent {}", UnservedReason::Waiting, agent.id));
         }
         let config = &self.config.priorities;
         config.grant(&f.tenant.user, &f.tenant.partition)?;
@@ -170,12 +168,11 @@ impl MasterState {
             &f.tenant.partition,
             &f.demand,
         );
-        let tail = if p.priority > config.base() {
-            "no lower-priority victims on any agent"
-        } else {
-            "base-priority demands never preempt"
-        };
-        Some(format!("{}; {tail}", p.reason))
+        match self.unserved.get(&f.key) {
+            Some(reason) => Some(format!("{}; {reason}", p.reason)),
+            // Not tried by a cycle yet: the quota's verdict alone.
+            None => Some(p.reason),
+        }
     }
 
     pub(crate) fn health(&self, now: Instant) -> Health {

@@ -25,7 +25,9 @@ use super::registry::Registry;
 use super::server::limits::{OutboundSender, SendRefused};
 use super::task_table::TaskRefs;
 use crate::config::Config;
-use ringmaster_core::placement::{AgentKey, FrameworkKey, Priority, DEFAULT_PARTITION};
+use ringmaster_core::placement::{
+    AgentKey, FrameworkKey, Priority, UnservedReason, DEFAULT_PARTITION,
+};
 
 /// A task is named by its framework and its framework-chosen id. Both are short (a framework
 /// id is about 12 bytes) and kept inline: a key costs no allocation, and a task's key is held
@@ -326,8 +328,9 @@ pub struct MasterState {
     /// When set, an allocation run is due at this instant (events are batched).
     pub(crate) allocation_due: Option<Instant>,
     pub(crate) counters: Counters,
-    /// Frameworks the last allocation run left with demand it could not serve.
-    pub(crate) unserved: HashSet<FrameworkKey>,
+    /// Frameworks the last allocation run left with demand it could not serve, with the
+    /// cycle's own reason (shown by "why pending").
+    pub(crate) unserved: HashMap<FrameworkKey, UnservedReason>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) started: Instant,
     /// Unix milliseconds at `started`: status timestamps are `started_unix_ms` plus the
@@ -390,7 +393,7 @@ impl MasterState {
             next_update: 0,
             allocation_due: None,
             counters: Counters::default(),
-            unserved: HashSet::new(),
+            unserved: HashMap::new(),
             metrics,
             started: now,
             started_unix_ms: std::time::SystemTime::now()

@@ -372,3 +372,29 @@ fn copies_over_the_quota_are_served_after_a_lower_but_above_base_priority() {
         "{to_alice:?} {to_carol:?}"
     );
 }
+
+/// Issue 44: "why pending" ends with the last allocation cycle's own reason, not a second text
+/// the master derives: before a cycle has tried the demand there is none (it used to say "no
+/// lower-priority victims on any agent" already), after it the cycle's words.
+#[test]
+fn why_pending_gives_the_cycles_own_reason() {
+    let mut h = harness();
+    h.agent("a1", "cpus:4;mem:1024");
+    let alice = h.framework("alice");
+    h.demand(&alice, "cpus:3;mem:2048", 1);
+    let before = h.snapshot().pending[0].why.clone();
+    assert_eq!(
+        before,
+        "no agent fits cpus:3;mem:2048: 1 agent short of mem; within priority quota in partition default: running nothing of cpus:4, task needs cpus:3;mem:2048 → priority 10"
+    );
+    h.settle();
+    let after = h.snapshot().pending[0].why.clone();
+    assert_eq!(
+        after,
+        format!(
+            "{before}; {}",
+            ringmaster_core::placement::UnservedReason::NoVictims
+        )
+    );
+    assert!(after.ends_with("; no lower-priority victims on any agent"));
+}
