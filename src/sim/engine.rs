@@ -28,7 +28,7 @@ use std::str::FromStr;
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use ringmaster_proto::resources::{Resources, MILLI};
+use ringmaster_core::resources::{Resources, MILLI};
 
 use super::cache::{CacheRow, NodeType, ScoreCache, Scored};
 use super::gpu::{GpuPick, NodeAccountingError, NodeState, Shape, SIM_SELECTION};

@@ -16,7 +16,7 @@
 use std::fmt;
 use std::path::Path;
 
-use ringmaster_proto::resources::Resources;
+use ringmaster_core::resources::Resources;
 use serde::Deserialize;
 
 /// The most GPUs one node may have (a node's GPU choice is a 64-bit mask).
