@@ -16,6 +16,7 @@ use ringmaster_proto::{
 use tokio::time::Instant;
 
 use super::events::ConnId;
+use super::pending::agent_feasible;
 use super::state::MasterState;
 use ringmaster_core::placement::matching::{match_batch, AgentProfile, BatchTask, MatchAgent};
 
@@ -42,13 +43,17 @@ impl MasterState {
             }
         };
 
-        // Agents the batch may use: connected, admitted, not under an offer. Sorted by id so the
-        // result does not depend on hash order.
+        // Agents the batch may use: admitted, not under an offer, and feasible for the
+        // framework by the same rules as the allocation cycle (connected, its partition, not
+        // held for another framework, not declined by it; `feasible::check`). Sorted by id so
+        // the result does not depend on hash order.
         let busy: HashSet<&str> = self.offers.values().map(|o| o.agent.as_str()).collect();
+        let framework = &self.frameworks[framework_id];
         let mut usable: Vec<(&str, usize)> = self
             .agents
             .values()
-            .filter(|a| a.conn.is_some() && !a.lost && !busy.contains(a.id.as_str()))
+            .filter(|a| !a.lost && !busy.contains(a.id.as_str()))
+            .filter(|a| agent_feasible(Some(a), framework, true, now).is_ok())
             .filter_map(|a| a.key.map(|k| (a.id.as_str(), k)))
             .collect();
         usable.sort_unstable();

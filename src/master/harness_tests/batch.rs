@@ -9,6 +9,7 @@ use ringmaster_proto::{
 use tokio::time::Duration;
 
 use super::super::harness::{error, register, res, task, Fw, Harness, Out};
+use ringmaster_proto::RegisterAgent;
 
 fn batch_task(id: &str, resources: &str, deadline_secs: f64, work: f64) -> BatchTask {
     BatchTask {
@@ -288,4 +289,44 @@ fn an_unanswered_batch_offer_times_out_like_any_offer() {
         }))]
     );
     assert_eq!(h.snapshot().free, "cpus:4;mem:1024");
+}
+
+/// Issue 44: a batch goes through the same feasibility rules as the allocation cycle
+/// (`feasible::check`): an agent of another partition, one held for another framework after a
+/// preemption, and one the framework declined are not used; the one left is.
+#[test]
+fn a_batch_keeps_the_partition_hold_and_decline_rules() {
+    let mut h = Harness::new();
+    h.agent_with(RegisterAgent {
+        attributes: vec![Attribute {
+            key: "partition".into(),
+            value: "gpu".into(),
+        }],
+        ..register("gpu1", "cpus:4;mem:1024")
+    });
+    h.agent("held", "cpus:4;mem:1024");
+    h.agent("declined", "cpus:4;mem:1024");
+    h.agent("ok", "cpus:4;mem:1024");
+    let fw = h.framework("burst");
+    let other = h.framework("other");
+    let until = h.now() + Duration::from_secs(60);
+    h.state.agents.get_mut("held").unwrap().held_for = Some((other.id.clone(), until));
+    h.state
+        .frameworks
+        .get_mut(&fw.id)
+        .unwrap()
+        .filters
+        .insert("declined".into(), until);
+    submit(
+        &mut h,
+        &fw,
+        "b1",
+        vec![batch_task("x1", "cpus:1;mem:128", 10.0, 1.0)],
+    );
+    let sent = h.sent(fw.conn);
+    let Out::Msg(Message::Offers(Offers { offers })) = &sent[0] else {
+        panic!("{sent:?}");
+    };
+    let agents: Vec<&str> = offers.iter().map(|o| o.agent_id.as_str()).collect();
+    assert_eq!(agents, ["ok"]);
 }
