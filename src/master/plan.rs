@@ -1,7 +1,8 @@
 //! `ringmaster job plan`: where a job's instances would go now, or why they cannot be placed,
 //! with nothing launched. The master's own placer runs on a copy of its cluster, one instance
 //! after another (each takes its resources on the copy), with the allocation step's agent
-//! rules (connected, in the job's partition, devices that fit) and the jobs framework's
+//! rules (`feasible::check`, as the cycle and batches ask it: connected, in the job's
+//! partition, not held for a preempting framework, devices that fit) and the jobs framework's
 //! placement rules (the job's attribute constraints, `distinct_hosts`: the same matching as
 //! the jobs framework's, `crate::jobs::constraints`); the first instance that fits nowhere
 //! is explained like a pending demand ("why pending"), or by the constraints that no agent
@@ -9,9 +10,11 @@
 
 use std::collections::HashSet;
 
+use ringmaster_core::placement::feasible;
 use ringmaster_core::placement::{AgentKey, Filter, WhyUnplaced};
 use ringmaster_proto::resources::Resources;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use super::state::MasterState;
 use crate::jobs::constraints::{AgentFacts, Constraint, Matcher};
@@ -45,21 +48,34 @@ impl Default for Placement {
 
 impl MasterState {
     /// Places `count` instances of `demand` on a copy of the cluster (see the module docs).
-    pub(crate) fn plan(&self, demand: &Resources, count: u32, placement: &Placement) -> Plan {
+    pub(crate) fn plan(
+        &self,
+        demand: &Resources,
+        count: u32,
+        placement: &Placement,
+        now: Instant,
+    ) -> Plan {
         let mut cluster = self.alloc.cluster().clone();
         let matcher = Matcher::new(&placement.constraints);
-        // The agents the allocation step would offer the partition's framework.
+        // The agents the allocation step would offer the partition's framework: the cycle's
+        // own rules (`feasible::check`), devices first asked of the cluster's books. A live hold
+        // keeps an agent for a preempting framework, which the plan's instances are not.
         let in_partition = |key: AgentKey| -> Result<&super::state::AgentRecord, Filter> {
             let agent = self.alloc.agent_id(key).and_then(|id| self.agents.get(id));
             let Some(agent) = agent else {
                 return Err(Filter::Disconnected);
             };
-            if agent.conn.is_none() {
-                return Err(Filter::Disconnected);
-            }
-            if agent.partition() != placement.partition {
-                return Err(Filter::Partition);
-            }
+            let facts = feasible::AgentFacts {
+                connected: agent.conn.is_some(),
+                partition: agent.partition(),
+                held_for_other: agent
+                    .held_for
+                    .as_ref()
+                    .is_some_and(|(_, until)| *until > now),
+                declined: false,
+                devices_fit: self.alloc.devices().fits(key, demand),
+            };
+            feasible::check(&facts, &placement.partition)?;
             Ok(agent)
         };
         let facts = |agent: &super::state::AgentRecord| {
@@ -73,9 +89,6 @@ impl MasterState {
         for done in 0..count {
             let rules = |key: AgentKey| -> Result<(), Filter> {
                 let agent = in_partition(key)?;
-                if !self.alloc.devices().fits(key, demand) {
-                    return Err(Filter::Devices);
-                }
                 // Not a master rule: counted as not eligible.
                 if !facts(agent) || taken.contains(&key) {
                     return Err(Filter::Held);

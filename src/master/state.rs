@@ -599,7 +599,7 @@ impl MasterState {
                 placement,
                 reply,
             } => {
-                let _ = reply.send(self.plan(&demand, count, &placement));
+                let _ = reply.send(self.plan(&demand, count, &placement, now));
             }
             Event::ReadFile { request, reply } => self.read_file(request, reply, now),
             Event::Health(reply) => {

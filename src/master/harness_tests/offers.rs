@@ -404,7 +404,7 @@ fn a_plan_places_instances_on_a_copy_of_the_cluster_and_explains_the_rest() {
     h.agent("a1", "cpus:4;mem:1024");
     h.agent("a2", "cpus:2;mem:1024");
     let demand: ringmaster_proto::resources::Resources = "cpus:2;mem:100".parse().unwrap();
-    let plan = h.state.plan(&demand, 4, &Default::default());
+    let plan = h.state.plan(&demand, 4, &Default::default(), h.now());
     let mut placed = plan.placed.clone();
     placed.sort();
     assert_eq!(placed, ["a1", "a1", "a2"], "{plan:?}");
@@ -412,8 +412,28 @@ fn a_plan_places_instances_on_a_copy_of_the_cluster_and_explains_the_rest() {
     assert!(plan.why.as_deref().unwrap().contains("cpus"), "{plan:?}");
     // Nothing was taken for real.
     assert_eq!(h.snapshot().free, "cpus:6;mem:2048");
-    let plan = h.state.plan(&demand, 2, &Default::default());
+    let plan = h.state.plan(&demand, 2, &Default::default(), h.now());
     assert_eq!((plan.placed.len(), plan.unplaced, plan.why), (2, 0, None));
+}
+
+/// Issue 44: `job plan` asks the cycle's rules (`feasible::check`): an agent held for a
+/// preempting framework is not planned on, as the cycle would not offer it (before, the plan
+/// wrote its own rules and missed holds).
+#[test]
+fn a_plan_keeps_the_cycles_rules_and_skips_a_held_agent() {
+    let mut h = Harness::new();
+    h.agent("a1", "cpus:4;mem:1024");
+    h.agent("a2", "cpus:4;mem:1024");
+    let until = h.now() + Duration::from_secs(60);
+    h.state.agents.get_mut("a1").unwrap().held_for = Some(("preemptor".into(), until));
+    let demand: ringmaster_proto::resources::Resources = "cpus:2;mem:100".parse().unwrap();
+    let plan = h.state.plan(&demand, 3, &Default::default(), h.now());
+    assert_eq!(plan.placed, ["a2", "a2"], "{plan:?}");
+    assert_eq!(plan.unplaced, 1);
+    // Once the hold has run out, a1 is planned on again.
+    let later = until + Duration::from_secs(1);
+    let plan = h.state.plan(&demand, 3, &Default::default(), later);
+    assert_eq!(plan.unplaced, 0, "{plan:?}");
 }
 
 /// An agent with attributes `key:value;...` (hostname = id).
@@ -469,7 +489,7 @@ fn a_plan_honors_constraints_distinct_hosts_and_the_partition_and_says_why_not()
         "default",
         "constraints:\n  - {attribute: rack, value: r1}\n",
     );
-    let plan = h.state.plan(&demand, 5, &rack);
+    let plan = h.state.plan(&demand, 5, &rack, h.now());
     assert_eq!(sorted(&plan), ["a1", "a1", "a3", "a3"], "{plan:?}");
     assert_eq!(plan.unplaced, 1);
     assert!(plan.why.as_deref().unwrap().contains("cpus"), "{plan:?}");
@@ -485,7 +505,7 @@ fn a_plan_honors_constraints_distinct_hosts_and_the_partition_and_says_why_not()
     ];
     for (constraint, agents) in cases {
         let p = placement("default", &format!("constraints:\n  - {constraint}\n"));
-        let plan = h.state.plan(&demand, 1, &p);
+        let plan = h.state.plan(&demand, 1, &p, h.now());
         assert_eq!(plan.unplaced, 0, "{constraint}: {plan:?}");
         assert!(
             agents.contains(&plan.placed[0].as_str()),
@@ -498,14 +518,14 @@ fn a_plan_honors_constraints_distinct_hosts_and_the_partition_and_says_why_not()
         "default",
         "constraints:\n  - {attribute: rack, value: r9}\n",
     );
-    let plan = h.state.plan(&demand, 2, &r9);
+    let plan = h.state.plan(&demand, 2, &r9, h.now());
     assert_eq!((plan.placed.len(), plan.unplaced), (0, 2));
     assert_eq!(plan.why.as_deref(), Some("no agent satisfies rack = r9"));
     let both = placement(
         "default",
         "constraints:\n  - {attribute: rack, value: r2}\n  - {attribute: ssd, operator: is_set}\n",
     );
-    let plan = h.state.plan(&demand, 1, &both);
+    let plan = h.state.plan(&demand, 1, &both, h.now());
     assert_eq!(
         plan.why.as_deref(),
         Some("no agent satisfies all of: rack = r2, ssd is_set")
@@ -516,7 +536,7 @@ fn a_plan_honors_constraints_distinct_hosts_and_the_partition_and_says_why_not()
         "default",
         "constraints:\n  - {attribute: rack, value: r1}\n  - {operator: distinct_hosts}\n",
     );
-    let plan = h.state.plan(&demand, 3, &distinct);
+    let plan = h.state.plan(&demand, 3, &distinct, h.now());
     assert_eq!(sorted(&plan), ["a1", "a3"], "{plan:?}");
     assert_eq!(plan.unplaced, 1);
     assert!(
@@ -525,12 +545,13 @@ fn a_plan_honors_constraints_distinct_hosts_and_the_partition_and_says_why_not()
     );
 
     // Partition gpu: only g1; a constraint it fails is named.
-    let plan = h.state.plan(&demand, 2, &placement("gpu", ""));
+    let plan = h.state.plan(&demand, 2, &placement("gpu", ""), h.now());
     assert_eq!(sorted(&plan), ["g1", "g1"], "{plan:?}");
     let plan = h.state.plan(
         &demand,
         1,
         &placement("gpu", "constraints:\n  - {attribute: rack, value: r2}\n"),
+        h.now(),
     );
     assert_eq!(plan.why.as_deref(), Some("no agent satisfies rack = r2"));
     // Nothing was taken for real.
