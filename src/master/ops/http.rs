@@ -5,7 +5,8 @@
 //! Handlers are clients of the actor like connection tasks are: each request sends one
 //! [`Event`] and awaits the answer on a oneshot channel, so the state has one owner and a
 //! request always sees a consistent picture. A master too busy to answer within
-//! [`ACTOR_TIMEOUT`] gets a 503, never a hung request.
+//! `ACTOR_TIMEOUT` gets a 503, never a hung request. What the handlers share
+//! (`HttpState`) is in `shared`, so `logs` needs nothing of this module.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -22,28 +23,16 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
+use super::shared::{HttpState, ACTOR_TIMEOUT};
 use crate::jobs::runner::{ChangeError, JobsHandle};
 use crate::jobs::spec::JobSpec;
 use crate::master::events::Event;
-
-/// How long a request waits for the actor's answer.
-pub const ACTOR_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The dashboard: one self-contained page (inline CSS and JS, no external resources).
 const DASHBOARD: &str = include_str!("dashboard.html");
 
 /// Content type of the OpenMetrics text format written by `prometheus-client`.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-#[derive(Clone)]
-pub(super) struct HttpState {
-    pub(super) events: mpsc::Sender<Event>,
-    metrics: Arc<Metrics>,
-    pub(super) jobs: Arc<OnceLock<JobsHandle>>,
-    /// This master's replication group, in cluster mode: a follower sends API clients to the
-    /// leader.
-    cluster: Option<crate::master::cluster::ClusterNode>,
-}
 
 /// The HTTP server's connections: its own port's, and those the protocol port handed over
 /// (connections there that opened with an HTTP request).

@@ -20,7 +20,7 @@ use ringmaster_proto::FileKind;
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use super::http::{HttpState, ACTOR_TIMEOUT};
+use super::shared::{HttpState, ACTOR_TIMEOUT};
 use crate::jobs::runner::LogsLookup;
 use crate::master::events::Event;
 use crate::master::files::{FileReadError, FileRequest, FileWindow, READ_TIMEOUT};

@@ -14,4 +14,5 @@ pub mod http;
 mod logs;
 pub mod metrics;
 pub mod model;
+mod shared;
 pub(crate) mod views;
