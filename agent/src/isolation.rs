@@ -494,15 +494,7 @@ impl Isolation {
         let Some(root) = &self.root else {
             return Vec::new();
         };
-        let mut dirs: Vec<PathBuf> = root
-            .load(&root.agent_path)
-            .subsystems()
-            .iter()
-            .map(|s| s.to_controller().path().to_path_buf())
-            .collect();
-        dirs.sort();
-        dirs.dedup();
-        dirs
+        controller_dirs(&root.load(&root.agent_path))
     }
 
     /// The limits of the agent's cgroup (what the agent offers, `--max-task-pids`); `None`
@@ -835,13 +827,7 @@ pub struct TaskCgroup {
 
 impl TaskCgroup {
     fn new(cgroup: Cgroup, path: String, limits: Option<TaskLimits>) -> Result<Self, String> {
-        let mut dirs: Vec<PathBuf> = cgroup
-            .subsystems()
-            .iter()
-            .map(|s| s.to_controller().path().to_path_buf())
-            .collect();
-        dirs.sort();
-        dirs.dedup();
+        let dirs = controller_dirs(&cgroup);
         let procs_files = dirs
             .iter()
             .map(|dir| {
@@ -1062,6 +1048,19 @@ fn allow(devices: &DevicesController, rule: &DeviceRule) -> cgroups_rs::fs::erro
         .filter_map(DevicePermissions::from_char)
         .collect();
     devices.allow_device(kind, number(rule.major), number(rule.minor), &access)
+}
+
+/// A cgroup's directory in each hierarchy it is in (one on v2), sorted, without repeats
+/// (v1 mounts `cpu,cpuacct` as one).
+fn controller_dirs(cgroup: &Cgroup) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = cgroup
+        .subsystems()
+        .iter()
+        .map(|s| s.to_controller().path().to_path_buf())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
 }
 
 /// Sets a cgroup's memory limit (no swap past it: memory+swap at the limit on v1, where swap

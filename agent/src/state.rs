@@ -1078,17 +1078,11 @@ impl AgentState {
             timestamp_ms: 0,
             ..record.status.clone()
         };
-        // The limit it was held to: its own mem, or the agent's default.
-        let mem_limit = isolation::limited_resources(
-            &record.resources,
-            self.config.safeguards.default_task_resources.as_ref(),
-        )
-        .unwrap_or_else(|_| record.resources.clone())
-        .milli("mem");
         let how = match &outcome {
+            // The limit it was held to: its own mem, or the agent's default.
             ExitOutcome::MemoryLimit(_) => format!(
                 "memory limit {} MiB exceeded ({})",
-                format_milli(mem_limit),
+                format_milli(held_to(&record.resources, &self.config).milli("mem")),
                 describe(&outcome)
             ),
             _ => describe(&outcome),
@@ -1382,11 +1376,7 @@ impl AgentState {
             recovered += 1;
             // Its cgroup, when it has one: kill and end-of-task go through it again (with the
             // limits it was created with, for `memory_limit`).
-            let limited = isolation::limited_resources(
-                &record.resources,
-                self.config.safeguards.default_task_resources.as_ref(),
-            )
-            .unwrap_or_else(|_| record.resources.clone());
+            let limited = held_to(&record.resources, &self.config);
             let cgroup = self
                 .isolation
                 .existing_task_cgroup(&key.framework_id, &key.task_id, &limited)
@@ -1508,6 +1498,14 @@ pub fn save_leader_term(work_dir: &std::path::Path, term: u64) -> std::io::Resul
 }
 
 /// "exited with status 1", "killed by SIGKILL (9)": how a process ended, for messages.
+/// What a task with `resources` is held to: its own `cpus` and `mem`, the agent's defaults
+/// for what it omits ([`isolation::limited_resources`]); its own resources when the agent has
+/// no defaults (a task recorded before they were turned off).
+fn held_to(resources: &Resources, config: &AgentConfig) -> Resources {
+    isolation::limited_resources(resources, config.safeguards.default_task_resources.as_ref())
+        .unwrap_or_else(|_| resources.clone())
+}
+
 /// Bytes for people: `512 KiB`, `3.2 MiB`, `1.5 GiB`.
 fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -110,13 +110,13 @@ async fn above_the_watermark_ended_sandboxes_go_at_once_oldest_first() {
     let (mut state, mut exits) = AgentState::new(config, "a1".into());
     state.set_disk_probe(probe);
     AVAILABLE.with(|a| a.set(512 << 20));
-    for id in ["old", "new"] {
+    // Acknowledged one after the other: "a-old" first, and first too when both are
+    // acknowledged within the same millisecond (entries then go by path).
+    for id in ["a-old", "b-new"] {
         let seen = run_to_end(&mut state, &mut exits, task(id, "echo x")).await;
         for s in &seen {
             state.acknowledged(&s.update_id);
         }
-        // Distinct acknowledgement times.
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(state.sandboxes_waiting(), 2);
     // Within the delay and below the watermark: nothing goes.
@@ -129,11 +129,11 @@ async fn above_the_watermark_ended_sandboxes_go_at_once_oldest_first() {
     assert_eq!(due.len(), 1);
     assert_eq!(
         due[0].run_dir.parent().unwrap(),
-        ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "old")
+        ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "a-old")
     );
     ringmaster_agent::gc::remove(&due[0]).unwrap();
-    assert!(!ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "old").exists());
-    assert!(ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "new").exists());
+    assert!(!ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "a-old").exists());
+    assert!(ringmaster_agent::sandbox::sandbox_dir(dir.path(), "fw", "b-new").exists());
     // After the delay, the rest goes whatever the disk.
     AVAILABLE.with(|a| a.set(512 << 20));
     let later = ringmaster_agent::updates::unix_ms() + 3_600_000;

@@ -399,7 +399,8 @@ impl Allocator {
             waiting: &waiting,
             running: facts.running,
             devices: &device_check,
-            quotas: Some(Quotas {
+            // Without any user priority every copy runs at base: nothing to count.
+            quotas: config.priorities.has_grants().then_some(Quotas {
                 config: &config.priorities,
                 ledger: &self.ledger,
                 owners: facts.owners,

@@ -144,8 +144,11 @@ impl MasterState {
                 .collect()
         };
         let binding = |key: &TaskKey| tasks.get(key).map(|t| &t.devices);
+        // Whose quota each request's copies count against (none without priorities).
+        let with_quotas = self.config.priorities.has_grants();
         let owners: Vec<(String, String)> = requests
             .iter()
+            .filter(|_| with_quotas)
             .map(|r| {
                 self.alloc
                     .framework_id(r.request.framework)

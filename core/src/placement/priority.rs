@@ -128,6 +128,11 @@ impl PriorityConfig {
     }
 
     /// The user's priority and quota in the partition, if the operator gave any.
+    /// True when some user has a priority somewhere (else every task runs at base).
+    pub fn has_grants(&self) -> bool {
+        self.users.values().any(|grants| !grants.is_empty())
+    }
+
     pub fn grant(&self, user: &str, partition: &str) -> Option<&UserGrant> {
         self.users.get(user)?.get(partition)
     }
