@@ -78,7 +78,11 @@ tasks:
         let written = std::fs::read_to_string(run.join("out"));
         found |= written.is_ok_and(|w| w.trim() == "urgent");
     }
-    assert!(found, "urgent's sandbox on fast holds its output");
+    assert!(
+        found,
+        "urgent's sandbox on fast holds its output; fast's work dir:\n{}",
+        tree(&dir.path().join("fast"))
+    );
 
     // A bad batch file is a usage error naming the field.
     std::fs::write(
@@ -88,4 +92,29 @@ tasks:
     .unwrap();
     let (code, _) = exec(&addr, &["--name", "bad", "--batch", &batch_arg]);
     assert_eq!(code, 2);
+}
+
+/// Every path under `root` with its size (files) or `/` (directories), for a failure message.
+fn tree(root: &std::path::Path) -> String {
+    let mut out = String::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let shown = path
+            .strip_prefix(root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        if meta.is_dir() {
+            out.push_str(&format!("{shown}/\n"));
+            if let Ok(entries) = std::fs::read_dir(&path) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else {
+            out.push_str(&format!("{shown} {}\n", meta.len()));
+        }
+    }
+    out
 }

@@ -39,16 +39,23 @@ pub struct Collector {
 pub struct DiskSpace {
     /// Bytes an unprivileged writer may still use.
     pub available: u64,
+    /// Bytes free, the blocks reserved for root included.
+    pub free: u64,
     pub total: u64,
 }
 
 impl DiskSpace {
-    /// The fraction in use, 0 to 1.
+    /// The fraction in use, 0 to 1, as `df` shows it: what is used over what is used plus
+    /// what an unprivileged writer may still use. Blocks reserved for root count on neither
+    /// side (a file system that reserves much, 60% on some machines, is not "full" because
+    /// of it).
     pub fn used(&self) -> f64 {
-        if self.total == 0 {
+        let used = self.total.saturating_sub(self.free);
+        let usable = used.saturating_add(self.available);
+        if usable == 0 {
             return 0.0;
         }
-        1.0 - (self.available as f64 / self.total as f64).min(1.0)
+        (used as f64 / usable as f64).min(1.0)
     }
 }
 
@@ -145,6 +152,7 @@ pub fn disk_space(path: &Path) -> Option<DiskSpace> {
     let unit = stat.f_frsize as u64;
     Some(DiskSpace {
         available: (stat.f_bavail as u64).saturating_mul(unit),
+        free: (stat.f_bfree as u64).saturating_mul(unit),
         total: (stat.f_blocks as u64).saturating_mul(unit),
     })
 }
@@ -274,6 +282,36 @@ mod tests {
             found,
             vec![s.join("fw/old"), s.join("fw/t/2"), s.join("fw/u%legacy-5")]
         );
+    }
+
+    /// Before, the fraction was 1 − available/total: on a file system with many reserved
+    /// blocks (this one: 252 GB, 72 GB used, 20 GB available to users) it read 0.92, above
+    /// the 0.9 watermark, and every ended sandbox was collected at once.
+    #[test]
+    fn reserved_blocks_do_not_count_as_used() {
+        let gb = 1u64 << 30;
+        let space = DiskSpace {
+            available: 20 * gb,
+            free: 180 * gb,
+            total: 252 * gb,
+        };
+        assert!(
+            (space.used() - 72.0 / 92.0).abs() < 1e-9,
+            "{}",
+            space.used()
+        );
+        let full = DiskSpace {
+            available: 0,
+            free: 5 * gb,
+            total: 100 * gb,
+        };
+        assert_eq!(full.used(), 1.0);
+        let empty = DiskSpace {
+            available: 0,
+            free: 0,
+            total: 0,
+        };
+        assert_eq!(empty.used(), 0.0);
     }
 
     #[test]

@@ -22,6 +22,7 @@ thread_local! {
 fn probe(_: &Path) -> Option<DiskSpace> {
     Some(DiskSpace {
         available: AVAILABLE.with(Cell::get),
+        free: AVAILABLE.with(Cell::get),
         total: 1 << 30,
     })
 }
