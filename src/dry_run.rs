@@ -47,10 +47,10 @@ use crate::config::{
 };
 use ringmaster_core::placement::feasible::{self, AgentFacts};
 use ringmaster_core::placement::{
-    no_devices, run_cycle, task_priority, AgentKey, Allocation, BalanceSettings, Cluster,
-    CycleInput, DrfSorter, Filter, FrameworkKey, Grant, PlacementContext, PlacerKind, Priority,
-    PriorityConfig, QuotaLedger, Quotas, Request, Resources, RingsConfig, RunningTask,
-    TieredRequest, Unserved, WhyUnplaced, DEFAULT_PARTITION,
+    apply_outcome, no_devices, run_cycle, task_priority, AgentKey, Allocation, BalanceSettings,
+    Cluster, CycleInput, DrfSorter, Filter, FrameworkKey, Grant, Holds, PlacementContext,
+    PlacerKind, Priority, PriorityConfig, QuotaLedger, Quotas, Request, Resources, RingsConfig,
+    RunningTask, TieredRequest, Unserved, WhyUnplaced, DEFAULT_PARTITION,
 };
 
 #[derive(Debug, Deserialize)]
@@ -140,6 +140,32 @@ pub struct PriorityScenario {
     /// (user, partition) of each framework, in `frameworks` order.
     pub framework_users: Vec<(String, String)>,
     pub running: Vec<ScenarioTask>,
+    /// The master's `allocation_interval` and `offer_timeout` (how long a preemption keeps its
+    /// agent): the dry-run's cycles are this far apart and its holds end by the master's rule.
+    pub timing: Timing,
+}
+
+/// The master's timers the dry-run replays, in milliseconds of a logical clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    pub allocation_interval_ms: u64,
+    pub offer_timeout_ms: u64,
+}
+
+impl Timing {
+    pub fn of(master: &crate::config::MasterConfig) -> Self {
+        let ms = |d: std::time::Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
+        Timing {
+            allocation_interval_ms: ms(master.allocation_interval).max(1),
+            offer_timeout_ms: ms(master.offer_timeout),
+        }
+    }
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing::of(&crate::config::MasterConfig::default())
+    }
 }
 
 /// A task already running when the scenario starts.
@@ -353,6 +379,7 @@ impl Scenario {
                 agent_partitions,
                 framework_users,
                 running,
+                timing: Timing::default(),
             })
         } else {
             None
@@ -648,8 +675,11 @@ struct LiveTask {
 /// tiers the requests by the priority their next task would get (from the quota ledger as it
 /// stands), serves tiers in DRF order, then lets unserved demands above base preempt. Victims
 /// end at once (their resources, quota and DRF share return) and their agent is held for the
-/// preemptor, which the next cycle places there. Placed copies launch between cycles, in grant
-/// order, at the priority the ledger gives them then (as the master does on Accept).
+/// preemptor ([`apply_outcome`], as the master does), which the next cycle places there.
+/// Placed copies launch between cycles, in grant order, at the priority the ledger gives them
+/// then (as the master does on Accept). Cycles are `allocation_interval` apart on a logical
+/// clock; a hold ends at its deadline ([`Holds::expire`], the master's rule), and when a cycle
+/// changes nothing the clock jumps to the next deadline.
 fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: PlacerKind) -> DryRun {
     let config = &p.config;
     let mut cluster = Cluster::new(scenario.rings.clone(), placer);
@@ -708,11 +738,13 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
     let mut placed_count = vec![0usize; scenario.frameworks.len()];
     let mut events = Vec::new();
     let mut placed = Vec::new();
-    // Agents kept for a preempting framework until it is placed there.
-    let mut holds: HashMap<usize, usize> = HashMap::new();
+    // Agents kept for a preempting framework until it is placed there or the hold runs out.
+    let mut holds: Holds<u64> = Holds::new();
+    let timing = p.timing;
+    let mut now: u64 = 0;
     let mut context = PlacementContext::new(scenario.balance.clone());
-    let facts = |holds: &HashMap<usize, usize>, fw: usize, key: usize| {
-        let held = holds.get(&key).is_some_and(|h| *h != fw);
+    let facts = |holds: &Holds<u64>, now: u64, fw: usize, key: usize| {
+        let held = holds.held_for_other(key, fw, now);
         let agent = AgentFacts {
             partition: &p.agent_partitions[agent_index(key)],
             held_for_other: held,
@@ -722,6 +754,7 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
     };
     let mut last: Vec<Unserved>;
     loop {
+        holds.expire(now);
         let mut requests: Vec<TieredRequest> = scenario
             .requests
             .iter()
@@ -748,8 +781,8 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
         let input = CycleInput {
             base: config.base(),
             grant: Grant::Demand,
-            feasible: &|fw, key| facts(&held, fw, key),
-            waiting: &|fw| held.values().any(|h| *h == fw),
+            feasible: &|fw, key| facts(&held, now, fw, key),
+            waiting: &|fw| held.waiting(fw, now).is_some(),
             running: &|| tasks.clone(),
             devices: &no_devices,
             quotas: Some(Quotas {
@@ -760,6 +793,7 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
         };
         let outcome = run_cycle(&mut cluster, &mut drf, &mut requests, &input, &mut context);
         let progress = !outcome.grants.is_empty() || !outcome.preemptions.is_empty();
+        apply_outcome(&outcome, &mut holds, now + timing.offer_timeout_ms);
         // The master kills victims before it sends the cycle's offers.
         for preemption in &outcome.preemptions {
             let mut victims = Vec::new();
@@ -783,7 +817,6 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
                     resources: task.resources.to_string(),
                 });
             }
-            holds.insert(preemption.plan.agent, preemption.framework);
             events.push(Event::Preempted(Preempted {
                 preempted: victims,
                 by: scenario.frameworks[preemption.framework].0.clone(),
@@ -797,9 +830,6 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
             let launched = task_priority(config, &ledger, user, partition, &grant.resources);
             if launched.at_user_priority {
                 ledger.start(user, partition, &grant.resources);
-            }
-            if holds.get(&grant.agent) == Some(&fw) {
-                holds.remove(&grant.agent);
             }
             left[grant.request] -= 1;
             placed_count[fw] += 1;
@@ -830,12 +860,13 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
             events.push(Event::Placed(line));
         }
         last = outcome.unserved;
+        now += timing.allocation_interval_ms;
         if !progress {
-            if holds.is_empty() {
-                break;
+            // Nothing changes until a hold runs out (at its deadline, as the master's do).
+            match holds.next_expiry() {
+                Some(deadline) => now = now.max(deadline),
+                None => break,
             }
-            // A hold its framework did not use runs out, as the master's does.
-            holds.clear();
         }
     }
     let unplaced = last
@@ -843,7 +874,7 @@ fn run_with_priorities(scenario: &Scenario, p: &PriorityScenario, placer: Placer
         .map(|u| {
             let (fw, demand, _) = &scenario.requests[u.request];
             let (user, partition) = &p.framework_users[*fw];
-            let rules = |key: usize| facts(&holds, *fw, key);
+            let rules = |key: usize| facts(&holds, now, *fw, key);
             let fit = WhyUnplaced::explain_rules(&cluster, demand, &rules).to_string();
             let prio = task_priority(config, &ledger, user, partition, demand);
             Unplaced {
@@ -885,7 +916,11 @@ pub fn place(
         Some(path) => crate::config::Config::load(path)?,
         None => crate::config::Config::default(),
     };
-    let scenario = Scenario::load_with(scenario, config.rings, config.balance, &config.priorities)?;
+    let mut scenario =
+        Scenario::load_with(scenario, config.rings, config.balance, &config.priorities)?;
+    if let Some(p) = scenario.priorities.as_mut() {
+        p.timing = Timing::of(&config.master);
+    }
     let outcome = run(&scenario, placer.unwrap_or(config.placer));
     let mut lines = outcome.json_lines();
     if let Some((batch, profiles)) = &scenario.batch {

@@ -1,7 +1,8 @@
-//! Command-line flags and the validated configuration the agent runs with.
+//! The validated configuration the agent runs with, made from its flags.
 //!
-//! Everything a user can type is checked here, once, with errors that name the flag and the
-//! offending part, so the rest of the agent only ever sees valid values.
+//! Everything a user can type is checked here, once (each value by [`crate::flag_checks`]),
+//! with errors that name the flag and the offending part, so the rest of the agent only ever
+//! sees valid values.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -9,153 +10,29 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use ringmaster_proto::devices::{parse_agent_resources, Device, DeviceSelection, DeviceState};
-use ringmaster_proto::resources::{check_known_names, Resources, STANDARD_NAMES};
+use ringmaster_proto::resources::Resources;
 use ringmaster_proto::transport::ClientSecurity;
 
+use crate::args::AgentArgs;
 use crate::detect::{detect_gpus, detect_hostname, detect_resources};
-use crate::isolation::{
+use crate::flag_checks::{
+    check_agent_id, check_custom_resources, check_default_task_resources, check_disk_watermark,
+    check_kill_grace, check_max_task_pids, check_pids_per_task, check_pipe_dir,
+    check_resource_names, check_sandbox_gc_delay, parse_attributes, zero_dimensions,
+};
+use crate::isolation_config::{
     default_max_task_pids, IsolationConfig, IsolationMode, DEFAULT_PIDS_PER_TASK,
-    MAX_TASK_PIDS_RANGE, PIDS_PER_TASK_RANGE,
 };
 use crate::mps::GpuSharing;
+use crate::usage::{check_usage_interval, DEFAULT_USAGE_INTERVAL};
 use crate::users::default_task_user;
 
 /// Grace between SIGTERM and SIGKILL when a task is killed.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
-/// The values `--kill-grace` accepts.
-pub const KILL_GRACE_RANGE: std::ops::RangeInclusive<Duration> =
-    Duration::from_millis(100)..=Duration::from_secs(24 * 3600);
 /// Longest wait between two attempts to reach the master.
 pub const DEFAULT_RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The last component of the default work dir (see [`default_work_dir`]).
 pub const WORK_DIR_NAME: &str = "ringmaster-agent";
-
-/// The agent's command-line flags. Every flag but `--config` is also a key of the config file
-/// (snake_case, [`crate::config_file`]); a flag given on the command line wins over the file.
-/// Flags with a default are `Option`s here so that "not given" can be told from "given as the
-/// default"; the defaults are applied after the file is merged.
-#[derive(Debug, Clone, Default, clap::Parser)]
-#[command(
-    name = "ringmaster-agent",
-    version,
-    about = "Ringmaster agent: registers this machine with the master and runs its tasks"
-)]
-pub struct AgentArgs {
-    /// Read settings from this YAML file (keys as the flags, snake_case: `kill_grace: 5s`);
-    /// flags given here override it. Unknown keys and bad values stop the agent with
-    /// `FILE:LINE: KEY: MESSAGE`. See docs/operations.md.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Address of the master, `HOST:PORT`, or of every master of a replicated cluster,
-    /// `a:5050,b:5050,c:5050` (or `RINGMASTER_MASTER`, or `master:` in the config file): the
-    /// agent registers with whichever leads, following `NOT_LEADER`. Required.
-    #[arg(long, value_name = "ADDR", env = "RINGMASTER_MASTER")]
-    pub master: Option<String>,
-    /// Agent id to register with. Default: the id saved in `<work-dir>/agent_id` by an earlier
-    /// run, else one assigned by the master.
-    #[arg(long, value_name = "NAME")]
-    pub id: Option<String>,
-    /// Resources to offer, Mesos text (`cpus:4;mem:8192;disk:10240`, mem and disk in MiB).
-    /// Each dimension given replaces the detected amount (`disk:0` drops disk); dimensions not
-    /// given are detected (cpus, mem, free disk of the work dir, NVIDIA GPUs by nvidia-smi).
-    /// GPUs as devices: `gpus:2x16384` (two 16 GiB GPUs), `gpus:2x16384@V100M16+1x32768@A100`;
-    /// they replace detected GPUs (`gpus:0` drops them). See docs/devices.md.
-    #[arg(long, value_name = "SPEC")]
-    pub resources: Option<String>,
-    /// Resource names beyond the standard ones (cpus, mem, disk, gpus, gpu_milli, gpu_mem)
-    /// that `--resources` may offer, comma-separated (`--custom-resources fpgas,licenses`).
-    /// Any other name in `--resources` is refused, so a typo (`cpu:4`) is not a new resource.
-    #[arg(long, value_name = "NAME,NAME", value_delimiter = ',')]
-    pub custom_resources: Vec<String>,
-    /// How a GPU slice picks its device: `least-used` (spread) or `most-used-that-fits` (pack).
-    /// Used when the master sends no binding of its own.
-    /// Default: least-used.
-    #[arg(long, value_name = "POLICY")]
-    pub device_selection: Option<String>,
-    /// Attributes of this agent, `key:value;key:value` (e.g. `partition:gpu;rack:r1`).
-    #[arg(long, value_name = "SPEC")]
-    pub attributes: Option<String>,
-    /// Directory for task sandboxes and the saved agent id; created if missing. Default:
-    /// `/var/lib/ringmaster-agent` as root, else `$XDG_STATE_HOME/ringmaster-agent`, else
-    /// `$HOME/.local/state/ringmaster-agent`, else `<temp dir>/ringmaster-agent-<uid>`.
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
-    /// Hostname to report. Default: this machine's hostname.
-    #[arg(long, value_name = "H")]
-    pub hostname: Option<String>,
-    /// Connect over TLS, trusting the master certificate's CA in this PEM file.
-    #[arg(long, value_name = "FILE")]
-    pub tls_ca: Option<PathBuf>,
-    /// Client certificate (PEM) for a master that requires mutual TLS; needs --tls-key.
-    #[arg(long, value_name = "FILE")]
-    pub tls_cert: Option<PathBuf>,
-    /// Private key (PEM) of --tls-cert.
-    #[arg(long, value_name = "FILE")]
-    pub tls_key: Option<PathBuf>,
-    /// Principal to authenticate as (needs --secret-file); see docs/security.md.
-    #[arg(long, value_name = "NAME")]
-    pub principal: Option<String>,
-    /// File holding the principal's shared secret (one trailing newline is ignored).
-    #[arg(long, value_name = "FILE")]
-    pub secret_file: Option<PathBuf>,
-    /// The Unix user tasks run as when they name none (`TaskInfo.user`). Default: `nobody`
-    /// when the agent runs as root, else the agent's own user. See docs/security.md.
-    #[arg(long, value_name = "NAME")]
-    pub task_user: Option<String>,
-    /// Let tasks run as root (uid 0); without it a task whose user is root fails.
-    #[arg(long)]
-    pub allow_root_tasks: bool,
-    /// How tasks are isolated: `auto` (cgroups when the agent runs as root and the cgroup
-    /// hierarchy is writable, else none with a warning), `cgroups` (each task in its own cgroup
-    /// with cpu, memory and process limits; the agent does not start without them) or `none`
-    /// (process groups only). Default: auto. See docs/security.md.
-    #[arg(long, value_name = "LEVEL")]
-    pub isolation: Option<String>,
-    /// With cgroups: the most processes (and threads) one task may have at once (16 - 4194304;
-    /// default 4096; held to at most --max-task-pids).
-    #[arg(long, value_name = "N")]
-    pub pids_per_task: Option<u64>,
-    /// With cgroups: the most processes (and threads) all tasks together may have at once, the
-    /// pids limit of the agent's cgroup (64 - 4194304; default: half of
-    /// /proc/sys/kernel/pid_max).
-    #[arg(long, value_name = "N")]
-    pub max_task_pids: Option<u64>,
-    /// The cpus and mem a task that names none is limited to (`cpus:0.1;mem:32`, mem in MiB;
-    /// only cpus and mem, both more than 0), or `none`: tasks that omit cpus or mem are
-    /// refused. Limits only: nothing is deducted from what the agent offers. Default:
-    /// cpus:0.1;mem:32.
-    #[arg(long, value_name = "SPEC")]
-    pub default_task_resources: Option<String>,
-    /// How long an ended task's sandbox is kept once its final status was acknowledged:
-    /// `0s` (collect at once) - `720h` (30 days); default 1h.
-    #[arg(long, value_name = "DURATION")]
-    pub sandbox_gc_delay: Option<String>,
-    /// Above this fraction of the work dir's file system in use, ended tasks' sandboxes are
-    /// collected at once, oldest first: more than 0, at most 1; default 0.9.
-    #[arg(long, value_name = "FRACTION")]
-    pub disk_watermark: Option<f64>,
-    /// Grace between SIGTERM and SIGKILL when a task is killed, unless the task sets its own
-    /// (`TaskInfo.kill_grace_ms`): `500ms`, `3s`, `2m`, `1h` (100ms - 1 day; default 3s).
-    #[arg(long, value_name = "DURATION")]
-    pub kill_grace: Option<String>,
-    /// How often the agent samples each running task's cpu and memory use and reports it to
-    /// the master (`UsageReport`): `1s` - `1h`, default 10s. See docs/operations.md.
-    #[arg(long, value_name = "DURATION")]
-    pub usage_interval: Option<String>,
-    /// How tasks holding part of a GPU share it: `none` (by convention, no limits) or `mps`
-    /// (NVIDIA MPS: a slice gets a compute percentage and a device memory limit). Default:
-    /// none. See docs/devices.md.
-    #[arg(long, value_name = "MODE")]
-    pub gpu_sharing: Option<String>,
-    /// The MPS control daemon's pipe directory (`CUDA_MPS_PIPE_DIRECTORY`), absolute. Default:
-    /// /tmp/nvidia-mps.
-    #[arg(long, value_name = "DIR")]
-    pub mps_pipe_dir: Option<PathBuf>,
-    /// With `--gpu-sharing mps`: start `nvidia-cuda-mps-control -d` when a GPU slice task finds
-    /// the daemon not running (else such a task fails).
-    #[arg(long)]
-    pub mps_start: bool,
-}
 
 /// The validated configuration of one agent.
 #[derive(Debug, Clone)]
@@ -197,11 +74,6 @@ pub struct AgentConfig {
 pub const DEFAULT_TASK_RESOURCES: &str = "cpus:0.1;mem:32";
 /// The default of `--sandbox-gc-delay`.
 pub const DEFAULT_SANDBOX_GC_DELAY: Duration = Duration::from_secs(3600);
-/// The values `--sandbox-gc-delay` accepts: 0s (collect at once) to 30 days.
-pub const SANDBOX_GC_DELAY_RANGE: std::ops::RangeInclusive<Duration> =
-    Duration::ZERO..=Duration::from_secs(30 * 24 * 3600);
-/// The resources `--default-task-resources` may name.
-pub const DEFAULT_TASK_RESOURCE_NAMES: [&str; 2] = ["cpus", "mem"];
 /// The default of `--disk-watermark`.
 pub const DEFAULT_DISK_WATERMARK: f64 = 0.9;
 
@@ -333,9 +205,9 @@ impl AgentConfig {
             None => DEFAULT_KILL_GRACE,
         };
         let usage_interval = match &args.usage_interval {
-            Some(text) => crate::usage::check_usage_interval(text)
+            Some(text) => check_usage_interval(text)
                 .map_err(|m| anyhow::anyhow!("--usage-interval `{text}`: {m}"))?,
-            None => crate::usage::DEFAULT_USAGE_INTERVAL,
+            None => DEFAULT_USAGE_INTERVAL,
         };
         let task_user = match args.task_user {
             Some(u) if u.trim().is_empty() => bail!("--task-user must not be empty"),
@@ -363,57 +235,6 @@ impl AgentConfig {
     }
 }
 
-impl AgentArgs {
-    /// The flags merged with the `--config` file, when one is given: every flag given on the
-    /// command line (or `RINGMASTER_MASTER`) wins over the file's key. A file that cannot be
-    /// read, has an unknown key or a bad value is an error naming `FILE:LINE: KEY`.
-    pub fn load(self) -> anyhow::Result<AgentArgs> {
-        let Some(path) = self.config.clone() else {
-            return Ok(self);
-        };
-        let file = crate::config_file::read(&path)?;
-        Ok(self.over(file))
-    }
-
-    /// `self` (the command line) over `file`: a value given in `self` wins; a switch is on when
-    /// either turns it on; a list given in `self` replaces the file's.
-    pub fn over(self, file: AgentArgs) -> AgentArgs {
-        AgentArgs {
-            config: self.config.or(file.config),
-            master: self.master.or(file.master),
-            id: self.id.or(file.id),
-            resources: self.resources.or(file.resources),
-            custom_resources: if self.custom_resources.is_empty() {
-                file.custom_resources
-            } else {
-                self.custom_resources
-            },
-            device_selection: self.device_selection.or(file.device_selection),
-            attributes: self.attributes.or(file.attributes),
-            work_dir: self.work_dir.or(file.work_dir),
-            hostname: self.hostname.or(file.hostname),
-            tls_ca: self.tls_ca.or(file.tls_ca),
-            tls_cert: self.tls_cert.or(file.tls_cert),
-            tls_key: self.tls_key.or(file.tls_key),
-            principal: self.principal.or(file.principal),
-            secret_file: self.secret_file.or(file.secret_file),
-            task_user: self.task_user.or(file.task_user),
-            allow_root_tasks: self.allow_root_tasks || file.allow_root_tasks,
-            isolation: self.isolation.or(file.isolation),
-            pids_per_task: self.pids_per_task.or(file.pids_per_task),
-            max_task_pids: self.max_task_pids.or(file.max_task_pids),
-            default_task_resources: self.default_task_resources.or(file.default_task_resources),
-            sandbox_gc_delay: self.sandbox_gc_delay.or(file.sandbox_gc_delay),
-            disk_watermark: self.disk_watermark.or(file.disk_watermark),
-            kill_grace: self.kill_grace.or(file.kill_grace),
-            usage_interval: self.usage_interval.or(file.usage_interval),
-            gpu_sharing: self.gpu_sharing.or(file.gpu_sharing),
-            mps_pipe_dir: self.mps_pipe_dir.or(file.mps_pipe_dir),
-            mps_start: self.mps_start || file.mps_start,
-        }
-    }
-}
-
 /// Validates `--gpu-sharing`, `--mps-pipe-dir` and `--mps-start`.
 fn gpu_sharing_from_args(args: &AgentArgs) -> anyhow::Result<GpuSharing> {
     let mut sharing = GpuSharing::default();
@@ -428,98 +249,6 @@ fn gpu_sharing_from_args(args: &AgentArgs) -> anyhow::Result<GpuSharing> {
     }
     sharing.start = args.mps_start;
     Ok(sharing)
-}
-
-/// The MPS pipe directory travels to tasks (whose working directory is their sandbox), so it
-/// must be absolute.
-pub(crate) fn check_pipe_dir(dir: &Path) -> Result<(), String> {
-    if dir.is_absolute() {
-        Ok(())
-    } else {
-        Err(format!("`{}` is not an absolute path", dir.display()))
-    }
-}
-
-/// Parses a kill grace and checks its range (100ms - 1 day).
-pub(crate) fn check_kill_grace(text: &str) -> Result<Duration, String> {
-    let grace = parse_duration(text).map_err(|e| e.to_string())?;
-    if !KILL_GRACE_RANGE.contains(&grace) {
-        return Err("out of range (100ms - 1 day)".into());
-    }
-    Ok(grace)
-}
-
-/// Checks `--pids-per-task` against its range.
-pub(crate) fn check_pids_per_task(n: u64) -> Result<u64, String> {
-    if PIDS_PER_TASK_RANGE.contains(&n) {
-        Ok(n)
-    } else {
-        Err(format!(
-            "{n} is out of range ({} - {})",
-            PIDS_PER_TASK_RANGE.start(),
-            PIDS_PER_TASK_RANGE.end()
-        ))
-    }
-}
-
-/// Checks `--max-task-pids` against its range.
-pub(crate) fn check_max_task_pids(n: u64) -> Result<u64, String> {
-    if MAX_TASK_PIDS_RANGE.contains(&n) {
-        Ok(n)
-    } else {
-        Err(format!(
-            "{n} is out of range ({} - {})",
-            MAX_TASK_PIDS_RANGE.start(),
-            MAX_TASK_PIDS_RANGE.end()
-        ))
-    }
-}
-
-/// Parses `--default-task-resources`: `none` (`Ok(None)`), or `cpus` and `mem` (both, each more
-/// than 0, nothing else).
-pub(crate) fn check_default_task_resources(text: &str) -> Result<Option<Resources>, String> {
-    const ALLOWED: &str = "both cpus and mem, each more than 0, e.g. `cpus:0.1;mem:32`; or `none`";
-    let spec = text.trim();
-    if spec == "none" {
-        return Ok(None);
-    }
-    let resources = Resources::parse(spec).map_err(|e| e.to_string())?;
-    let zeros = zero_dimensions(spec);
-    for name in resources.names().chain(zeros.iter().map(String::as_str)) {
-        if !DEFAULT_TASK_RESOURCE_NAMES.contains(&name) {
-            return Err(format!("`{name}` cannot be given ({ALLOWED})"));
-        }
-    }
-    if let Some(name) = zeros.first() {
-        return Err(format!("`{name}` must be more than 0 ({ALLOWED})"));
-    }
-    for name in DEFAULT_TASK_RESOURCE_NAMES {
-        if resources.milli(name) == 0 {
-            return Err(format!("names no `{name}` ({ALLOWED})"));
-        }
-    }
-    Ok(Some(resources))
-}
-
-/// Parses `--sandbox-gc-delay` and checks its range (0s - 30 days).
-pub(crate) fn check_sandbox_gc_delay(text: &str) -> Result<Duration, String> {
-    let delay = parse_duration(text).map_err(|e| e.to_string())?;
-    if !SANDBOX_GC_DELAY_RANGE.contains(&delay) {
-        return Err("out of range (0s - 720h, i.e. 30 days)".into());
-    }
-    Ok(delay)
-}
-
-/// Checks `--disk-watermark`: more than 0, at most 1.
-pub(crate) fn check_disk_watermark(fraction: f64) -> Result<f64, String> {
-    // Written so that NaN fails too.
-    if fraction > 0.0 && fraction <= 1.0 {
-        Ok(fraction)
-    } else {
-        Err(format!(
-            "{fraction} is out of range (more than 0, at most 1)"
-        ))
-    }
 }
 
 /// Validates `--default-task-resources`, `--sandbox-gc-delay` and `--disk-watermark`
@@ -597,143 +326,6 @@ pub fn default_work_dir(
         return home.join(".local/state").join(WORK_DIR_NAME);
     }
     temp_dir.join(format!("{WORK_DIR_NAME}-{euid}"))
-}
-
-/// Checks the names of `--custom-resources`: resource-name syntax (a letter, then letters,
-/// digits, `_` and `-`), not a standard name, none twice. Returns every name `--resources`
-/// may use (the standard ones and these).
-pub(crate) fn check_custom_resources(names: &[String]) -> Result<Vec<String>, String> {
-    let mut known: Vec<String> = STANDARD_NAMES.iter().map(|n| n.to_string()).collect();
-    for raw in names {
-        let name = raw.trim();
-        let mut chars = name.chars();
-        let valid = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        if !valid {
-            return Err(format!(
-                "`{name}` is not a valid resource name (letters, digits, `_` and `-`, starting \
-                 with a letter)"
-            ));
-        }
-        if STANDARD_NAMES.contains(&name) {
-            return Err(format!(
-                "`{name}` is a standard resource; declare only other names"
-            ));
-        }
-        if known.iter().any(|k| k == name) {
-            return Err(format!("`{name}` appears more than once"));
-        }
-        known.push(name.to_string());
-    }
-    Ok(known)
-}
-
-/// Refuses a name of `--resources` (with an amount, or given as zero) outside `known`, with
-/// the core's "did you mean" hint.
-pub(crate) fn check_resource_names(
-    given: &Resources,
-    zeros: &[String],
-    known: &[String],
-) -> Result<(), String> {
-    let mut named = given.clone();
-    for name in zeros {
-        // A zero amount is not kept in a bundle; count it so `cpu:0` is caught too.
-        named.set_milli(name, 1);
-    }
-    let known: Vec<&str> = known.iter().map(String::as_str).collect();
-    if let Err(message) = check_known_names(&named, &known) {
-        return Err(format!(
-            "{message} (declare other names with --custom-resources NAME,NAME)"
-        ));
-    }
-    Ok(())
-}
-
-/// `500ms`, `3s`, `2m`, `1h`: a whole number and a unit.
-pub(crate) fn parse_duration(text: &str) -> anyhow::Result<Duration> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let Ok(number) = number.parse::<u64>() else {
-        bail!("expected a whole number and a unit (ms, s, m, h), e.g. `3s`");
-    };
-    let millis_per_unit = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => bail!("unknown unit `{unit}` (expected ms, s, m or h, e.g. `3s`)"),
-    };
-    number
-        .checked_mul(millis_per_unit)
-        .map(Duration::from_millis)
-        .context("too long")
-}
-
-/// A master list, `HOST:PORT[,HOST:PORT...]` ([`ringmaster_proto::masters::parse_master_list`]).
-pub(crate) fn check_master_address(master: &str) -> Result<(), String> {
-    ringmaster_proto::masters::parse_master_list(master).map(|_| ())
-}
-
-/// Agent ids travel in file names and update ids, so they stay plain.
-pub(crate) fn check_agent_id(id: &str) -> anyhow::Result<()> {
-    if id.is_empty() {
-        bail!("the agent id is empty");
-    }
-    if let Some(c) = id
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-    {
-        bail!("character {c:?} is not allowed in an agent id (letters, digits, `-`, `_`, `.`)");
-    }
-    Ok(())
-}
-
-/// Names whose amount is written as zero (`disk:0`, `gpus:0.0`) in a spec that parsed.
-pub(crate) fn zero_dimensions(spec: &str) -> Vec<String> {
-    spec.split(';')
-        .filter_map(|part| part.split_once(':'))
-        .filter(|(_, amount)| {
-            let amount = amount.trim();
-            !amount.is_empty() && amount.chars().all(|c| c == '0' || c == '.')
-        })
-        .map(|(name, _)| name.trim().to_string())
-        .collect()
-}
-
-/// Parses `key:value;key:value`. Keys are letters, digits, `_`, `-`, `.`; values are any
-/// non-empty text without `;`. An empty spec is no attributes.
-pub fn parse_attributes(spec: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    if spec.trim().is_empty() {
-        return Ok(out);
-    }
-    for raw in spec.split(';') {
-        let part = raw.trim();
-        let Some((key, value)) = part.split_once(':') else {
-            bail!("`{part}` is not `key:value`");
-        };
-        let (key, value) = (key.trim(), value.trim());
-        if key.is_empty() {
-            bail!("`{part}`: the key is empty");
-        }
-        if let Some(c) = key
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
-        {
-            bail!("`{part}`: character {c:?} is not allowed in a key (letters, digits, `_`, `-`, `.`)");
-        }
-        if value.is_empty() {
-            bail!("`{part}`: the value is empty");
-        }
-        if out.iter().any(|(k, _)| k == key) {
-            bail!("`{key}` appears more than once");
-        }
-        out.push((key.to_string(), value.to_string()));
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -1004,7 +596,7 @@ mod tests {
         let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok();
         assert_eq!(
             iso.max_task_pids,
-            crate::isolation::max_task_pids_for(pid_max.as_deref())
+            crate::isolation_config::max_task_pids_for(pid_max.as_deref())
         );
         if let Some(pid_max) = pid_max {
             let half = pid_max.trim().parse::<u64>().unwrap() / 2;

@@ -23,13 +23,14 @@ use ringmaster_proto::devices::{parse_agent_resources, DeviceSelection};
 use ringmaster_proto::yaml::{ConfigError, Seg, YamlSource};
 use serde_yaml::Value;
 
-use crate::config::{
+use crate::args::AgentArgs;
+use crate::flag_checks::{
     check_agent_id, check_custom_resources, check_default_task_resources, check_disk_watermark,
     check_kill_grace, check_master_address, check_max_task_pids, check_pids_per_task,
     check_pipe_dir, check_resource_names, check_sandbox_gc_delay, parse_attributes,
-    zero_dimensions, AgentArgs,
+    zero_dimensions,
 };
-use crate::isolation::IsolationMode;
+use crate::isolation_config::IsolationMode;
 use crate::mps::GpuSharingMode;
 
 /// Every key the file may hold.
@@ -61,6 +62,19 @@ pub const KEYS: &[&str] = &[
     "mps_pipe_dir",
     "mps_start",
 ];
+
+impl AgentArgs {
+    /// The flags merged with the `--config` file, when one is given: every flag given on the
+    /// command line (or `RINGMASTER_MASTER`) wins over the file's key. A file that cannot be
+    /// read, has an unknown key or a bad value is an error naming `FILE:LINE: KEY`.
+    pub fn load(self) -> anyhow::Result<AgentArgs> {
+        let Some(path) = self.config.clone() else {
+            return Ok(self);
+        };
+        let file = read(&path)?;
+        Ok(self.over(file))
+    }
+}
 
 /// Reads and checks the file at `path`.
 pub fn read(path: &Path) -> anyhow::Result<AgentArgs> {

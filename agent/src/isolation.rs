@@ -21,10 +21,7 @@
 //! run left under its parent (killing what still runs there).
 
 use std::ffi::CString;
-use std::fmt;
-use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::Duration;
 
@@ -37,21 +34,15 @@ use cgroups_rs::fs::{hierarchies, Cgroup, Controller as _, MaxValue};
 use ringmaster_proto::resources::Resources;
 
 use crate::device_rules::{self, DeviceRule};
-use crate::process::ExitOutcome;
+use crate::exit_outcome::ExitOutcome;
+use crate::isolation_config::DEFAULT_PIDS_PER_TASK;
 use crate::sandbox::escape_component;
+
+// The settings `Isolation::setup` takes, under the paths they have always had.
+pub use crate::isolation_config::{IsolationConfig, IsolationMode};
 
 /// The parent of every Ringmaster cgroup, in each hierarchy.
 pub const CGROUP_PARENT: &str = "ringmaster";
-/// Default of `--pids-per-task`.
-pub const DEFAULT_PIDS_PER_TASK: u64 = 4096;
-/// The values `--pids-per-task` accepts.
-pub const PIDS_PER_TASK_RANGE: RangeInclusive<u64> = 16..=4_194_304;
-/// The values `--max-task-pids` accepts.
-pub const MAX_TASK_PIDS_RANGE: RangeInclusive<u64> = 64..=4_194_304;
-/// The `pid_max` assumed when `/proc/sys/kernel/pid_max` cannot be read (the kernel's default).
-pub const FALLBACK_PID_MAX: u64 = 32_768;
-/// Where the kernel's `pid_max` is read.
-const PID_MAX_FILE: &str = "/proc/sys/kernel/pid_max";
 /// CFS period of every task: 100 ms.
 pub const CFS_PERIOD_US: u64 = 100_000;
 /// The smallest CFS quota the kernel accepts (1 ms).
@@ -62,87 +53,6 @@ const MAX_CFS_QUOTA_US: u64 = (1 << 44) - 1;
 const PROBE: &str = "startup-probe";
 /// How long a cgroup being emptied (stale cleanup) may take before it is given up.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// `--isolation`: how tasks are kept apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IsolationMode {
-    /// cgroups when the agent runs as root and the hierarchy is writable, else none (with one
-    /// warning at startup).
-    #[default]
-    Auto,
-    /// Every task in its own cgroup; the agent does not start when cgroups are unusable.
-    Cgroups,
-    /// Process groups only (the behaviour before cgroups).
-    None,
-}
-
-impl FromStr for IsolationMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(IsolationMode::Auto),
-            "cgroups" => Ok(IsolationMode::Cgroups),
-            "none" => Ok(IsolationMode::None),
-            _ => Err(format!(
-                "`{s}` is not an isolation level (expected auto, cgroups or none)"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for IsolationMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            IsolationMode::Auto => "auto",
-            IsolationMode::Cgroups => "cgroups",
-            IsolationMode::None => "none",
-        })
-    }
-}
-
-/// The isolation settings of one agent (`--isolation`, `--pids-per-task`, `--max-task-pids`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IsolationConfig {
-    pub mode: IsolationMode,
-    /// The most processes (and threads) one task may have at once (held to at most
-    /// `max_task_pids`).
-    pub pids_per_task: u64,
-    /// The most processes (and threads) all tasks together may have at once: the pids limit
-    /// of the agent's cgroup. Default: half of the kernel's `pid_max`
-    /// ([`default_max_task_pids`]).
-    pub max_task_pids: u64,
-}
-
-impl Default for IsolationConfig {
-    /// `auto`, 4096 processes per task, half of `pid_max` in all (reads
-    /// `/proc/sys/kernel/pid_max`).
-    fn default() -> Self {
-        let max_task_pids = default_max_task_pids();
-        IsolationConfig {
-            mode: IsolationMode::Auto,
-            pids_per_task: DEFAULT_PIDS_PER_TASK.min(max_task_pids),
-            max_task_pids,
-        }
-    }
-}
-
-/// The default of `--max-task-pids` given the text of `/proc/sys/kernel/pid_max` (`None`:
-/// unreadable): half of it, half of [`FALLBACK_PID_MAX`] when it is unreadable or not a
-/// number, kept within [`MAX_TASK_PIDS_RANGE`].
-pub fn max_task_pids_for(pid_max: Option<&str>) -> u64 {
-    let pid_max = pid_max
-        .and_then(|text| text.trim().parse::<u64>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(FALLBACK_PID_MAX);
-    (pid_max / 2).clamp(*MAX_TASK_PIDS_RANGE.start(), *MAX_TASK_PIDS_RANGE.end())
-}
-
-/// The default of `--max-task-pids` on this machine: half of `/proc/sys/kernel/pid_max`
-/// (16384 when it cannot be read).
-pub fn default_max_task_pids() -> u64 {
-    max_task_pids_for(std::fs::read_to_string(PID_MAX_FILE).ok().as_deref())
-}
 
 /// The limits of one task's cgroup, from its allocated resources.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -378,6 +288,16 @@ pub enum GpuAccess<'a> {
     Unrestricted,
 }
 
+/// Where a task cgroup's counters are, in each hierarchy (read by [`crate::usage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupDirs {
+    pub v2: bool,
+    /// v1: the `cpuacct` directory; v2: the task's unified directory.
+    pub cpu: Option<PathBuf>,
+    /// v1: the `memory` directory; v2: the task's unified directory.
+    pub memory: Option<PathBuf>,
+}
+
 impl Isolation {
     /// No cgroups: tasks run in their process group only.
     pub fn disabled() -> Self {
@@ -591,11 +511,7 @@ impl Isolation {
 
     /// Where the usage counters of a task's cgroup are ([`crate::usage`]); `None` when
     /// isolation is off.
-    pub fn task_usage_dirs(
-        &self,
-        framework_id: &str,
-        task_id: &str,
-    ) -> Option<crate::usage::CgroupDirs> {
+    pub fn task_usage_dirs(&self, framework_id: &str, task_id: &str) -> Option<CgroupDirs> {
         let root = self.root.as_ref()?;
         let cgroup = root.load(&self.task_cgroup_path(framework_id, task_id)?);
         let cpu = if root.v2 {
@@ -610,7 +526,7 @@ impl Isolation {
         let memory = cgroup
             .controller_of::<MemController>()
             .map(|c| c.path().to_path_buf());
-        Some(crate::usage::CgroupDirs {
+        Some(CgroupDirs {
             v2: root.v2,
             cpu,
             memory,
@@ -1110,6 +1026,7 @@ fn set_limits(cgroup: &Cgroup, path: &str, limits: &TaskLimits, v2: bool) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::isolation_config::PIDS_PER_TASK_RANGE;
 
     fn limits(spec: &str) -> TaskLimits {
         task_limits(&Resources::parse(spec).unwrap(), DEFAULT_PIDS_PER_TASK)
@@ -1272,37 +1189,6 @@ mod tests {
         let none = task_limits(&Resources::new(), 16);
         assert_eq!(within(none, &caps), none);
         assert_eq!(within(big, &agent_limits(None, 8192)), big);
-    }
-
-    #[test]
-    fn max_task_pids_defaults_to_half_of_pid_max() {
-        assert_eq!(max_task_pids_for(Some("32768\n")), 16_384);
-        assert_eq!(max_task_pids_for(Some("4194304")), 2_097_152);
-        assert_eq!(max_task_pids_for(Some("301")), 150);
-        assert_eq!(max_task_pids_for(Some("100")), 64);
-        assert_eq!(max_task_pids_for(None), 16_384);
-        assert_eq!(max_task_pids_for(Some("lots")), 16_384);
-        assert_eq!(max_task_pids_for(Some("0")), 16_384);
-        assert!(MAX_TASK_PIDS_RANGE.contains(&default_max_task_pids()));
-        let config = IsolationConfig::default();
-        assert!(config.pids_per_task <= config.max_task_pids);
-    }
-
-    #[test]
-    fn isolation_levels_parse_and_bad_ones_name_the_choices() {
-        assert_eq!("auto".parse(), Ok(IsolationMode::Auto));
-        assert_eq!("cgroups".parse(), Ok(IsolationMode::Cgroups));
-        assert_eq!("none".parse(), Ok(IsolationMode::None));
-        let err = "cgroup".parse::<IsolationMode>().unwrap_err();
-        assert!(err.contains("auto, cgroups or none"), "{err}");
-        for mode in [
-            IsolationMode::Auto,
-            IsolationMode::Cgroups,
-            IsolationMode::None,
-        ] {
-            assert_eq!(mode.to_string().parse(), Ok(mode));
-        }
-        assert_eq!(IsolationMode::default(), IsolationMode::Auto);
     }
 
     #[test]

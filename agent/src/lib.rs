@@ -79,14 +79,18 @@
 //!    Ended runs' sandboxes are collected `--sandbox-gc-delay` after the master acknowledged
 //!    their end, sooner above `--disk-watermark` ([`gc`]).
 
+mod args;
 mod config;
 pub mod config_file;
 mod detect;
 pub mod device_rules;
+pub mod exit_outcome;
 pub mod files;
+mod flag_checks;
 pub mod gc;
 pub mod health;
 pub mod isolation;
+pub mod isolation_config;
 pub mod mps;
 pub mod process;
 pub mod sandbox;
@@ -97,23 +101,22 @@ pub mod task_files;
 pub mod updates;
 pub mod usage;
 pub mod users;
+mod work_files;
 
 use std::future::Future;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 
+pub use args::AgentArgs;
 pub use config::{
-    default_work_dir, isolation_from_args, parse_attributes, AgentArgs, AgentConfig, Safeguards,
-    DEFAULT_KILL_GRACE, DEFAULT_RECONNECT_MAX_BACKOFF, WORK_DIR_NAME,
+    default_work_dir, isolation_from_args, AgentConfig, Safeguards, DEFAULT_KILL_GRACE,
+    DEFAULT_RECONNECT_MAX_BACKOFF, WORK_DIR_NAME,
 };
 pub use detect::{detect_gpus, detect_hostname, detect_resources};
-pub use isolation::{IsolationConfig, IsolationMode};
-
-/// The file in the work dir that keeps the agent id between runs.
-pub const AGENT_ID_FILE: &str = "agent_id";
-/// The file in the work dir that keeps the newest leader term seen (fencing, docs/protocol.md).
-pub const LEADER_TERM_FILE: &str = "leader_term";
+pub use flag_checks::parse_attributes;
+pub use isolation_config::{IsolationConfig, IsolationMode};
+pub use work_files::{AGENT_ID_FILE, LEADER_TERM_FILE};
 
 /// Runs one agent with the default isolation (`auto`) until `shutdown` completes; see
 /// [`run_with_isolation`].
@@ -190,7 +193,7 @@ fn saved_agent_id(config: &AgentConfig) -> anyhow::Result<String> {
             if id.is_empty() {
                 return Ok(id);
             }
-            config::check_agent_id(&id)
+            flag_checks::check_agent_id(&id)
                 .with_context(|| format!("{} holds an unusable agent id", path.display()))?;
             Ok(id)
         }

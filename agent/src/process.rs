@@ -23,6 +23,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::exit_outcome::ExitOutcome;
 use crate::isolation::TaskCgroup;
 use crate::supervisor::{self, Recorded};
 use crate::users::TaskUser;
@@ -54,23 +55,6 @@ pub struct LaunchSpec {
     /// The task's cgroup (`None`: no cgroup isolation). The process joins it before exec; the
     /// watcher removes it once it is empty.
     pub cgroup: Option<Arc<TaskCgroup>>,
-}
-
-/// How a task's main process ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExitOutcome {
-    /// Exited with this status.
-    Code(i32),
-    /// Terminated by this signal.
-    Signal(i32),
-    /// Waiting for the process failed; it is not known how it ended.
-    WaitFailed(String),
-    /// The command never ran: the launch gate closed before the agent started the task (it
-    /// stopped in between), as its supervisor recorded ([`crate::supervisor`]).
-    NotStarted,
-    /// The kernel killed a process of the task for exceeding the task's memory limit (its
-    /// cgroup counted an OOM kill); the task then ended as `then` says.
-    MemoryLimit(Box<ExitOutcome>),
 }
 
 /// How the task whose meta directory is `meta_dir` ended, from its supervisor's record.

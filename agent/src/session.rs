@@ -27,6 +27,7 @@ use tokio::time::Instant;
 
 use crate::state::{AgentState, ExitReceiver, HealthReceiver};
 use crate::updates::STATUS_RETRY;
+use crate::work_files::AGENT_ID_FILE;
 
 /// First wait before reconnecting; it doubles up to the configured cap.
 pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -207,7 +208,7 @@ async fn establish(
         .map_err(retry)?;
     match recv_handshake(&mut conn, "AgentRegistered").await? {
         Message::AgentRegistered(registered) => {
-            if let Err(e) = crate::config::check_agent_id(&registered.agent_id) {
+            if let Err(e) = crate::flag_checks::check_agent_id(&registered.agent_id) {
                 return Err(Ended::Retry(anyhow!(
                     "master assigned an unusable agent id {:?}: {e}",
                     registered.agent_id
@@ -349,7 +350,7 @@ async fn serve<F: Future<Output = ()>>(
             _ = retry.tick() => state.due_updates(STATUS_RETRY),
             Some(data) = files_rx.recv() => vec![Message::FileData(data)],
             _ = usage_tick.tick() => {
-                sampling = sampling || crate::usage::start_sample(state, &usage_tx);
+                sampling = sampling || start_usage_sample(state, &usage_tx);
                 Vec::new()
             }
             Some(report) = usage_rx.recv() => {
@@ -380,6 +381,21 @@ fn read_file(
         // The session may have ended meanwhile; the master fails the read on its own then.
         let _ = answers.send(crate::files::read(&work_dir, &request));
     });
+}
+
+/// Starts sampling the agent's RUNNING tasks off the session loop
+/// ([`crate::usage::spawn_sample`]); `false` when there is none (nothing started, nothing will
+/// arrive on `reports`).
+fn start_usage_sample(
+    state: &AgentState,
+    reports: &tokio::sync::mpsc::UnboundedSender<ringmaster_proto::UsageReport>,
+) -> bool {
+    let targets = state.usage_targets();
+    if targets.is_empty() {
+        return false;
+    }
+    crate::usage::spawn_sample(state.isolation().clone(), targets, reports.clone());
+    true
 }
 
 /// Removes the ended sandboxes that are due ([`crate::gc`]) off the session loop.
@@ -482,7 +498,7 @@ async fn drain_exits(state: &mut AgentState, exits: &mut ExitReceiver) -> Vec<Me
 }
 
 fn save_agent_id(state: &AgentState) {
-    let path = state.config().work_dir.join(crate::AGENT_ID_FILE);
+    let path = state.config().work_dir.join(AGENT_ID_FILE);
     if let Err(e) = std::fs::write(&path, format!("{}\n", state.agent_id())) {
         tracing::warn!(path = %path.display(), "cannot save the agent id: {e}");
     }

@@ -20,15 +20,17 @@ use ringmaster_proto::{
 use tokio::sync::mpsc;
 
 use crate::config::AgentConfig;
+use crate::exit_outcome::ExitOutcome;
 use crate::gc::{self, DiskSpace};
 use crate::health::{self, CheckContext, Checker, HealthEvent, HealthSpec};
 use crate::isolation::{self, Isolation};
 use crate::mps;
-use crate::process::{self, ExitOutcome, LaunchSpec, ProcessHandle};
+use crate::process::{self, LaunchSpec, ProcessHandle};
 use crate::sandbox;
 use crate::task_files::{self, TaskFile};
 use crate::updates::{unix_ms, StatusQueue};
 use crate::users::{self, UserPolicy};
+use crate::work_files::LEADER_TERM_FILE;
 
 /// Status reasons the agent sends (machine-readable, see docs/protocol.md).
 pub mod reason {
@@ -1470,7 +1472,7 @@ impl AgentState {
 /// The leader term saved in `work_dir` by an earlier run; 0 when there is none or it is
 /// unreadable (then the next term received is taken as the newest).
 pub fn load_leader_term(work_dir: &std::path::Path) -> u64 {
-    let path = work_dir.join(crate::LEADER_TERM_FILE);
+    let path = work_dir.join(LEADER_TERM_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => text.trim().parse().unwrap_or_else(|_| {
             tracing::warn!(path = %path.display(), "ignoring an unreadable leader term");
@@ -1488,8 +1490,8 @@ pub fn load_leader_term(work_dir: &std::path::Path) -> u64 {
 /// renamed over the old one, so a crash leaves the old term or the new one, never half.
 pub fn save_leader_term(work_dir: &std::path::Path, term: u64) -> std::io::Result<()> {
     use std::io::Write as _;
-    let path = work_dir.join(crate::LEADER_TERM_FILE);
-    let temp = work_dir.join(format!("{}.tmp", crate::LEADER_TERM_FILE));
+    let path = work_dir.join(LEADER_TERM_FILE);
+    let temp = work_dir.join(format!("{}.tmp", LEADER_TERM_FILE));
     let mut file = std::fs::File::create(&temp)?;
     file.write_all(format!("{term}\n").as_bytes())?;
     file.sync_all()?;
@@ -1729,7 +1731,7 @@ mod tests {
         }
 
         fn saved(work_dir: &std::path::Path) -> Option<String> {
-            std::fs::read_to_string(work_dir.join(crate::LEADER_TERM_FILE)).ok()
+            std::fs::read_to_string(work_dir.join(LEADER_TERM_FILE)).ok()
         }
 
         #[test]
@@ -1815,7 +1817,7 @@ mod tests {
             assert_eq!(second.leader_term(), 9);
             assert_eq!(run(&mut second, 8, &["t2"])[0].reason, reason::STALE_LEADER);
             // An unreadable file counts as no term.
-            std::fs::write(dir.path().join(crate::LEADER_TERM_FILE), "garbage").unwrap();
+            std::fs::write(dir.path().join(LEADER_TERM_FILE), "garbage").unwrap();
             assert_eq!(load_leader_term(dir.path()), 0);
         }
     }

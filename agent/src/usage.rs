@@ -16,12 +16,13 @@
 //! the session loop ([`spawn_sample`]).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use ringmaster_proto::{TaskUsage, UsageReport};
 
-use crate::isolation::Isolation;
+use crate::flag_checks::parse_duration;
+use crate::isolation::{CgroupDirs, Isolation};
 
 /// Default of `--usage-interval`.
 pub const DEFAULT_USAGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -35,16 +36,6 @@ pub struct Target {
     pub framework_id: String,
     pub task_id: String,
     pub pgid: u32,
-}
-
-/// Where a task cgroup's counters are, in each hierarchy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupDirs {
-    pub v2: bool,
-    /// v1: the `cpuacct` directory; v2: the task's unified directory.
-    pub cpu: Option<PathBuf>,
-    /// v1: the `memory` directory; v2: the task's unified directory.
-    pub memory: Option<PathBuf>,
 }
 
 /// What one sample found (all figures since the task started, memory in bytes).
@@ -259,20 +250,6 @@ pub fn spawn_sample(
     });
 }
 
-/// Starts sampling the agent's RUNNING tasks off the session loop ([`spawn_sample`]); `false`
-/// when there is none (nothing started, nothing will arrive on `reports`).
-pub fn start_sample(
-    state: &crate::state::AgentState,
-    reports: &tokio::sync::mpsc::UnboundedSender<UsageReport>,
-) -> bool {
-    let targets = state.usage_targets();
-    if targets.is_empty() {
-        return false;
-    }
-    spawn_sample(state.isolation().clone(), targets, reports.clone());
-    true
-}
-
 /// What a finished sample sends to the master: one `UsageReport`, none when it is empty (every
 /// task ended meanwhile).
 pub fn report_message(report: UsageReport) -> Vec<ringmaster_proto::Message> {
@@ -285,7 +262,7 @@ pub fn report_message(report: UsageReport) -> Vec<ringmaster_proto::Message> {
 
 /// Parses `--usage-interval` / `usage_interval` and checks its range (1s - 1h).
 pub fn check_usage_interval(text: &str) -> Result<Duration, String> {
-    let interval = crate::config::parse_duration(text).map_err(|e| e.to_string())?;
+    let interval = parse_duration(text).map_err(|e| e.to_string())?;
     if !USAGE_INTERVAL_RANGE.contains(&interval) {
         return Err("out of range (1s - 1h)".into());
     }

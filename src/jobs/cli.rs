@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use ringmaster_proto::masters::Asked;
 
+use super::plan::Plan;
 use super::spec::{parse_job_spec, JobKind, JobSpec};
 
 /// How long one request may take.
@@ -266,7 +267,7 @@ pub fn plan(master: &str, file: &str) -> Result<(), CliError> {
     let spec = read_spec(file)?;
     let body = serde_json::to_string(&spec).map_err(|e| failure(e.to_string()))?;
     let answer = call(master, "POST", "/jobs/plan", Some(body))?;
-    let plan: crate::master::plan::Plan =
+    let plan: Plan =
         serde_json::from_str(&answer).map_err(|e| failure(format!("not a plan: {e}")))?;
     print!("{}", render_plan(&spec, &plan));
     if plan.unplaced == 0 {
@@ -279,7 +280,7 @@ pub fn plan(master: &str, file: &str) -> Result<(), CliError> {
     }
 }
 
-fn render_plan(spec: &JobSpec, plan: &crate::master::plan::Plan) -> String {
+fn render_plan(spec: &JobSpec, plan: &Plan) -> String {
     let mut out = format!(
         "job {}: {} × {} (nothing launched)\n  INSTANCE  AGENT\n",
         spec.name, spec.count, spec.task.resources
@@ -455,7 +456,7 @@ mod tests {
         assert_eq!(value["instances"][0]["health"], "healthy");
         let table = render(&[view(value)]);
         assert!(table.contains(" healthy "), "{table}");
-        let plan = crate::master::plan::Plan {
+        let plan = Plan {
             placed: vec!["a1".into()],
             unplaced: 0,
             why: None,
@@ -475,7 +476,7 @@ mod tests {
             "w.yaml",
         )
         .unwrap();
-        let plan = crate::master::plan::Plan {
+        let plan = Plan {
             placed: vec![],
             unplaced: 1,
             why: Some("no agent satisfies rack = r1".into()),

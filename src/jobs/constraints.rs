@@ -2,7 +2,7 @@
 //! them: the jobs framework's rule, not the master's (the master matches no attributes, it
 //! only keeps a framework to its partition). The one place that says whether an agent
 //! satisfies a job's constraints: the engine ([`super::engine::Engine::place`]) asks it for
-//! each offer, `job plan` (`crate::master::plan`) for each agent.
+//! each offer, `job plan` (the master's placer) for each agent.
 //!
 //! An agent is seen through its hostname and its attributes (`--attributes` of the agent):
 //! the attribute `hostname` is the hostname, every other name is looked up in the attributes.

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::engine::{Engine, Outcome};
 use super::spec::JobSpec;
-use crate::master::jobs_store::{JobsMeta, JobsStore, LoadedJobs};
+use super::store::{JobsMeta, JobsStore, LoadedJobs};
 
 /// The file an older master kept the jobs in, in its work dir.
 pub const JOBS_FILE: &str = "jobs.json";
@@ -93,7 +93,7 @@ struct LegacyFile {
 pub async fn import_jobs_file(
     work_dir: &Path,
     loaded: &mut LoadedJobs,
-    store: &JobsStore,
+    store: &dyn JobsStore,
 ) -> anyhow::Result<()> {
     let path = work_dir.join(JOBS_FILE);
     if !path.exists() {

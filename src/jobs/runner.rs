@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use super::engine::{Engine, InstanceHealth, Job, JobReport, OfferView};
 use super::records::JobRecord;
 use super::spec::{JobSpec, DEFAULT_PARTITION};
-use crate::master::jobs_store::{JobsMeta, JobsStore, LoadedJobs};
+use super::store::{JobsMeta, JobsStore, LoadedJobs};
 
 /// The jobs framework's name in `/state`.
 pub const FRAMEWORK_NAME: &str = "ringmaster-jobs";
@@ -88,7 +88,7 @@ pub fn framework_name(partition: &str) -> String {
 #[derive(Clone)]
 pub struct JobsHandle {
     shared: Arc<Mutex<Shared>>,
-    store: JobsStore,
+    store: Arc<dyn JobsStore>,
     /// One write at a time, each from the state after the previous one: the registry sees
     /// the changes in the order they were made.
     gate: Arc<tokio::sync::Mutex<()>>,
@@ -354,7 +354,7 @@ impl Shared {
 pub async fn start(
     master: String,
     security: ringmaster_proto::transport::ClientSecurity,
-    store: JobsStore,
+    store: Arc<dyn JobsStore>,
     loaded: LoadedJobs,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<JobsHandle> {

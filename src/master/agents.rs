@@ -123,7 +123,6 @@ impl MasterState {
                 last_heartbeat: now,
                 tasks: Default::default(),
                 lost: false,
-                held_for: None,
                 reregister_by: None,
             });
         record.hostname = register.hostname.clone();
@@ -442,18 +441,7 @@ impl MasterState {
     /// Ends the holds (kept for a preempting framework, docs/priorities.md) that ran out by
     /// `now`; true when one did, so the agent is offered to everyone again.
     pub(crate) fn holds_expired(&mut self, now: Instant) -> bool {
-        let mut any = false;
-        for agent in self.agents.values_mut() {
-            if agent
-                .held_for
-                .as_ref()
-                .is_some_and(|(_, until)| *until <= now)
-            {
-                agent.held_for = None;
-                any = true;
-            }
-        }
-        any
+        self.alloc.expire_holds(now)
     }
 
     pub(crate) fn expire_agents(&mut self, now: Instant) {

@@ -17,6 +17,9 @@
 //!   device binding is taken from and released to the device book with them;
 //! - a framework is in the DRF sorter and the key map together ([`Allocator::add_framework`],
 //!   [`Allocator::remove_framework`]);
+//! - an agent kept for a preempting framework ([`Holds`]) is kept by the core's rules: the
+//!   cycle's outcome is applied by [`apply_outcome`] ([`Allocator::apply`]), holds end at their
+//!   deadline ([`Allocator::expire_holds`]) and with their agent or framework;
 //! - disk withheld from an agent (it reported less free disk than the books,
 //!   [`Allocator::bound_free_disk`]) is taken from its free and charged to no framework; it is
 //!   never more than the agent's total less its free, so giving it back cannot fail, and it
@@ -27,14 +30,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 use ringmaster_core::placement::devices::DeviceBook;
 use ringmaster_core::placement::fragmentation::{
     CpuMemFree, DeviceFragmentScore, ShapeWindow, TaskShape,
 };
 use ringmaster_core::placement::{
-    run_cycle, AgentKey, Cluster, CycleInput, DrfSorter, Filter, FrameworkKey, Grant, Outcome,
-    PlacementContext, PlacementError, QuotaLedger, Quotas, RunningTask, TieredRequest,
+    apply_outcome, run_cycle, AgentKey, Cluster, CycleInput, DrfSorter, Filter, FrameworkKey,
+    Grant, Holds, Outcome, PlacementContext, PlacementError, QuotaLedger, Quotas, RunningTask,
+    TieredRequest,
 };
 use ringmaster_proto::devices::{Device, DeviceBinding, DeviceError, ShareFill, GPU_MILLI};
 use ringmaster_proto::resources::{Resources, MILLI};
@@ -42,15 +47,17 @@ use ringmaster_proto::resources::{Resources, MILLI};
 use crate::config::Config;
 
 /// What the master knows at cycle time and the allocator does not: the feasibility rules over
-/// agent and framework records, holds after preemption, running tasks and their device bindings.
-/// Ids are the master's (the allocator maps its keys back to them).
+/// agent and framework records, running tasks and their device bindings. Ids are the master's
+/// (the allocator maps its keys back to them).
 pub(crate) struct CycleFacts<'a, T> {
+    /// The cycle's time: which holds are in force.
+    pub now: Instant,
     /// May the framework (by id) be given the agent (by id, `None` when the key maps to no
-    /// agent)? The third argument tells whether a demand fits the agent's devices.
+    /// agent)? The third argument tells whether the agent is kept for another framework at
+    /// `now` (the allocator's [`Holds`]), the fourth whether a demand fits its devices.
     #[allow(clippy::type_complexity)]
-    pub feasible: &'a dyn Fn(&str, Option<&str>, &dyn Fn(&Resources) -> bool) -> Result<(), Filter>,
-    /// The framework (by id) waits for preempted tasks to end somewhere.
-    pub waiting: &'a dyn Fn(&str) -> bool,
+    pub feasible:
+        &'a dyn Fn(&str, Option<&str>, bool, &dyn Fn(&Resources) -> bool) -> Result<(), Filter>,
     /// The running tasks preemption may evict.
     pub running: &'a dyn Fn() -> Vec<RunningTask<T>>,
     /// A running task's device binding (for the per-device preemption check).
@@ -89,6 +96,8 @@ pub(crate) struct Allocator {
     withheld: HashMap<AgentKey, u64>,
     /// The sum of `withheld`.
     withheld_total: u64,
+    /// Agents kept for a preempting framework (docs/priorities.md).
+    holds: Holds<Instant>,
     agent_by_key: HashMap<AgentKey, String>,
     framework_by_key: HashMap<FrameworkKey, String>,
     next_framework_key: FrameworkKey,
@@ -109,6 +118,7 @@ impl Allocator {
             share_fill: Arc::default(),
             withheld: HashMap::new(),
             withheld_total: 0,
+            holds: Holds::new(),
             agent_by_key: HashMap::new(),
             framework_by_key: HashMap::new(),
             next_framework_key: 0,
@@ -151,6 +161,7 @@ impl Allocator {
         self.cluster.remove_agent(key);
         self.devices.remove_agent(key);
         self.device_free.remove(&key);
+        self.holds.release(key);
         self.agent_by_key.remove(&key);
     }
 
@@ -217,10 +228,31 @@ impl Allocator {
         self.drf.revive(key);
     }
 
-    /// Drops a framework from DRF and the key map.
+    /// Drops a framework from DRF, the key map and the holds kept for it.
     pub fn remove_framework(&mut self, key: FrameworkKey) {
         self.drf.remove(key);
+        self.holds.forget_framework(key);
         self.framework_by_key.remove(&key);
+    }
+
+    // --- holds ---
+
+    /// Applies a cycle's outcome to the holds ([`apply_outcome`]): each preemption keeps its
+    /// agent for the preempting framework until `until`, a grant to the holder ends its hold.
+    pub fn apply<T>(&mut self, outcome: &Outcome<T>, until: Instant) {
+        apply_outcome(outcome, &mut self.holds, until);
+    }
+
+    /// Ends the holds whose deadline is not after `now`; true when one did.
+    pub fn expire_holds(&mut self, now: Instant) -> bool {
+        !self.holds.expire(now).is_empty()
+    }
+
+    /// Keeps `agent` for `framework` until `until` (what a preemption does; tests set it
+    /// directly).
+    #[cfg(test)]
+    pub fn hold_agent(&mut self, agent: AgentKey, framework: FrameworkKey, until: Instant) {
+        self.holds.hold(agent, framework, until);
     }
 
     // --- offers ---
@@ -344,10 +376,12 @@ impl Allocator {
             device_free,
             launched_shapes,
             share_fill,
+            holds,
             agent_by_key,
             framework_by_key,
             ..
         } = self;
+        let now = facts.now;
         let target = launched_shapes.target(requests.iter().filter_map(|r| {
             Some((
                 TaskShape::of_demand(&r.request.demand)?,
@@ -361,19 +395,18 @@ impl Allocator {
         let devices: &DeviceBook = devices;
         let agent_by_key: &HashMap<AgentKey, String> = agent_by_key;
         let framework_by_key: &HashMap<FrameworkKey, String> = framework_by_key;
-        let feasible = |fw: FrameworkKey, agent: AgentKey| -> Result<(), Filter> {
-            let Some(fw) = framework_by_key.get(&fw) else {
+        let holds: &Holds<Instant> = holds;
+        let feasible = |fw_key: FrameworkKey, agent: AgentKey| -> Result<(), Filter> {
+            let Some(fw) = framework_by_key.get(&fw_key) else {
                 return Err(Filter::Disconnected);
             };
             let agent_id = agent_by_key.get(&agent).map(String::as_str);
+            let held = holds.held_for_other(agent, fw_key, now);
             // A GPU demand fits only an agent with a device that can hold it (docs/devices.md).
-            (facts.feasible)(fw, agent_id, &|demand| devices.fits(agent, demand))
+            (facts.feasible)(fw, agent_id, held, &|demand| devices.fits(agent, demand))
         };
-        let waiting = |fw: FrameworkKey| {
-            framework_by_key
-                .get(&fw)
-                .is_some_and(|id| (facts.waiting)(id))
-        };
+        // Already waiting for victims to end somewhere.
+        let waiting = |fw: FrameworkKey| holds.waiting(fw, now).is_some();
         // Preemption checks the devices per device: the victims' bindings released on a copy of
         // the agent's device state, the demand's request fitted there (docs/priorities.md).
         let device_check = |agent: AgentKey, demand: &Resources, victims: &[&T]| {
@@ -419,6 +452,10 @@ impl Allocator {
 
     pub fn cluster(&self) -> &Cluster {
         &self.cluster
+    }
+
+    pub fn holds(&self) -> &Holds<Instant> {
+        &self.holds
     }
 
     pub fn drf(&self) -> &DrfSorter {
@@ -559,12 +596,12 @@ mod tests {
         // A cycle's whole-agent grant empties the agent.
         let mut requests = vec![request(fw, "cpus:1;mem:128;gpu_milli:200")];
         let facts = CycleFacts::<u32> {
-            feasible: &|_, _, fits: &dyn Fn(&Resources) -> bool| {
+            now: Instant::now(),
+            feasible: &|_, _, _, fits: &dyn Fn(&Resources) -> bool| {
                 fits(&res("gpu_milli:200"))
                     .then_some(())
                     .ok_or(Filter::Devices)
             },
-            waiting: &|_| false,
             running: &Vec::new,
             binding: &|_| None,
             owners: &[],
@@ -805,7 +842,7 @@ mod tests {
         let fw = alloc.add_framework("f1", 1.0);
         let asked = std::cell::RefCell::new(Vec::new());
         // Only a2 is allowed; the facts see the master's ids.
-        let feasible = |f: &str, agent: Option<&str>, _: &dyn Fn(&Resources) -> bool| {
+        let feasible = |f: &str, agent: Option<&str>, _: bool, _: &dyn Fn(&Resources) -> bool| {
             asked
                 .borrow_mut()
                 .push((f.to_string(), agent.map(str::to_string)));
@@ -815,8 +852,8 @@ mod tests {
             }
         };
         let facts = CycleFacts::<u32> {
+            now: Instant::now(),
             feasible: &feasible,
-            waiting: &|_| false,
             running: &Vec::new,
             binding: &|_| None,
             owners: &[],

@@ -53,7 +53,12 @@ impl MasterState {
             .agents
             .values()
             .filter(|a| !a.lost && !busy.contains(a.id.as_str()))
-            .filter(|a| agent_feasible(Some(a), framework, true, now).is_ok())
+            .filter(|a| {
+                let held = a
+                    .key
+                    .is_some_and(|k| self.alloc.holds().held_for_other(k, framework.key, now));
+                agent_feasible(Some(a), framework, true, held, now).is_ok()
+            })
             .filter_map(|a| a.key.map(|k| (a.id.as_str(), k)))
             .collect();
         usable.sort_unstable();

@@ -255,7 +255,6 @@ impl MasterState {
                     last_heartbeat: now,
                     tasks: Default::default(),
                     lost: a.lost,
-                    held_for: None,
                     reregister_by: (!a.lost).then_some(deadline),
                 },
             );

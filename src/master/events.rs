@@ -52,8 +52,8 @@ pub(crate) enum Event {
     Plan {
         demand: ringmaster_proto::resources::Resources,
         count: u32,
-        placement: super::plan::Placement,
-        reply: oneshot::Sender<super::plan::Plan>,
+        placement: crate::jobs::plan::Placement,
+        reply: oneshot::Sender<crate::jobs::plan::Plan>,
     },
     /// The built-in jobs framework's records changed (`crate::jobs::runner`, through
     /// [`super::jobs_store::JobsStore`]): written in this turn's registry commit, and answered

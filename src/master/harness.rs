@@ -128,6 +128,23 @@ impl Harness {
         self.now
     }
 
+    /// Keeps agent `agent` for framework `framework` (ids) until `until`, as a preemption does.
+    pub fn hold(&mut self, agent: &str, framework: &str, until: Instant) {
+        let agent = self.state.agents[agent].key.expect("an admitted agent");
+        let framework = self.state.frameworks[framework].key;
+        self.state.alloc.hold_agent(agent, framework, until);
+    }
+
+    /// The framework (id) agent `agent` is kept for now, if any.
+    pub fn held_for(&self, agent: &str) -> Option<String> {
+        let key = self.state.agents[agent].key?;
+        let hold = self.state.alloc.holds().on(key, self.now)?;
+        self.state
+            .alloc
+            .framework_id(hold.framework)
+            .map(str::to_string)
+    }
+
     /// Time elapsed on the fake clock since the harness started.
     pub fn elapsed(&self) -> Duration {
         self.now - self.base

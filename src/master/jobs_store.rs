@@ -5,44 +5,40 @@
 //!
 //! Why through the actor and not a file of its own: one durable store, written in one order,
 //! is what a restarted (and later a replicated) master recovers from. The records' schema
-//! belongs to the jobs framework (`crate::jobs::records`); the master only stores them.
+//! and the store's interface ([`JobsStore`]) belong to the jobs framework
+//! (`crate::jobs::store`, `crate::jobs::records`); the master only implements the interface
+//! ([`ActorJobsStore`]) and stores the records.
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::events::Event;
-pub use super::registry::JobsMeta;
-
-/// What the registry held for the jobs framework at the master's start.
-#[derive(Debug, Default)]
-pub struct LoadedJobs {
-    /// Job name -> its record.
-    pub jobs: Vec<(String, serde_json::Value)>,
-    /// `None`: the jobs framework never started on this registry (or there is none).
-    pub meta: Option<JobsMeta>,
-}
+pub use crate::jobs::store::{JobsMeta, JobsStore, LoadedJobs};
 
 /// Writes the jobs framework's records through the master's actor.
 #[derive(Clone)]
-pub struct JobsStore {
+pub struct ActorJobsStore {
     events: mpsc::Sender<Event>,
     durable: bool,
 }
 
-impl JobsStore {
+impl ActorJobsStore {
     pub(crate) fn new(events: mpsc::Sender<Event>, durable: bool) -> Self {
-        JobsStore { events, durable }
+        ActorJobsStore { events, durable }
     }
+}
 
+#[async_trait::async_trait]
+impl JobsStore for ActorJobsStore {
     /// Whether the master has a registry (`--work-dir`): without one, saves are answered at
     /// once and the jobs live in the jobs framework's memory only.
-    pub fn is_durable(&self) -> bool {
+    fn is_durable(&self) -> bool {
         self.durable
     }
 
     /// Writes job records (`None`: delete) and, when given, the framework's own record, in
     /// the actor's next commit. `Ok` once committed; `Err` with why not (the registry failed,
     /// and the master stops, or the master has stopped).
-    pub async fn save(
+    async fn save(
         &self,
         jobs: Vec<(String, Option<serde_json::Value>)>,
         meta: Option<JobsMeta>,

@@ -60,6 +60,7 @@
 //! `PendingView`, and `Counters`) are plain data in `ops::model`, a leaf, so `events` names them
 //! without pointing back at `ops::views` or `pending`, the code that reads the state.
 
+mod actor;
 mod agents;
 mod allocator;
 mod batch;
@@ -84,13 +85,16 @@ mod pending;
 mod pipeline;
 pub mod plan;
 mod read_file;
+mod records;
 pub mod registry;
 pub(crate) mod replication;
 mod server;
 mod state;
+mod task_refs;
 mod task_table;
 mod tasks;
 mod usage;
+mod usage_book;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -428,10 +432,13 @@ impl Master {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
-        let store = jobs_store::JobsStore::new(self.events.clone(), self.work_dir.is_some());
+        let store: Arc<dyn jobs_store::JobsStore> = Arc::new(jobs_store::ActorJobsStore::new(
+            self.events.clone(),
+            self.work_dir.is_some(),
+        ));
         let mut loaded = loaded.unwrap_or_default();
         if let Some(dir) = self.work_dir.as_deref().filter(|_| store.is_durable()) {
-            crate::jobs::records::import_jobs_file(dir, &mut loaded, &store).await?;
+            crate::jobs::records::import_jobs_file(dir, &mut loaded, store.as_ref()).await?;
         }
         let master = std::net::SocketAddr::new(
             if self.addr.ip().is_unspecified() {

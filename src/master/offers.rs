@@ -113,20 +113,15 @@ impl MasterState {
         let agents = &self.agents;
         let frameworks = &self.frameworks;
         let tasks = &self.tasks;
-        let feasible = |fw: &str, agent: Option<&str>, devices_fit: &dyn Fn(&Resources) -> bool| {
+        let feasible = |fw: &str,
+                        agent: Option<&str>,
+                        held_for_other: bool,
+                        devices_fit: &dyn Fn(&Resources) -> bool| {
             let Some(fw) = frameworks.get(fw) else {
                 return Err(Filter::Disconnected);
             };
             let record = agent.and_then(|id| agents.get(id));
-            agent_feasible(record, fw, devices_fit(&fw.demand), now)
-        };
-        // Already waiting for victims to end somewhere.
-        let waiting = |id: &str| {
-            agents.values().any(|a| {
-                a.held_for
-                    .as_ref()
-                    .is_some_and(|(held, until)| held == id && *until > now)
-            })
+            agent_feasible(record, fw, devices_fit(&fw.demand), held_for_other, now)
         };
         let running = || -> Vec<RunningTask<TaskKey>> {
             tasks
@@ -158,13 +153,17 @@ impl MasterState {
             })
             .collect();
         let facts = CycleFacts {
+            now,
             feasible: &feasible,
-            waiting: &waiting,
             running: &running,
             binding: &binding,
             owners: &owners,
         };
         let outcome = self.alloc.run(&mut requests, &self.config, &facts);
+        // Holds: each preemption keeps its agent for `offer_timeout`; a grant to the holder
+        // ends its hold (the core's rule, shared with the dry-run).
+        self.alloc
+            .apply(&outcome, now + self.config.master.offer_timeout);
         // Whatever is still asked for after the run could not be placed in it.
         self.unserved = outcome
             .unserved
@@ -172,7 +171,7 @@ impl MasterState {
             .map(|u| (u.framework, u.reason))
             .collect();
         for p in outcome.preemptions {
-            self.preempt(p.framework, p.priority, p.plan, now);
+            self.preempt(p.framework, p.priority, p.plan);
         }
         self.offer_grants(outcome.grants, now);
     }
@@ -192,16 +191,6 @@ impl MasterState {
                 .agent_id(allocation.agent)
                 .expect("grants are on admitted agents")
                 .to_string();
-            if let Some(agent) = self.agents.get_mut(&agent_id) {
-                // The room kept after a preemption reaches its framework: the hold is done.
-                if agent
-                    .held_for
-                    .as_ref()
-                    .is_some_and(|(fw, _)| *fw == framework_id)
-                {
-                    agent.held_for = None;
-                }
-            }
             let placement = Placement {
                 placer: placer.clone(),
                 phase: allocation
@@ -341,14 +330,13 @@ impl MasterState {
             .unwrap_or(self.config.priorities.base())
     }
 
-    /// Kills a plan's victims with reason `preempted` and keeps their agent for the
-    /// preempting framework for `offer_timeout`.
+    /// Kills a plan's victims with reason `preempted` (the allocator already keeps their agent
+    /// for the preempting framework, [`Allocator::apply`](super::allocator::Allocator::apply)).
     fn preempt(
         &mut self,
         framework: FrameworkKey,
         priority: Priority,
         plan: PreemptionPlan<TaskKey>,
-        now: Instant,
     ) {
         let Some(framework_id) = self.alloc.framework_id(framework).map(str::to_string) else {
             return;
@@ -356,10 +344,9 @@ impl MasterState {
         let Some(agent_id) = self.alloc.agent_id(plan.agent).map(str::to_string) else {
             return;
         };
-        let Some(agent) = self.agents.get_mut(&agent_id) else {
+        let Some(agent) = self.agents.get(&agent_id) else {
             return;
         };
-        agent.held_for = Some((framework_id.clone(), now + self.config.master.offer_timeout));
         let agent_conn = agent.conn;
         for victim in &plan.victims {
             let Some(task) = self.tasks.get_mut(victim) else {

@@ -36,6 +36,7 @@ pub(crate) fn agent_feasible(
     agent: Option<&AgentRecord>,
     framework: &FrameworkRecord,
     devices_fit: bool,
+    held_for_other: bool,
     now: Instant,
 ) -> Result<(), Filter> {
     let Some(agent) = agent else {
@@ -44,10 +45,7 @@ pub(crate) fn agent_feasible(
     let facts = AgentFacts {
         connected: agent.conn.is_some(),
         partition: agent.partition(),
-        held_for_other: agent
-            .held_for
-            .as_ref()
-            .is_some_and(|(fw, until)| *fw != framework.id && *until > now),
+        held_for_other,
         declined: framework
             .filters
             .get(&agent.id)
@@ -99,7 +97,14 @@ impl MasterState {
             }
             let rules = |key: AgentKey| {
                 let agent = self.alloc.agent_id(key).and_then(|id| self.agents.get(id));
-                agent_feasible(agent, f, self.alloc.devices().fits(key, &f.demand), now)
+                let held = self.alloc.holds().held_for_other(key, f.key, now);
+                agent_feasible(
+                    agent,
+                    f,
+                    self.alloc.devices().fits(key, &f.demand),
+                    held,
+                    now,
+                )
             };
             let why = WhyUnplaced::explain_rules(self.alloc.cluster(), &f.demand, &rules);
             let unserved_last_run = self.unserved.contains_key(&f.key);
@@ -151,13 +156,9 @@ impl MasterState {
     /// base-priority demands never preempt`. What follows the quota's verdict is the last
     /// allocation cycle's own reason ([`UnservedReason`]), not words of its own.
     fn priority_why(&self, f: &FrameworkRecord, now: Instant) -> Option<String> {
-        let held = self.agents.values().find(|a| {
-            a.held_for
-                .as_ref()
-                .is_some_and(|(id, until)| *id == f.id && *until > now)
-        });
-        if let Some(agent) = held {
-            return Some(format!("{} on agent {}", UnservedReason::Waiting, agent.id));
+        let held = self.alloc.holds().waiting(f.key, now);
+        if let Some(agent) = held.and_then(|key| self.alloc.agent_id(key)) {
+            return Some(format!("{} on agent {agent}", UnservedReason::Waiting));
         }
         let config = &self.config.priorities;
         config.grant(&f.tenant.user, &f.tenant.partition)?;

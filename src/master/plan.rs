@@ -13,38 +13,12 @@ use std::collections::HashSet;
 use ringmaster_core::placement::feasible;
 use ringmaster_core::placement::{AgentKey, Filter, WhyUnplaced};
 use ringmaster_proto::resources::Resources;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::state::MasterState;
-use crate::jobs::constraints::{AgentFacts, Constraint, Matcher};
-
-/// The answer of a plan.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
-    /// The agent of each instance that fits, in instance order.
-    pub placed: Vec<String>,
-    /// Instances that fit nowhere (the rest, from the first that did not fit).
-    pub unplaced: u32,
-    /// Why the first unplaced instance fits nowhere.
-    pub why: Option<String>,
-}
-
-/// Where a job may run: its partition and its constraints.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Placement {
-    pub partition: String,
-    pub constraints: Vec<Constraint>,
-}
-
-impl Default for Placement {
-    fn default() -> Self {
-        Placement {
-            partition: ringmaster_core::placement::DEFAULT_PARTITION.to_string(),
-            constraints: Vec::new(),
-        }
-    }
-}
+use crate::jobs::constraints::{AgentFacts, Matcher};
+/// The question and answer of a plan: the jobs framework's types (`job plan` renders it).
+pub use crate::jobs::plan::{Placement, Plan};
 
 impl MasterState {
     /// Places `count` instances of `demand` on a copy of the cluster (see the module docs).
@@ -68,10 +42,7 @@ impl MasterState {
             let facts = feasible::AgentFacts {
                 connected: agent.conn.is_some(),
                 partition: agent.partition(),
-                held_for_other: agent
-                    .held_for
-                    .as_ref()
-                    .is_some_and(|(_, until)| *until > now),
+                held_for_other: self.alloc.holds().on(key, now).is_some(),
                 declined: false,
                 devices_fit: self.alloc.devices().fits(key, demand),
             };

@@ -19,6 +19,10 @@ use std::path::{Path, PathBuf};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize};
 
+/// The jobs framework's own record: its type is the jobs framework's, the registry only keeps
+/// it (table `jobs_meta`).
+pub use crate::jobs::store::JobsMeta;
+
 const FRAMEWORKS: TableDefinition<&str, &[u8]> = TableDefinition::new("frameworks");
 const AGENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agents");
 /// Keyed by (framework id, task id).
@@ -114,21 +118,6 @@ pub struct TaskEntry {
     /// again after a restart.
     #[serde(default)]
     pub terminal_unacked: bool,
-}
-
-/// The built-in jobs framework's own record: its framework ids and how many times it started
-/// (task ids carry the count, so none is reused).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct JobsMeta {
-    /// The framework of the default partition (`ringmaster-jobs`).
-    #[serde(default)]
-    pub framework_id: Option<String>,
-    #[serde(default)]
-    pub generation: u32,
-    /// The frameworks of the other partitions (`ringmaster-jobs/<partition>`), by partition.
-    /// Absent in records of older masters (they had the default partition's only).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub partitions: std::collections::BTreeMap<String, String>,
 }
 
 /// Everything read back from a registry at start.

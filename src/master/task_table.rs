@@ -10,7 +10,8 @@ use std::ops::Index;
 
 use hashbrown::hash_table::{Entry, HashTable};
 
-use super::state::{TaskKey, TaskRecord};
+use super::records::{TaskKey, TaskRecord};
+use super::task_refs::TaskRefs;
 
 /// 192 bytes, a jemalloc size class: see the test below before growing [`TaskRecord`].
 struct Slot {
@@ -101,7 +102,7 @@ impl<S: BuildHasher> TaskTable<S> {
         refs: &TaskRefs,
         member: impl Fn(&TaskKey, &TaskRecord) -> bool,
     ) -> Vec<TaskKey> {
-        let mut hashes: Vec<u64> = refs.table.iter().copied().collect();
+        let mut hashes: Vec<u64> = refs.hashes().collect();
         hashes.sort_unstable();
         hashes.dedup();
         let mut keys = Vec::with_capacity(refs.len());
@@ -126,42 +127,6 @@ impl<S: BuildHasher> TaskTable<S> {
 
     pub fn values(&self) -> impl Iterator<Item = &TaskRecord> + '_ {
         self.table.iter().map(|slot| &slot.record)
-    }
-}
-
-/// The tasks of one agent or one framework, as the hashes the [`TaskTable`] files them under: 8
-/// bytes a task instead of a copy of its key (48 bytes), in a table per agent and per
-/// framework (10,000 agents' sets were about 16 MB under load: docs/benchmarks.md, "Memory at
-/// scale"). A multiset: two tasks whose keys share a hash are each counted;
-/// [`TaskTable::resolve`] turns it back into keys.
-#[derive(Default)]
-pub(crate) struct TaskRefs {
-    table: HashTable<u64>,
-}
-
-impl TaskRefs {
-    pub fn insert(&mut self, hash: u64) {
-        self.table.insert_unique(hash, hash, |&h| h);
-    }
-
-    /// Removes one occurrence of `hash`; `false` when there was none.
-    pub fn remove(&mut self, hash: u64) -> bool {
-        match self.table.find_entry(hash, |&h| h == hash) {
-            Ok(occupied) => {
-                occupied.remove();
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    #[cfg(test)]
-    pub fn contains(&self, hash: u64) -> bool {
-        self.table.find(hash, |&h| h == hash).is_some()
-    }
-
-    pub fn len(&self) -> usize {
-        self.table.len()
     }
 }
 

@@ -29,9 +29,12 @@ pub mod devices;
 pub mod drf;
 pub mod feasible;
 pub mod fragmentation;
+pub mod holds;
+pub mod keys;
 pub mod matching;
 pub mod placers;
 pub mod priority;
+pub mod ring_search;
 pub mod ring_set;
 pub mod rings;
 pub mod why;
@@ -49,14 +52,6 @@ pub mod placer {
     pub use super::placers::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
 }
 
-/// The ring search's options and the caller's score (old path).
-pub mod ring_search {
-    pub use super::placers::context::AgentScore;
-    pub use super::placers::ring::{
-        RingSearch, RingSearchError, DEFAULT_CANDIDATES, MAX_CANDIDATES,
-    };
-}
-
 use std::sync::OnceLock;
 
 use crate::resources::find_name;
@@ -70,25 +65,23 @@ pub use cycle::{
 };
 pub use drf::DrfSorter;
 pub use feasible::{AgentFacts, Filter};
+pub use holds::{apply_outcome, Hold, Holds};
+pub use keys::{AgentKey, FrameworkKey};
 pub use placers::balance::BalancePlacer;
 pub use placers::baselines::{FirstFit, LinearBestFit};
 pub use placers::context::{AgentScore, BalanceSettings, PlacementContext};
 pub use placers::kind::PlacerKind;
 pub use placers::node_preference::{LeastRequested, MostBalanced};
-pub use placers::ring::{RingPlacer, RingSearch, RingSearchError};
+pub use placers::ring::RingPlacer;
 pub use placers::{BalanceNote, Decision, Phase, Placer, PlacerNote};
 pub use priority::{
     no_devices, plan_preemption, plan_preemption_with, task_priority, DeviceCheck, PreemptionPlan,
     Priority, PriorityConfig, QuotaLedger, RunningTask, TaskPriority, UserGrant, DEFAULT_PARTITION,
 };
+pub use ring_search::{RingSearch, RingSearchError};
 pub use ring_set::RingSet;
 pub use rings::{RingLayout, RingLayoutError, RingSpec, RingsConfig};
 pub use why::WhyUnplaced;
-
-/// An agent's slab key: compact, stable while the agent is present, reused after removal.
-pub type AgentKey = usize;
-/// A framework's key, chosen by the caller.
-pub type FrameworkKey = usize;
 
 /// An agent as placement sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]

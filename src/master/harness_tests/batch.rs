@@ -310,7 +310,7 @@ fn a_batch_keeps_the_partition_hold_and_decline_rules() {
     let fw = h.framework("burst");
     let other = h.framework("other");
     let until = h.now() + Duration::from_secs(60);
-    h.state.agents.get_mut("held").unwrap().held_for = Some((other.id.clone(), until));
+    h.hold("held", &other.id, until);
     h.state
         .frameworks
         .get_mut(&fw.id)

@@ -424,8 +424,9 @@ fn a_plan_keeps_the_cycles_rules_and_skips_a_held_agent() {
     let mut h = Harness::new();
     h.agent("a1", "cpus:4;mem:1024");
     h.agent("a2", "cpus:4;mem:1024");
+    let preemptor = h.framework("preemptor");
     let until = h.now() + Duration::from_secs(60);
-    h.state.agents.get_mut("a1").unwrap().held_for = Some(("preemptor".into(), until));
+    h.hold("a1", &preemptor.id, until);
     let demand: ringmaster_proto::resources::Resources = "cpus:2;mem:100".parse().unwrap();
     let plan = h.state.plan(&demand, 3, &Default::default(), h.now());
     assert_eq!(plan.placed, ["a2", "a2"], "{plan:?}");

@@ -124,7 +124,7 @@ fn a_preempted_task_ends_killed_preempted_whatever_the_agent_reports_and_the_roo
     h.settle();
     let offers = h.expect_offers(&alice);
     assert_eq!(offers[0].agent_id, "a1");
-    assert!(h.state.agents["a1"].held_for.is_none());
+    assert_eq!(h.held_for("a1"), None);
 }
 
 #[test]

@@ -31,18 +31,14 @@ use super::context::{AgentScore, PlacementContext};
 
 use super::memo::{frontier_of, Question, Recalled, Remembered, WalkMemo, SPARES};
 use super::{dominant_dimension, Decision, Phase, Placer, PlacerNote};
+pub use crate::placement::ring_search::{
+    RingSearch, RingSearchError, DEFAULT_CANDIDATES, DEFAULT_LARGEST, MAX_CANDIDATES,
+};
 use crate::placement::ring_set::{Candidates, Reach};
 use crate::placement::{AgentKey, Cluster, Resources, RingSet};
 
 /// The dimension whose leftover breaks equal scores of the scored tie-break.
 const CPUS: &str = "cpus";
-
-/// The most candidates a scored tie-break may rank (keeps a decision O(K log n) with small K).
-pub const MAX_CANDIDATES: usize = 64;
-
-/// Default number of candidates the caller's score ranks (measured: docs/results.md, "Closing
-/// the gap to FGD").
-pub const DEFAULT_CANDIDATES: usize = 40;
 
 /// The leftover pass examines at most this many agents per candidate it ranks (640 for the
 /// default 40), so a decision stays O(K log n) however many agents hold a little of the spared
@@ -61,96 +57,6 @@ const LARGEST_BUCKETS: usize = 2;
 /// The leftover pass takes only agents with less than one whole unit (1000 milli) of the spared
 /// dimension free: less than one GPU, all of it on GPUs partly in use.
 const LEFTOVER_BELOW: u64 = 1000;
-
-/// How the ring placer searches, beyond each dimension's layout and `search_up`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RingSearch {
-    spare: Vec<String>,
-    candidates: usize,
-    largest: usize,
-}
-
-/// Default number of the largest fitting agents the caller's score ranks beside the
-/// `candidates` (measured: docs/results.md, "Stop 29").
-pub const DEFAULT_LARGEST: usize = 24;
-
-/// Why ring search options were refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum RingSearchError {
-    #[error("at most {MAX_CANDIDATES} candidates are allowed, not {0}")]
-    TooManyCandidates(usize),
-    #[error("at most {MAX_CANDIDATES} largest candidates are allowed, not {0}")]
-    TooManyLargest(usize),
-    #[error("`{0}` is listed twice")]
-    DuplicateSpare(String),
-}
-
-impl Default for RingSearch {
-    /// Spare `gpus`, rank 40 candidates and the 24 largest (when the caller supplies a score
-    /// that asks for the largest).
-    fn default() -> Self {
-        RingSearch {
-            spare: vec!["gpus".to_string()],
-            candidates: DEFAULT_CANDIDATES,
-            largest: DEFAULT_LARGEST,
-        }
-    }
-}
-
-impl RingSearch {
-    /// Checked options: `spare` without repeats, `candidates` ≤ [`MAX_CANDIDATES`] (0 and 1 both
-    /// mean "no tie-break"); no largest candidates ([`with_largest`](Self::with_largest) adds
-    /// them).
-    pub fn new(spare: Vec<String>, candidates: usize) -> Result<Self, RingSearchError> {
-        if candidates > MAX_CANDIDATES {
-            return Err(RingSearchError::TooManyCandidates(candidates));
-        }
-        for (i, name) in spare.iter().enumerate() {
-            if spare[..i].contains(name) {
-                return Err(RingSearchError::DuplicateSpare(name.clone()));
-            }
-        }
-        Ok(RingSearch {
-            spare,
-            candidates,
-            largest: 0,
-        })
-    }
-
-    /// The same search ranking also up to `largest` (≤ [`MAX_CANDIDATES`]) of the largest
-    /// fitting agents, from the top bucket down, beside the `candidates` in the search's order
-    /// (only when those stay within the upward window).
-    pub fn with_largest(self, largest: usize) -> Result<Self, RingSearchError> {
-        if largest > MAX_CANDIDATES {
-            return Err(RingSearchError::TooManyLargest(largest));
-        }
-        Ok(RingSearch { largest, ..self })
-    }
-
-    /// The search exactly as SPEC seed 001 states it: no sparing, no tie-break.
-    pub fn seed_001() -> Self {
-        RingSearch {
-            spare: Vec::new(),
-            candidates: 1,
-            largest: 0,
-        }
-    }
-
-    /// Dimensions kept for the demands that ask for them.
-    pub fn spare(&self) -> &[String] {
-        &self.spare
-    }
-
-    /// How many fitting agents, in the search's order, the caller's score ranks.
-    pub fn candidates(&self) -> usize {
-        self.candidates
-    }
-
-    /// How many of the largest fitting agents the caller's score ranks beside them.
-    pub fn largest(&self) -> usize {
-        self.largest
-    }
-}
 
 /// The ring search of SPEC seed 001 step 3, with the options of [`RingSearch`].
 ///
