@@ -78,6 +78,7 @@ pub fn add(master: &str, id: u64, address: &str) -> Result<(), CliError> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(ADD_TIMEOUT))
         .http_status_as_error(false)
+        .middleware(crate::jobs::cli::add_authorization)
         .build()
         .into();
     let text = call_with(&agent, master, "POST", "/cluster/members", Some(body))?;

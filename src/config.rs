@@ -551,6 +551,7 @@ struct RawConfig {
     limits: Option<RawLimits>,
     tls: Option<crate::security::RawTls>,
     auth: Option<crate::security::RawAuth>,
+    http: Option<crate::security::RawHttp>,
     devices: Option<RawDevices>,
     cluster: Option<RawCluster>,
 }
@@ -710,6 +711,8 @@ pub struct Config {
     pub tls: Option<ringmaster_proto::transport::TlsServerFiles>,
     /// Principals and what they may do (default: nobody is asked to authenticate).
     pub auth: crate::security::AuthConfig,
+    /// The HTTP API's anonymous routes (`http.anonymous`; docs/security.md, "HTTP API").
+    pub http: crate::security::HttpConfig,
     /// How GPU tasks get their devices.
     pub devices: DevicesConfig,
     /// The replication group this master belongs to; `None`: a single master.
@@ -845,6 +848,9 @@ impl Config {
         }
         if let Some(a) = &raw.auth {
             config.auth = crate::security::apply_auth(&source, &["auth".into()], a)?;
+        }
+        if let Some(h) = &raw.http {
+            config.http = crate::security::apply_http(&source, &["http".into()], h)?;
         }
         if let Some(selection) = raw.devices.as_ref().and_then(|d| d.selection.as_ref()) {
             config.devices.selection =

@@ -67,10 +67,33 @@ pub fn not_leader(status: u16, body: &str) -> Option<(String, String)> {
     Some((leader, message))
 }
 
-/// Parses `--master` and asks each master in turn ([`ask_each`]) until one answers.
-pub fn with_leader<T>(spec: &str, ask: impl FnMut(&str) -> Asked<T>) -> Result<T, String> {
+/// How long a CLI waits for a group that has no leader (an election under way) before it
+/// gives up.
+pub const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+/// The pause between two rounds while the group has no leader.
+pub const LEADER_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Parses `--master` and asks each master in turn ([`ask_each`]) until one answers. While the
+/// masters that answer are followers (the group is electing a leader, or they still name one
+/// that died) and none answers as the leader, the round is asked again every [`LEADER_RETRY`]
+/// for up to [`LEADER_WAIT`]. When no master answers at all, the error comes at once.
+pub fn with_leader<T>(spec: &str, mut ask: impl FnMut(&str) -> Asked<T>) -> Result<T, String> {
     let masters = parse_masters(spec)?;
-    ask_each(&masters, ask)
+    let deadline = std::time::Instant::now() + LEADER_WAIT;
+    loop {
+        let mut electing = false;
+        let result = ask_each(&masters, |address| {
+            let asked = ask(address);
+            electing |= matches!(asked, Asked::NotLeader { .. });
+            asked
+        });
+        match result {
+            Err(_) if electing && std::time::Instant::now() + LEADER_RETRY < deadline => {
+                std::thread::sleep(LEADER_RETRY);
+            }
+            result => return result,
+        }
+    }
 }
 
 #[cfg(test)]

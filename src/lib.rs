@@ -29,3 +29,5 @@ pub mod status;
 /// The located-YAML errors live in `ringmaster_proto::yaml` (shared with the agent's config
 /// file); `crate::yaml` keeps naming them here.
 use ringmaster_proto::yaml;
+/// The YAML nesting bound every parsed text passes first (`ringmaster_proto::yaml_depth`).
+use ringmaster_proto::yaml_depth;

@@ -50,7 +50,16 @@ impl LocalCluster {
                  credentials: drop the tls: section and auth.required from its config"
             );
         }
-        // With a work dir given, the master keeps its registry in `<dir>/master`.
+        // With a work dir given, the master keeps its registry in `<dir>/master` (0700) and the
+        // agents theirs in `<dir>/agent-N` (0711); the dir itself is 0711 so task users reach
+        // their sandboxes by path (docs/security.md, "Files").
+        if let Some(dir) = &options.work_dir {
+            ringmaster_proto::files::create_work_dir(
+                dir,
+                ringmaster_proto::files::TRAVERSABLE_DIR_MODE,
+            )
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
         let master = Master::start_durable(
             &options.listen,
             options.http.as_deref(),
@@ -74,8 +83,12 @@ impl LocalCluster {
         let mut agents = Vec::new();
         for i in 0..options.agents {
             let work_dir = work_root.join(format!("agent-{i}"));
-            std::fs::create_dir_all(&work_dir)
-                .with_context(|| format!("cannot create {}", work_dir.display()))?;
+            // The agent tightens it at start; created with its mode (docs/security.md, "Files").
+            ringmaster_proto::files::create_work_dir(
+                &work_dir,
+                ringmaster_proto::files::TRAVERSABLE_DIR_MODE,
+            )
+            .with_context(|| format!("cannot create {}", work_dir.display()))?;
             let config = ringmaster_agent::AgentConfig {
                 master: master.addr().to_string(),
                 id: Some(format!("local-agent-{i}")),

@@ -1,6 +1,6 @@
 //! The `ringmaster` command: the master (`serve`), local mode (`local`), the dry-run
 //! placement tool (`place`), the operator view (`status`), the trace-driven simulator
-//! (`sim`) and development TLS certificates (`certs`). Thin: parse arguments, call the library, print, set the exit code.
+//! (`sim`), development TLS certificates (`certs`) and HTTP API tokens (`token`). Thin: parse arguments, call the library, print, set the exit code.
 //!
 //! Exit codes: 0 success; 1 a runtime failure; 2 bad input (arguments, config or scenario),
 //! with one line on stderr naming the file, line and field.
@@ -119,6 +119,20 @@ enum Command {
     Place(PlaceArgs),
     /// Trace-driven simulation: compare placement policies on a real trace (see docs/simulator.md).
     Sim(SimArgs),
+    /// Print a bearer token for the master's HTTP API (`Authorization: Bearer TOKEN`), made
+    /// from the principal's secret; the master checks it with the same secret
+    /// (docs/security.md, "HTTP API").
+    Token {
+        /// The principal (a name under `auth.principals` in the master's config).
+        #[arg(long, value_name = "NAME")]
+        principal: String,
+        /// The file holding the principal's secret.
+        #[arg(long, value_name = "FILE")]
+        secret_file: PathBuf,
+        /// How long the token is valid (`30m`, `1h`, `7d`).
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+    },
     /// Write a development CA, a master certificate and client certificates for TLS
     /// (see docs/security.md). Keys are written with mode 0600.
     Certs {
@@ -244,6 +258,33 @@ struct MasterAddr {
         default_value = "127.0.0.1:5050"
     )]
     addr: String,
+    /// Authenticate to the master's HTTP API as this principal (with --secret-file; each
+    /// request carries a short-lived token made from the secret, docs/security.md).
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "RINGMASTER_PRINCIPAL",
+        requires = "secret_file"
+    )]
+    principal: Option<String>,
+    /// The file holding the principal's secret.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "RINGMASTER_SECRET_FILE",
+        requires = "principal"
+    )]
+    secret_file: Option<PathBuf>,
+}
+
+impl MasterAddr {
+    /// Makes this process's HTTP requests authenticate as `--principal`, when given.
+    fn use_credential(&self) -> Result<(), ringmaster::jobs::cli::CliError> {
+        match (&self.principal, &self.secret_file) {
+            (Some(principal), Some(file)) => ringmaster::jobs::cli::use_credential(principal, file),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `ringmaster cluster ...`; `--master` lists the masters, as for `ringmaster status`: the
@@ -281,6 +322,13 @@ enum ClusterCommand {
 
 fn cluster_command(command: ClusterCommand) -> ExitCode {
     use ringmaster::cluster_cli;
+    let (ClusterCommand::Members { master, .. }
+    | ClusterCommand::Add { master, .. }
+    | ClusterCommand::Remove { master, .. }) = &command;
+    if let Err(e) = master.use_credential() {
+        eprintln!("error: {}", e.message);
+        return ExitCode::from(e.code);
+    }
     let result = match &command {
         ClusterCommand::Members { json, master } => cluster_cli::members(&master.addr, *json),
         ClusterCommand::Add {
@@ -366,6 +414,16 @@ enum JobCommand {
 
 fn job_command(command: JobCommand) -> ExitCode {
     use ringmaster::jobs::cli;
+    let (JobCommand::Run { master, .. }
+    | JobCommand::Status { master, .. }
+    | JobCommand::Stop { master, .. }
+    | JobCommand::Plan { master, .. }
+    | JobCommand::Logs { master, .. }
+    | JobCommand::Scale { master, .. }) = &command;
+    if let Err(e) = master.use_credential() {
+        eprintln!("error: {}", e.message);
+        return ExitCode::from(e.code);
+    }
     let result = match &command {
         JobCommand::Run { file, wait, master } => cli::run(&master.addr, file, *wait),
         JobCommand::Status { name, json, master } => {
@@ -490,10 +548,15 @@ fn main() -> ExitCode {
         Command::Job { command } => job_command(command),
         Command::Cluster { command } => cluster_command(command),
         Command::Status {
-            master: MasterAddr { addr: master },
+            master: address,
             view,
             json,
         } => {
+            if let Err(e) = address.use_credential() {
+                eprintln!("error: {}", e.message);
+                return ExitCode::from(e.code);
+            }
+            let master = address.addr;
             let snapshot = match ringmaster::status::fetch(&master) {
                 Ok(s) => s,
                 Err(e) => {
@@ -511,6 +574,11 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Sim(args) => sim(args),
+        Command::Token {
+            principal,
+            secret_file,
+            ttl,
+        } => token(&principal, &secret_file, ttl),
         Command::Certs {
             out,
             san,
@@ -608,6 +676,30 @@ async fn shutdown_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+/// `ringmaster token`: prints a bearer token valid for `ttl` from now.
+fn token(principal: &str, secret_file: &std::path::Path, ttl: std::time::Duration) -> ExitCode {
+    if let Err(e) = ringmaster_proto::security::check_principal(principal) {
+        return bad_input(&format!("--principal: {e}"));
+    }
+    if ttl.is_zero() {
+        return bad_input("--ttl: a token valid for 0 s is expired at once");
+    }
+    let secret = match ringmaster_proto::security::read_secret_file(secret_file) {
+        Ok(secret) => secret,
+        Err(e) => return bad_input(&format!("--secret-file: {e}")),
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let expiry = now.saturating_add(ttl.as_secs().max(1));
+    println!(
+        "{}",
+        ringmaster::security::http_token(principal, &secret, expiry)
+    );
+    ExitCode::SUCCESS
 }
 
 fn bad_input(message: &str) -> ExitCode {

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use ring::hmac;
 use ringmaster_proto::security::{check_principal, read_secret_file, verify_mac, AuthRole};
 use ringmaster_proto::transport::TlsServerFiles;
 use serde::Deserialize;
@@ -68,11 +69,42 @@ pub enum AllowedUsers {
     Only(BTreeSet<String>),
 }
 
+/// What a principal may do on the master's HTTP API (docs/security.md, "HTTP API"). Kept
+/// apart from [`AuthRole`], the wire roles of the protocol handshake; both are listed in the
+/// same `roles:` of a principal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HttpRole {
+    /// Every route: job and membership changes, every read, every task's logs.
+    Operator,
+    /// The read-only views: `/`, `/state`, `/metrics`, `GET /jobs[/{name}]`,
+    /// `GET /cluster/members`, `POST /jobs/plan`; no logs.
+    Viewer,
+}
+
+impl HttpRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpRole::Operator => "operator",
+            HttpRole::Viewer => "viewer",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<HttpRole> {
+        match name {
+            "operator" => Some(HttpRole::Operator),
+            "viewer" => Some(HttpRole::Viewer),
+            _ => None,
+        }
+    }
+}
+
 /// What one principal proves and may do. `Debug` never shows the secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PrincipalGrant {
     secret: Vec<u8>,
     pub roles: BTreeSet<AuthRole>,
+    /// Its roles on the HTTP API (`operator`, `viewer` in `roles:`).
+    pub http_roles: BTreeSet<HttpRole>,
     pub users: AllowedUsers,
     /// The users its frameworks' tasks may run as, when not `users` (the built-in jobs
     /// framework: it subscribes as `jobs`, its tasks run as their job specs say).
@@ -84,6 +116,7 @@ impl fmt::Debug for PrincipalGrant {
         f.debug_struct("PrincipalGrant")
             .field("secret", &"<redacted>")
             .field("roles", &self.roles)
+            .field("http_roles", &self.http_roles)
             .field("users", &self.users)
             .field("task_users", &self.task_users)
             .finish()
@@ -96,9 +129,40 @@ impl PrincipalGrant {
         PrincipalGrant {
             secret,
             roles,
+            http_roles: BTreeSet::new(),
             users,
             task_users: None,
         }
+    }
+
+    /// The same grant with these HTTP roles.
+    pub fn with_http_roles(mut self, roles: BTreeSet<HttpRole>) -> Self {
+        self.http_roles = roles;
+        self
+    }
+
+    pub fn allows_http_role(&self, role: HttpRole) -> bool {
+        self.http_roles.contains(&role)
+    }
+
+    /// Is `secret` this principal's secret (HTTP Basic)? Constant time: both are reduced to
+    /// an HMAC of a fixed text and the tags compared by `ring::hmac::verify`, so neither the
+    /// position of a difference nor the secret's length shows in the time taken.
+    pub fn verify_secret(&self, secret: &[u8]) -> bool {
+        const CONTEXT: &[u8] = b"ringmaster-http-basic";
+        let presented = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), CONTEXT);
+        hmac::verify(
+            &hmac::Key::new(hmac::HMAC_SHA256, &self.secret),
+            CONTEXT,
+            presented.as_ref(),
+        )
+        .is_ok()
+    }
+
+    /// Is `mac` the MAC of an HTTP token of `principal` valid until `expiry`? Constant time.
+    pub fn verify_http_token(&self, principal: &str, expiry: u64, mac: &[u8]) -> bool {
+        let key = hmac::Key::new(hmac::HMAC_SHA256, &self.secret);
+        hmac::verify(&key, &http_token_input(principal, expiry), mac).is_ok()
     }
 
     /// The same grant, whose frameworks' tasks may run as `users` instead of the users its
@@ -152,6 +216,166 @@ impl AuthConfig {
                 ringmaster_proto::security::Credential::new(name.clone(), grant.secret.clone()).ok()
             })
     }
+}
+
+/// The `http:` section as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttp {
+    #[serde(default)]
+    anonymous: Vec<String>,
+}
+
+/// Read routes of the HTTP API that `http.anonymous` may open to clients without
+/// credentials when `auth.required` is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AnonymousRoute {
+    /// `GET /`, the dashboard page (its data still comes from `/state`).
+    Dashboard,
+    /// `GET /state`.
+    State,
+    /// `GET /metrics`.
+    Metrics,
+    /// `GET /health` (always open; accepted for completeness).
+    Health,
+}
+
+impl AnonymousRoute {
+    pub const ALL: [AnonymousRoute; 4] = [
+        AnonymousRoute::Dashboard,
+        AnonymousRoute::State,
+        AnonymousRoute::Metrics,
+        AnonymousRoute::Health,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnonymousRoute::Dashboard => "dashboard",
+            AnonymousRoute::State => "state",
+            AnonymousRoute::Metrics => "metrics",
+            AnonymousRoute::Health => "health",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<AnonymousRoute> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+/// The master's `http:` section: which read routes anonymous clients may use when
+/// `auth.required` is on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HttpConfig {
+    pub anonymous: BTreeSet<AnonymousRoute>,
+}
+
+/// Reads an `http:` section found at `at`.
+pub fn apply_http(
+    source: &YamlSource,
+    at: &[Seg],
+    raw: &RawHttp,
+) -> Result<HttpConfig, ConfigError> {
+    let mut anonymous = BTreeSet::new();
+    for (i, name) in raw.anonymous.iter().enumerate() {
+        let route = AnonymousRoute::parse(name.trim()).ok_or_else(|| {
+            let mut path = at.to_vec();
+            path.push("anonymous".into());
+            path.push(Seg::Index(i));
+            let allowed: Vec<&str> = AnonymousRoute::ALL.iter().map(|r| r.as_str()).collect();
+            source.error(
+                &path,
+                format!(
+                    "unknown route {name:?}: anonymous routes are {}",
+                    allowed.join(", ")
+                ),
+            )
+        })?;
+        anonymous.insert(route);
+    }
+    Ok(HttpConfig { anonymous })
+}
+
+/// The version tag that starts every HTTP token.
+pub const HTTP_TOKEN_VERSION: &str = "v1";
+
+/// What an HTTP token's MAC covers: `ringmaster-http-token\0v1\0PRINCIPAL\0EXPIRY`.
+fn http_token_input(principal: &str, expiry: u64) -> Vec<u8> {
+    format!("ringmaster-http-token\0{HTTP_TOKEN_VERSION}\0{principal}\0{expiry}").into_bytes()
+}
+
+/// A bearer token for the master's HTTP API, made from the principal's secret without asking
+/// the master: `v1.PRINCIPAL.EXPIRY.MAC`, EXPIRY in Unix seconds, MAC the unpadded base64url of
+/// `HMAC-SHA256(secret, "ringmaster-http-token\0v1\0PRINCIPAL\0EXPIRY")`.
+pub fn http_token(principal: &str, secret: &[u8], expiry: u64) -> String {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
+    let mac = hmac::sign(&key, &http_token_input(principal, expiry));
+    format!(
+        "{HTTP_TOKEN_VERSION}.{principal}.{expiry}.{}",
+        base64_encode(mac.as_ref(), URL_SAFE, false)
+    )
+}
+
+/// A token split into (principal, expiry, MAC); `None` when it is not of the form
+/// `v1.PRINCIPAL.EXPIRY.MAC` (the principal may itself hold dots).
+pub fn parse_http_token(token: &str) -> Option<(&str, u64, Vec<u8>)> {
+    let rest = token.strip_prefix(HTTP_TOKEN_VERSION)?.strip_prefix('.')?;
+    let (rest, mac) = rest.rsplit_once('.')?;
+    let (principal, expiry) = rest.rsplit_once('.')?;
+    if principal.is_empty() || expiry.is_empty() || !expiry.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((
+        principal,
+        expiry.parse().ok()?,
+        base64_decode(mac, URL_SAFE)?,
+    ))
+}
+
+/// The standard base64 alphabet (RFC 4648 section 4), used by HTTP Basic.
+pub const STANDARD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+/// The URL-safe alphabet (RFC 4648 section 5), used by tokens.
+pub const URL_SAFE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/// `data` in base64 with `alphabet`, with `=` padding when `pad`.
+pub fn base64_encode(data: &[u8], alphabet: &[u8; 64], pad: bool) -> String {
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(alphabet[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+        if pad {
+            out.extend(std::iter::repeat_n('=', 3 - chunk.len()));
+        }
+    }
+    out
+}
+
+/// Decodes base64 in `alphabet`, padded or not; `None` on any other character or a
+/// length no encoding has.
+pub fn base64_decode(text: &str, alphabet: &[u8; 64]) -> Option<Vec<u8>> {
+    let text = text.trim_end_matches('=');
+    if text.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in text.bytes() {
+        let v = alphabet.iter().position(|&a| a == c)? as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
 }
 
 /// Resolves a path from the config file against the file's directory.
@@ -236,19 +460,26 @@ pub fn apply_auth(
             })?,
         };
         let mut roles = BTreeSet::new();
+        let mut http_roles = BTreeSet::new();
         for role in &p.roles {
+            if let Some(http) = HttpRole::parse(role) {
+                http_roles.insert(http);
+                continue;
+            }
             let parsed = AuthRole::parse(role).ok_or_else(|| {
                 source.error(
                     &path(&["principals", name, "roles"]),
-                    format!("unknown role {role:?}: roles are agent, framework and master"),
+                    format!(
+                        "unknown role {role:?}: roles are agent, framework, master, operator and viewer"
+                    ),
                 )
             })?;
             roles.insert(parsed);
         }
-        if roles.is_empty() {
+        if roles.is_empty() && http_roles.is_empty() {
             return Err(source.error(
                 &path(&["principals", name, "roles"]),
-                "no roles: list agent, framework, master or several",
+                "no roles: list agent, framework, master, operator, viewer or several",
             ));
         }
         let users = match &p.users {
@@ -267,6 +498,7 @@ pub fn apply_auth(
             PrincipalGrant {
                 secret,
                 roles,
+                http_roles,
                 users,
                 task_users: None,
             },
@@ -308,6 +540,11 @@ mod tests {
     fn reads_principals_and_checks_their_grants() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("rack1"), "agent-secret\n").unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(0o600);
+            std::fs::set_permissions(dir.path().join("rack1"), mode).unwrap();
+        }
         let file = dir.path().join("cluster.yaml");
         let text = "\
 auth:
@@ -408,5 +645,100 @@ auth:
             );
             assert!(err.contains(word), "{err:?} should mention {word}");
         }
+    }
+
+    #[test]
+    fn operator_and_viewer_are_http_roles() {
+        let text = "auth:\n  required: true\n  principals:\n    ops: { secret: o, roles: [operator] }\n    eyes: { secret: e, roles: [viewer, agent] }\n";
+        let (_, auth) = load(text, "cluster.yaml").unwrap();
+        let ops = &auth.principals["ops"];
+        assert!(ops.allows_http_role(HttpRole::Operator) && ops.roles.is_empty());
+        let eyes = &auth.principals["eyes"];
+        assert!(eyes.allows_http_role(HttpRole::Viewer));
+        assert!(!eyes.allows_http_role(HttpRole::Operator));
+        assert!(eyes.allows_role(AuthRole::Agent));
+        assert!(ops.verify_secret(b"o") && !ops.verify_secret(b"o2") && !ops.verify_secret(b""));
+        let err = load(
+            "auth:\n  principals:\n    p:\n      secret: s\n      roles: [admin]\n",
+            "cluster.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("cluster.yaml:5: auth.principals.p.roles: ")
+                && err.contains("operator and viewer"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn tokens_carry_principal_and_expiry_under_the_secret() {
+        let token = http_token("a.b", b"secret", 1_700_000_000);
+        assert!(token.starts_with("v1.a.b.1700000000."), "{token}");
+        let (principal, expiry, mac) = parse_http_token(&token).unwrap();
+        assert_eq!((principal, expiry), ("a.b", 1_700_000_000));
+        let grant = PrincipalGrant::new(b"secret".to_vec(), BTreeSet::new(), AllowedUsers::Any);
+        assert!(grant.verify_http_token(principal, expiry, &mac));
+        assert!(!grant.verify_http_token(principal, expiry + 1, &mac));
+        assert!(!grant.verify_http_token("a", expiry, &mac));
+        for bad in [
+            "",
+            "v1",
+            "v2.a.1.AAAA",
+            "v1.a.x.AAAA",
+            "v1..1.AAAA",
+            "v1.a.1.!!",
+        ] {
+            assert!(parse_http_token(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn base64_round_trips() {
+        for data in [
+            &b""[..],
+            b"f",
+            b"fo",
+            b"foo",
+            b"foob",
+            b"fooba",
+            b"foobar",
+            &[0xff, 0xfe, 0],
+        ] {
+            let padded = base64_encode(data, STANDARD, true);
+            assert_eq!(base64_decode(&padded, STANDARD).as_deref(), Some(data));
+            let bare = base64_encode(data, URL_SAFE, false);
+            assert_eq!(base64_decode(&bare, URL_SAFE).as_deref(), Some(data));
+        }
+        assert_eq!(base64_encode(b"foobar", STANDARD, true), "Zm9vYmFy");
+        assert_eq!(base64_encode(b"fo", STANDARD, true), "Zm8=");
+        assert_eq!(base64_decode("Zm9v!", STANDARD), None);
+        assert_eq!(base64_decode("Z", STANDARD), None);
+    }
+
+    #[test]
+    fn http_anonymous_names_known_routes() {
+        let config =
+            crate::config::Config::from_yaml("http:\n  anonymous: [metrics, state]\n", "m.yaml")
+                .unwrap();
+        assert_eq!(
+            config.http.anonymous,
+            BTreeSet::from([AnonymousRoute::Metrics, AnonymousRoute::State])
+        );
+        let err = crate::config::Config::from_yaml(
+            "http:\n  anonymous:\n    - metrics\n    - jobs\n",
+            "m.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("m.yaml:4: http.anonymous"), "{err}");
+        assert!(
+            err.contains("\"jobs\"") && err.contains("dashboard, state, metrics, health"),
+            "{err}"
+        );
+        let err = crate::config::Config::from_yaml("http:\n  open: [x]\n", "m.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("m.yaml:2") && err.contains("open"), "{err}");
     }
 }

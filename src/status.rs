@@ -57,6 +57,7 @@ pub fn fetch(master: &str) -> Result<Snapshot, String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(HTTP_TIMEOUT))
         .http_status_as_error(false)
+        .middleware(crate::jobs::cli::add_authorization)
         .build()
         .into();
     crate::leader_http::with_leader(master, |address| {
@@ -90,7 +91,21 @@ pub fn fetch(master: &str) -> Result<Snapshot, String> {
             return Asked::NotLeader { leader, message };
         }
         if !(200..300).contains(&status) {
-            return Asked::Answer(Err(format!("the master at {url} answered HTTP {status}")));
+            // A refusal (401, 403) says why in `{"error": ...}`.
+            let why = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("error")?.as_str().map(str::to_string))
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default();
+            let hint = if status == 401 {
+                " (give --principal and --secret-file, or RINGMASTER_PRINCIPAL and \
+                 RINGMASTER_SECRET_FILE)"
+            } else {
+                ""
+            };
+            return Asked::Answer(Err(format!(
+                "the master at {url} answered HTTP {status}{why}{hint}"
+            )));
         }
         Asked::Answer(
             serde_json::from_str(&body).map_err(|e| {

@@ -8,7 +8,6 @@ mod processes;
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use processes::*;
@@ -16,7 +15,7 @@ use processes::*;
 const TASKS: usize = 6;
 
 /// The id of the master that most recently logged that it leads (among `logs`).
-fn current_leader(logs: &BTreeMap<u64, (mpsc::Receiver<String>, Vec<String>)>) -> Option<u64> {
+fn current_leader(logs: &BTreeMap<u64, MasterLog>) -> Option<u64> {
     logs.iter()
         .filter_map(|(id, (_, seen))| {
             seen.iter()
@@ -37,37 +36,7 @@ fn current_leader(logs: &BTreeMap<u64, (mpsc::Receiver<String>, Vec<String>)>) -
 #[test]
 fn kill_9_of_the_leader_mid_run_loses_nothing_and_launches_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let masters_list = ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut masters = BTreeMap::new();
-    let mut logs = BTreeMap::new();
-    for id in 1..=3u64 {
-        let config = dir.path().join(format!("master{id}.yaml"));
-        let mut yaml = String::from(
-            "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n  \
-             agent_reregister_timeout: 30s\ncluster:\n",
-        );
-        yaml.push_str(&format!(
-            "  id: {id}\n  election_timeout: 500ms\n  peers:\n"
-        ));
-        for (i, port) in ports.iter().enumerate() {
-            yaml.push_str(&format!("    {}: 127.0.0.1:{port}\n", i + 1));
-        }
-        std::fs::write(&config, yaml).unwrap();
-        let work = dir.path().join(format!("master{id}"));
-        let listen = format!("127.0.0.1:{}", ports[id as usize - 1]);
-        let (proc, _, rx) = start_master_with(
-            &config,
-            &listen,
-            &["--http", "none", "--work-dir", work.to_str().unwrap()],
-        );
-        masters.insert(id, proc);
-        logs.insert(id, (rx, Vec::new()));
-    }
+    let (masters_list, mut masters, mut logs) = start_group(dir.path(), 3, &["--http", "none"]);
     let _a1 = start_agent(
         &masters_list,
         "a1",

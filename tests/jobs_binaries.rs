@@ -17,18 +17,6 @@ const SERVICE: &str = "name: web\ntype: service\ncount: 2\ntask:\n  \
     command: \"echo $$ > pid; exec sleep 1000\"\n  resources: \"cpus:0.5;mem:64\"\n  \
     kill_grace: 1s\nrestart:\n  attempts: 5\n  delay: 100ms\n";
 
-fn running_tasks(status: &serde_json::Value) -> Vec<String> {
-    let mut ids: Vec<String> = status["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i["state"] == "running")
-        .filter_map(|i| i["task_id"].as_str().map(String::from))
-        .collect();
-    ids.sort();
-    ids
-}
-
 /// The `pid` file of every sandbox under `dir` whose task id contains `task`.
 fn pid_of(dir: &Path, task: &str) -> Option<i32> {
     let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];

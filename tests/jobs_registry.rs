@@ -32,14 +32,26 @@ async fn start(dir: &Path) -> Master {
 }
 
 async fn get_json(master: &Master, path: &str) -> serde_json::Value {
+    get_json_as(master, path, None).await
+}
+
+/// `GET path` with an `Authorization` header when given.
+async fn get_json_as(
+    master: &Master,
+    path: &str,
+    authorization: Option<String>,
+) -> serde_json::Value {
     let url = format!("http://{}{path}", master.http_addr().unwrap());
     tokio::task::spawn_blocking(move || {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(WAIT))
             .build()
             .into();
-        let body = agent
-            .get(&url)
+        let mut request = agent.get(&url);
+        if let Some(value) = &authorization {
+            request = request.header("Authorization", value);
+        }
+        let body = request
             .call()
             .expect("GET")
             .body_mut()
@@ -53,7 +65,14 @@ async fn get_json(master: &Master, path: &str) -> serde_json::Value {
 
 /// Job name -> the states of its instances, from `GET /jobs`.
 async fn job_states(master: &Master) -> Vec<(String, Vec<String>)> {
-    let jobs = get_json(master, "/jobs").await;
+    job_states_as(master, None).await
+}
+
+async fn job_states_as(
+    master: &Master,
+    authorization: Option<String>,
+) -> Vec<(String, Vec<String>)> {
+    let jobs = get_json_as(master, "/jobs", authorization).await;
     let mut out: Vec<(String, Vec<String>)> = jobs
         .as_array()
         .unwrap()
@@ -192,6 +211,18 @@ async fn the_jobs_framework_runs_on_a_master_that_requires_authentication() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = test_config("");
     config.auth.required = true;
+    // The HTTP API requires a principal too: an operator's, which `job run` sends.
+    let secret = dir.path().join("ops.secret");
+    ringmaster_proto::files::write_private(&secret, b"ops-secret\n").unwrap();
+    config.auth.principals.insert(
+        "ops".into(),
+        ringmaster::security::PrincipalGrant::new(
+            b"ops-secret".to_vec(),
+            Default::default(),
+            ringmaster::security::AllowedUsers::Only(Default::default()),
+        )
+        .with_http_roles([ringmaster::security::HttpRole::Operator].into()),
+    );
     let master = Master::start_durable(
         "127.0.0.1:0",
         Some("127.0.0.1:0"),
@@ -208,15 +239,27 @@ async fn the_jobs_framework_runs_on_a_master_that_requires_authentication() {
     let http = master.http_addr().unwrap().to_string();
     let file = dir.path().join("web.yaml");
     std::fs::write(&file, WEB).unwrap();
-    let f = file.to_string_lossy().to_string();
-    tokio::task::spawn_blocking(move || {
-        ringmaster::jobs::cli::run(&http, &f, false).map_err(|e| e.message)
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringmaster"))
+            .args(["job", "run"])
+            .arg(&file)
+            .args(["--master", &http])
+            .env("RINGMASTER_PRINCIPAL", "ops")
+            .env("RINGMASTER_SECRET_FILE", &secret)
+            .output()
+            .unwrap()
     })
     .await
-    .unwrap()
-    .expect("job run");
+    .unwrap();
+    assert!(
+        run.status.success(),
+        "job run: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // HTTP Basic: base64("ops:ops-secret").
+    let basic = Some("Basic b3BzOm9wcy1zZWNyZXQ=".to_string());
     assert_eq!(
-        job_states(&master).await,
+        job_states_as(&master, basic).await,
         vec![("web".to_string(), vec!["pending".to_string()])]
     );
     // It subscribed with its own credential (an anonymous client is refused here).

@@ -33,7 +33,10 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         let certs = dir.path().join("certs");
         ringmaster::certs::write_dev_certs(&certs, &[], &["agent1".into()], false).unwrap();
-        std::fs::write(dir.path().join("rack-secret"), "rack-secret\n").unwrap();
+        ringmaster_proto::files::write_private(&dir.path().join("rack-secret"), "rack-secret\n")
+            .unwrap();
+        ringmaster_proto::files::write_private(&dir.path().join("ops-secret"), "ops-secret\n")
+            .unwrap();
         Fixture { _dir: dir, certs }
     }
 
@@ -56,6 +59,9 @@ impl Fixture {
     rack2: {{ secret: rack2-secret, roles: [agent] }}
     alice: {{ secret: alice-secret, roles: [framework], users: [alice] }}
     bob: {{ secret: bob-secret, roles: [framework], users: [bob, shared] }}
+    ops: {{ secret_file: ops-secret, roles: [operator] }}
+http:
+  anonymous: [metrics]
 "
         ));
         let file = self.dir().join("master.yaml");
@@ -746,7 +752,7 @@ async fn sdk_with_a_wrong_secret_stops_with_a_clear_error() {
     let fixture = Fixture::new();
     let master = start(fixture.config(true, true)).await;
     let secret = fixture.dir().join("wrong");
-    std::fs::write(&secret, "not-alice-secret").unwrap();
+    ringmaster_proto::files::write_private(&secret, "not-alice-secret").unwrap();
     let mut config = FrameworkConfig::new(master.addr().to_string(), "sdk");
     config.user = "alice".into();
     config.give_up_after = Some(WAIT);
@@ -843,10 +849,10 @@ async fn only_an_authenticated_peer_may_send_frames_beyond_the_handshake_limit()
     master.shutdown().await;
 }
 
-/// The operator HTTP surface has no authentication of its own, so a master that requires
-/// authentication (or serves TLS) does not serve it on the protocol port: an HTTP request
-/// there is a protocol error, not a way around the credentials. Its own `--http` port still
-/// answers.
+/// A master that requires authentication (or serves TLS) does not serve HTTP on its protocol
+/// port: an HTTP request there is a protocol error, not a way around the protocol's
+/// credentials (the HTTP API checks its own, docs/security.md "HTTP API"). Its own `--http`
+/// port still answers.
 #[tokio::test]
 async fn a_master_requiring_authentication_serves_no_http_on_its_protocol_port() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -901,14 +907,25 @@ async fn jobs_run_on_a_tls_master_that_requires_authentication() {
          resources: cpus:1;mem:128\n",
     )
     .unwrap();
+    // The HTTP API wants an operator (docs/security.md, "HTTP API").
     let http = master.http_addr().unwrap().to_string();
-    let file = file.to_string_lossy().to_string();
-    tokio::task::spawn_blocking(move || {
-        ringmaster::jobs::cli::run(&http, &file, false).map_err(|e| e.message)
+    let secret = fixture.dir().join("ops-secret");
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringmaster"))
+            .args(["job", "run"])
+            .arg(&file)
+            .args(["--master", &http, "--principal", "ops", "--secret-file"])
+            .arg(&secret)
+            .output()
+            .unwrap()
     })
     .await
-    .unwrap()
-    .expect("job run");
+    .unwrap();
+    assert!(
+        run.status.success(),
+        "job run: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let tasks = agent
         .expect("RunTasks", |m| match m {
             Message::RunTasks(r) => Some(r.tasks.clone()),

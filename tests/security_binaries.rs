@@ -30,9 +30,11 @@ fn tls_and_auth_end_to_end_with_the_real_binaries() {
         "{stdout}"
     );
 
-    std::fs::write(dir.path().join("agents.secret"), "agent-secret\n").unwrap();
-    std::fs::write(dir.path().join("exec.secret"), "exec-secret\n").unwrap();
-    std::fs::write(dir.path().join("wrong.secret"), "guess\n").unwrap();
+    ringmaster_proto::files::write_private(&dir.path().join("agents.secret"), "agent-secret\n")
+        .unwrap();
+    ringmaster_proto::files::write_private(&dir.path().join("exec.secret"), "exec-secret\n")
+        .unwrap();
+    ringmaster_proto::files::write_private(&dir.path().join("wrong.secret"), "guess\n").unwrap();
     // `--user` is also the tasks' Unix user on the agent: a real one.
     let alice = exec_users().remove(0);
     let config = dir.path().join("master.yaml");

@@ -135,8 +135,7 @@ pub async fn run_with_isolation(
 ) -> anyhow::Result<()> {
     ringmaster_proto::masters::parse_master_list(&config.master)
         .map_err(|e| anyhow::anyhow!("--master `{}`: {e}", config.master))?;
-    std::fs::create_dir_all(&config.work_dir)
-        .with_context(|| format!("cannot create work dir {}", config.work_dir.display()))?;
+    prepare_work_dir(&config.work_dir)?;
     let isolation = isolation::Isolation::setup_with_caps(
         &isolation,
         &config.work_dir,
@@ -182,6 +181,22 @@ pub async fn run_with_isolation(
     let result = session::run_sessions(state, exits, shutdown).await;
     let _ = tokio::task::spawn_blocking(move || isolation.remove_agent_cgroup()).await;
     result
+}
+
+/// Creates the work dir (0711: task users reach their run directories by path, nobody else
+/// lists it) and tightens what an earlier run left open to group or others: everything but
+/// `sandboxes/` (whose modes the sandboxes set) becomes at most 0600 (files) or 0700
+/// (directories), never following a link; one warning per path changed or left alone
+/// (docs/security.md, "Files").
+fn prepare_work_dir(work_dir: &std::path::Path) -> anyhow::Result<()> {
+    use ringmaster_proto::files;
+    let changes =
+        files::prepare_work_dir(work_dir, files::TRAVERSABLE_DIR_MODE, &[sandbox::SANDBOXES])
+            .with_context(|| format!("cannot create or tighten work dir {}", work_dir.display()))?;
+    for change in changes {
+        tracing::warn!(work_dir = %work_dir.display(), "work dir: {change}");
+    }
+    Ok(())
 }
 
 /// The id saved by an earlier registration, or empty.

@@ -499,7 +499,8 @@ async fn drain_exits(state: &mut AgentState, exits: &mut ExitReceiver) -> Vec<Me
 
 fn save_agent_id(state: &AgentState) {
     let path = state.config().work_dir.join(AGENT_ID_FILE);
-    if let Err(e) = std::fs::write(&path, format!("{}\n", state.agent_id())) {
+    if let Err(e) = ringmaster_proto::files::write_private(&path, format!("{}\n", state.agent_id()))
+    {
         tracing::warn!(path = %path.display(), "cannot save the agent id: {e}");
     }
 }

@@ -1492,7 +1492,7 @@ pub fn save_leader_term(work_dir: &std::path::Path, term: u64) -> std::io::Resul
     use std::io::Write as _;
     let path = work_dir.join(LEADER_TERM_FILE);
     let temp = work_dir.join(format!("{}.tmp", LEADER_TERM_FILE));
-    let mut file = std::fs::File::create(&temp)?;
+    let mut file = ringmaster_proto::files::create_private(&temp)?;
     file.write_all(format!("{term}\n").as_bytes())?;
     file.sync_all()?;
     drop(file);

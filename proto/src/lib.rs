@@ -4,7 +4,8 @@
 //! each frame is a 4-byte big-endian length followed by one protobuf [`Envelope`]. This crate
 //! owns the messages (generated from `proto/ringmaster.proto`), the framing
 //! ([`Connection`]) and the version handshake, so no other crate touches bytes on the wire.
-//! [`transport`] carries the frames over plain TCP or TLS, [`security`] is the HMAC challenge,
+//! [`transport`] carries the frames over plain TCP or TLS, [`security`] is the HMAC challenge
+//! (and the owner-only check of secret files), [`files`] the private modes of work dirs,
 //! [`yaml`] places configuration errors at `FILE:LINE: KEY`, [`masters`] parses lists of masters
 //! and picks the next one to try (following `NOT_LEADER`),
 //! and [`convert`] turns the core's `Resources` and device types into their wire form and back.
@@ -14,10 +15,13 @@
 
 mod connection;
 pub mod convert;
+pub mod files;
 pub mod masters;
 pub mod security;
 pub mod transport;
 pub mod yaml;
+pub mod yaml_depth;
+pub mod yaml_error;
 
 pub use connection::{
     Connection, ConnectionError, ConnectionReader, ConnectionWriter, DEFAULT_MAX_FRAME_BYTES,

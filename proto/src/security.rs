@@ -98,6 +98,26 @@ pub enum CredentialError {
     Unreadable { path: String, error: std::io::Error },
     #[error("secret file {path} is empty")]
     EmptySecret { path: String },
+    /// Group or others may read or write the file (as ssh refuses a private key).
+    #[error("secret file {path} is {} (mode {mode:04o}); chmod 600 {path}", open_to(*mode))]
+    TooOpen { path: String, mode: u32 },
+}
+
+/// "readable by group and others", "readable and writable by group": who may do what.
+fn open_to(mode: u32) -> String {
+    let who = |group: u32, others: u32| match (mode & group != 0, mode & others != 0) {
+        (true, true) => Some("group and others"),
+        (true, false) => Some("group"),
+        (false, true) => Some("others"),
+        (false, false) => None,
+    };
+    match (who(0o040, 0o004), who(0o020, 0o002)) {
+        (Some(r), Some(w)) if r == w => format!("readable and writable by {r}"),
+        (Some(r), Some(w)) => format!("readable by {r} and writable by {w}"),
+        (Some(r), None) => format!("readable by {r}"),
+        (None, Some(w)) => format!("writable by {w}"),
+        (None, None) => "private".to_string(),
+    }
 }
 
 /// A principal and its shared secret, as a client holds them. `Debug` never shows the secret.
@@ -128,12 +148,26 @@ pub fn check_principal(name: &str) -> Result<(), CredentialError> {
 }
 
 /// The secret in a file: its bytes without one trailing newline (`\n` or `\r\n`).
+///
+/// A file that group or others may read or write is refused ([`CredentialError::TooOpen`]), as
+/// ssh refuses such a private key: the mode checked is that of the file read (a symbolic link is
+/// followed, as ssh does, and its target's mode counts; the check is on the open descriptor, so
+/// the file checked is the file read).
 pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, CredentialError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::PermissionsExt as _;
     let shown = path.display().to_string();
-    let mut secret = std::fs::read(path).map_err(|error| CredentialError::Unreadable {
+    let unreadable = |error| CredentialError::Unreadable {
         path: shown.clone(),
         error,
-    })?;
+    };
+    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    let mode = file.metadata().map_err(unreadable)?.permissions().mode() & 0o7777;
+    if mode & 0o066 != 0 {
+        return Err(CredentialError::TooOpen { path: shown, mode });
+    }
+    let mut secret = Vec::new();
+    file.read_to_end(&mut secret).map_err(unreadable)?;
     if secret.last() == Some(&b'\n') {
         secret.pop();
         if secret.last() == Some(&b'\r') {
@@ -246,7 +280,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rm-secret-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("s");
-        std::fs::write(&file, "abc\r\n").unwrap();
+        write_0600(&file, "abc\r\n");
         assert_eq!(read_secret_file(&file).unwrap(), b"abc");
         std::fs::write(&file, "\n").unwrap();
         let err = read_secret_file(&file).unwrap_err().to_string();
@@ -260,6 +294,57 @@ mod tests {
             .to_string();
         assert!(err.contains("missing"), "{err}");
         assert!(Credential::from_secret_file("a b", &file).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn write_0600(path: &Path, text: &str) {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    #[test]
+    fn secret_files_open_to_group_or_others_are_refused_naming_the_file() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("rm-secret-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rack.secret");
+        write_0600(&file, "s3cret\n");
+        assert_eq!(read_secret_file(&file).unwrap(), b"s3cret");
+        let shown = file.display().to_string();
+        for (mode, what) in [
+            (0o640, "readable by group"),
+            (0o604, "readable by others"),
+            (0o644, "readable by group and others"),
+            (0o660, "readable and writable by group"),
+            (0o602, "writable by others"),
+            (0o666, "readable and writable by group and others"),
+            (0o624, "readable by others and writable by group"),
+        ] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = read_secret_file(&file).unwrap_err();
+            assert!(matches!(err, CredentialError::TooOpen { .. }), "{err:?}");
+            assert_eq!(
+                err.to_string(),
+                format!("secret file {shown} is {what} (mode 0{mode:o}); chmod 600 {shown}")
+            );
+            // Every caller gets the check: credentials of clients too.
+            assert!(Credential::from_secret_file("p", &file).is_err());
+        }
+        // Execute bits let nobody read the secret; owner-only modes are fine.
+        for mode in [0o400, 0o700, 0o611] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(read_secret_file(&file).unwrap(), b"s3cret", "{mode:o}");
+        }
+        // A link is followed as ssh does: the mode of the file read is what counts.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.join("link.secret");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_secret_file(&link).unwrap(), b"s3cret");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = read_secret_file(&link).unwrap_err().to_string();
+        assert!(err.contains("link.secret") && err.contains("0644"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -37,8 +37,68 @@ pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .timeout_global(Some(HTTP_TIMEOUT))
         .http_status_as_error(false)
+        .middleware(add_authorization)
         .build()
         .into()
+}
+
+/// How long the token sent with each request is valid: long enough for a clock a few minutes
+/// off, short enough that a token read off the wire is soon useless.
+pub const REQUEST_TOKEN_TTL: Duration = Duration::from_secs(600);
+
+/// The principal the HTTP clients (`job`, `status`, `cluster`) authenticate as.
+struct ClientCredential {
+    principal: String,
+    secret: Vec<u8>,
+}
+
+static CREDENTIAL: std::sync::OnceLock<ClientCredential> = std::sync::OnceLock::new();
+
+/// Makes every later request of this process's HTTP clients carry a bearer token of
+/// `principal`, made from the secret in `secret_file` (docs/security.md, "HTTP API"). Exit
+/// code 2 when the name or the file is bad.
+pub fn use_credential(principal: &str, secret_file: &std::path::Path) -> Result<(), CliError> {
+    let bad = |message: String| CliError { message, code: 2 };
+    ringmaster_proto::security::check_principal(principal)
+        .map_err(|e| bad(format!("--principal: {e}")))?;
+    let secret = ringmaster_proto::security::read_secret_file(secret_file)
+        .map_err(|e| bad(format!("--secret-file: {e}")))?;
+    let _ = CREDENTIAL.set(ClientCredential {
+        principal: principal.to_string(),
+        secret,
+    });
+    Ok(())
+}
+
+/// The `Authorization` header value for a request now, when [`use_credential`] was called:
+/// `Bearer` and a token valid for [`REQUEST_TOKEN_TTL`], so the secret never crosses the wire.
+pub fn authorization() -> Option<String> {
+    let credential = CREDENTIAL.get()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let token = crate::security::http_token(
+        &credential.principal,
+        &credential.secret,
+        now + REQUEST_TOKEN_TTL.as_secs(),
+    );
+    Some(format!("Bearer {token}"))
+}
+
+/// A ureq middleware that adds [`authorization`] to every request.
+pub(crate) fn add_authorization(
+    mut request: ureq::http::Request<ureq::SendBody>,
+    next: ureq::middleware::MiddlewareNext,
+) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+    if let Some(value) = authorization() {
+        if let Ok(value) = ureq::http::HeaderValue::from_str(&value) {
+            request
+                .headers_mut()
+                .insert(ureq::http::header::AUTHORIZATION, value);
+        }
+    }
+    next.handle(request)
 }
 
 /// Sends a request and returns the body of a 2xx answer; anything else is an error that

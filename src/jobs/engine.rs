@@ -345,6 +345,33 @@ impl Engine {
         }
     }
 
+    /// Each instance's restarts (launches after its first), by index, where not zero: kept in
+    /// the job's record so a restarted master or a new leader shows the same counts.
+    pub fn restarts(&self, name: &str) -> Vec<(u32, u32)> {
+        self.jobs
+            .get(name)
+            .map(|job| {
+                job.instances
+                    .iter()
+                    .filter(|i| i.restarts > 0)
+                    .map(|i| (i.index, i.restarts))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Restores what [`Engine::restarts`] returned (after [`Engine::put`] of the job).
+    pub fn restore_restarts(&mut self, name: &str, restarts: &[(u32, u32)]) {
+        let Some(job) = self.jobs.get_mut(name) else {
+            return;
+        };
+        for &(index, count) in restarts {
+            if let Some(instance) = job.instances.iter_mut().find(|i| i.index == index) {
+                instance.restarts = count;
+            }
+        }
+    }
+
     /// Restores that a job gave up (a service restarted too often, kept with the job): it is
     /// not launched again until it is run again (`job run` of its spec, [`Engine::put`]).
     /// Its instances stay as they are: one that still runs is adopted, and left running.

@@ -35,6 +35,10 @@ pub struct JobRecord {
     /// restart until it is run again. Absent in records of older masters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// Each instance's restarts, `[index, count]` where not zero (`job status` RESTARTS after
+    /// a master restart or a leader change). Absent in records of older masters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<(u32, u32)>,
 }
 
 impl JobRecord {
@@ -46,6 +50,7 @@ impl JobRecord {
             stopped: job.stopped,
             outcomes: engine.outcomes().remove(name).unwrap_or_default(),
             failed: job.failed.clone(),
+            restarts: engine.restarts(name),
         })
     }
 
@@ -66,6 +71,7 @@ impl JobRecord {
         let name = self.spec.name.clone();
         engine.put(self.spec);
         engine.restore_outcomes(&name, &self.outcomes);
+        engine.restore_restarts(&name, &self.restarts);
         if let Some(why) = &self.failed {
             engine.restore_failed(&name, why);
         }
@@ -115,6 +121,7 @@ pub async fn import_jobs_file(
             outcomes: outcomes.remove(&spec.name).unwrap_or_default(),
             stopped: false,
             failed: None,
+            restarts: Vec::new(),
             spec,
         };
         jobs.push((record.spec.name.clone(), serde_json::to_value(&record)?));

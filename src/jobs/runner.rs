@@ -448,6 +448,9 @@ impl JobsScheduler {
         }
         let ended_before = terminal.then(|| shared.engine.outcomes());
         let failed_before = terminal.then(|| failed_of(&shared.engine, &status.task_id));
+        let job_name =
+            super::engine::parse_task_id(&status.task_id).map(|(job, ..)| job.to_string());
+        let restarts_before = job_name.as_deref().map(|job| shared.engine.restarts(job));
         let kill = shared.engine.update(
             &status.task_id,
             state == TaskState::TaskRunning,
@@ -469,10 +472,15 @@ impl JobsScheduler {
             shared.tasks.remove(&status.task_id);
         }
         shared.sync_demand(Instant::now());
-        let job = super::engine::parse_task_id(&status.task_id)?.0;
+        let job = job_name?;
+        // A restart is committed too (its count survives a restart or a leader change).
+        if restarts_before.as_ref() != Some(&shared.engine.restarts(&job)) {
+            return Some(job);
+        }
         let before = ended_before?;
         let gave_up = failed_before? != failed_of(&shared.engine, &status.task_id);
-        (gave_up || before.get(job) != shared.engine.outcomes().get(job)).then(|| job.to_string())
+        (gave_up || before.get(job.as_str()) != shared.engine.outcomes().get(job.as_str()))
+            .then_some(job)
     }
 
     async fn subscribed(&self, driver: &Driver, framework_id: &str) {

@@ -205,8 +205,10 @@ impl MasterState {
                 continue;
             }
             still_running.insert(task_key.clone());
+            let health = Health::from_wire(status.health);
+            let health_changed = self.tasks[&task_key].health != health;
             if let Some(task) = self.tasks.get_mut(&task_key) {
-                task.health = Health::from_wire(status.health);
+                task.health = health;
             }
             let resources = self.tasks[&task_key].resources.clone();
             let was = self.tasks[&task_key].state;
@@ -238,7 +240,10 @@ impl MasterState {
             } else {
                 TaskState::TaskRunning
             };
-            if was != new_state {
+            // A health the master did not know (it restarted, or a new leader took over: health
+            // is not in the registry) is passed on like a RUNNING update whose health changed,
+            // so a framework that reconciled before the agent came back learns it.
+            if was != new_state || health_changed {
                 self.set_task_state(
                     &task_key,
                     new_state,

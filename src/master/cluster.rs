@@ -124,6 +124,7 @@ pub(crate) async fn supervise(
     registry: Arc<Registry>,
     config: Arc<Config>,
     metrics: Arc<Metrics>,
+    jobs: Option<super::jobs_launch::JobsStarter>,
     mut events: mpsc::Receiver<Event>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -215,7 +216,7 @@ pub(crate) async fn supervise(
         };
         drop(confirming);
         drop(follower);
-        let recovered = match registry.load() {
+        let mut recovered = match registry.load() {
             Ok(recovered) => recovered,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the registry to lead; the master stops");
@@ -224,6 +225,12 @@ pub(crate) async fn supervise(
         };
         tracing::info!(id = node.id, term, "this master leads its group");
         let now = Instant::now();
+        // The jobs framework's records as the group committed them: it starts from them once
+        // this master serves, and takes its running instances over (docs/jobs.md).
+        let jobs_loaded = super::jobs_store::LoadedJobs {
+            jobs: std::mem::take(&mut recovered.jobs),
+            meta: recovered.jobs_meta.take(),
+        };
         let mut state = MasterState::new(config.clone(), metrics.clone(), now);
         state.recover(registry.clone(), recovered, now);
         state.leader_term = term;
@@ -277,7 +284,21 @@ pub(crate) async fn supervise(
                 let _ = stop_tx.send(true);
             })
         };
+        // The jobs framework runs for this lead only: it writes through the actor, so it starts
+        // beside the serving actor and stops when the lead ends (before another can start).
+        let (jobs_stop, jobs_stopped) = watch::channel(false);
+        let jobs_task = jobs.clone().map(|jobs| {
+            tokio::spawn(async move {
+                if let Err(e) = jobs.start(jobs_loaded, jobs_stopped).await {
+                    tracing::warn!("the jobs framework did not start on this leader: {e}");
+                }
+            })
+        });
         let end = state.serve(&mut events, &mut stop).await;
+        let _ = jobs_stop.send(true);
+        if let Some(task) = jobs_task {
+            task.abort();
+        }
         watcher.abort();
         if *shutdown.borrow() || end == RunEnd::Failed {
             return;
@@ -494,6 +515,7 @@ mod tests {
                 node.registry.clone(),
                 config.clone(),
                 Arc::new(Metrics::new()),
+                None,
                 events_rx,
                 shutdown_rx,
             ));

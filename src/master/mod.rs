@@ -76,6 +76,7 @@ mod harness_tests;
 mod health;
 mod history;
 mod ids;
+pub(crate) mod jobs_launch;
 pub mod jobs_store;
 mod liveness;
 mod offers;
@@ -98,7 +99,7 @@ mod usage_book;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -117,9 +118,6 @@ pub use events::ConnId;
 #[allow(unused_imports)]
 pub(crate) use events::{Event, Outbound};
 
-/// Bytes buffered each way on the jobs framework's in-process stream.
-const IN_PROCESS_BUFFER: usize = 64 * 1024;
-
 /// A running master: its address and a handle to ask for state or shut it down.
 pub struct Master {
     addr: SocketAddr,
@@ -129,19 +127,13 @@ pub struct Master {
     join: tokio::task::JoinHandle<()>,
     /// Becomes true when the master stops, asked to or not (e.g. its registry failed).
     stopping: watch::Receiver<bool>,
-    /// The built-in jobs framework, once started ([`Master::start_jobs`]).
-    jobs: Arc<OnceLock<crate::jobs::runner::JobsHandle>>,
-    /// In a replication group (`cluster:`): the jobs framework does not run there yet.
+    /// In a replication group (`cluster:`): the jobs framework runs beside the leader,
+    /// started and stopped with its lead (src/master/cluster.rs), not by [`Master::start_jobs`].
     replicated: bool,
-    /// Streams to the protocol listener from inside this process (the jobs framework's
-    /// connection: no TCP, no TLS; see [`ringmaster_proto::transport::Dialer`]).
-    in_process: mpsc::Sender<ringmaster_proto::transport::BoxedStream>,
-    /// The jobs framework's credential, when the master requires authentication.
-    jobs_credential: Option<ringmaster_proto::security::Credential>,
+    /// Starts the built-in jobs framework ([`jobs_launch`]).
+    jobs: jobs_launch::JobsStarter,
     /// The jobs the registry held at start, until [`Master::start_jobs`] takes them.
     jobs_loaded: std::sync::Mutex<Option<jobs_store::LoadedJobs>>,
-    /// The master's `--work-dir`, if any.
-    work_dir: Option<PathBuf>,
     shutdown_rx: watch::Receiver<bool>,
 }
 
@@ -233,6 +225,17 @@ impl Master {
         let shutdown_rx_for_actor = shutdown_rx.clone();
         let stopping = shutdown_rx.clone();
         let mut jobs_loaded = jobs_store::LoadedJobs::default();
+        let (in_process, in_process_rx) = mpsc::channel(4);
+        let jobs_slot = Arc::new(jobs_launch::JobsSlot::default());
+        let jobs_starter = jobs_launch::JobsStarter {
+            events: events_tx.clone(),
+            durable: work_dir.is_some(),
+            in_process: in_process.clone(),
+            credential: jobs_credential,
+            addr,
+            work_dir: work_dir.clone(),
+            slot: jobs_slot.clone(),
+        };
         let mut cluster_node = None;
         let mut raft_handler = None;
         let stop_all = shutdown_tx.clone();
@@ -306,6 +309,11 @@ impl Master {
                 cluster_node = Some(node.clone());
                 raft_handler = Some(handler);
                 let (config, metrics) = (config.clone(), metrics.clone());
+                // The jobs framework runs beside the leader: no `jobs.json` import there.
+                let jobs = jobs_launch::JobsStarter {
+                    work_dir: None,
+                    ..jobs_starter.clone()
+                };
                 tokio::spawn(async move {
                     let raft = node.replicator.raft().clone();
                     cluster::supervise(
@@ -313,6 +321,7 @@ impl Master {
                         registry,
                         config,
                         metrics,
+                        Some(jobs),
                         events_rx,
                         shutdown_rx_for_actor,
                     )
@@ -340,12 +349,11 @@ impl Master {
                 })
             }
         };
-        let jobs = Arc::new(OnceLock::new());
-        let (in_process, in_process_rx) = mpsc::channel(4);
-        // With HTTP on, the protocol port serves it too: one address for every client. Not
-        // where that would widen who reaches the HTTP surface (it has no authentication): not
-        // with TLS or required authentication on the protocol, and not from a protocol port on
-        // a wider interface than a loopback-only HTTP port.
+        // With HTTP on, the protocol port serves it too: one address for every client. Not with
+        // TLS on the protocol (the HTTP API is plain) or required authentication (its
+        // credentials would cross a port clients take to be the protocol's), not from a
+        // protocol port on a wider interface than a loopback-only HTTP port, and only on the
+        // addresses `--http` serves (`with_http_addr`).
         let share_http = config.tls.is_none()
             && !config.auth.required
             && http_addr.is_some_and(|h| !h.ip().is_loopback() || addr.ip().is_loopback());
@@ -367,8 +375,9 @@ impl Master {
                 handed,
                 events_tx.clone(),
                 metrics.clone(),
-                jobs.clone(),
+                jobs_slot.clone(),
                 cluster_node.clone(),
+                Arc::new(ops::auth::HttpAuth::from_config(&config)),
                 shutdown_rx.clone(),
             ))
         });
@@ -384,6 +393,7 @@ impl Master {
                 shutdown_rx,
             )
             .with_http(http_handoff)
+            .with_http_addr(http_addr)
             .with_in_process(in_process_rx)
             .with_raft(raft_handler)
             .run(),
@@ -406,12 +416,9 @@ impl Master {
             shutdown: shutdown_tx,
             join,
             stopping,
-            jobs,
             replicated: cluster_node.is_some(),
-            in_process,
-            jobs_credential,
+            jobs: jobs_starter,
             jobs_loaded: std::sync::Mutex::new(Some(jobs_loaded)),
-            work_dir,
             shutdown_rx: jobs_shutdown,
         })
     }
@@ -420,63 +427,19 @@ impl Master {
     /// an in-process stream (no TCP, so no TLS either) and keeps its jobs in the master's
     /// registry (with `--work-dir`), so they survive a restart. A `<work-dir>/jobs.json` of an
     /// older master is imported once. With required authentication it authenticates as
-    /// [`JOBS_PRINCIPAL`].
+    /// [`JOBS_PRINCIPAL`]. In a replication group it runs beside the leader instead, started
+    /// with each lead from the group's records (src/master/cluster.rs): this does nothing.
     pub async fn start_jobs(&self) -> anyhow::Result<()> {
         if self.replicated {
-            anyhow::bail!(
-                "jobs are not available on replicated masters yet (cluster:); see docs/jobs.md"
-            );
+            return Ok(());
         }
         let loaded = self
             .jobs_loaded
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        let store: Arc<dyn jobs_store::JobsStore> = Arc::new(jobs_store::ActorJobsStore::new(
-            self.events.clone(),
-            self.work_dir.is_some(),
-        ));
-        let mut loaded = loaded.unwrap_or_default();
-        if let Some(dir) = self.work_dir.as_deref().filter(|_| store.is_durable()) {
-            crate::jobs::records::import_jobs_file(dir, &mut loaded, store.as_ref()).await?;
-        }
-        let master = std::net::SocketAddr::new(
-            if self.addr.ip().is_unspecified() {
-                std::net::Ipv4Addr::LOCALHOST.into()
-            } else {
-                self.addr.ip()
-            },
-            self.addr.port(),
-        );
-        let to_listener = self.in_process.clone();
-        let dialer = ringmaster_proto::transport::Dialer::new(move || {
-            let to_listener = to_listener.clone();
-            async move {
-                let (client, server) = tokio::io::duplex(IN_PROCESS_BUFFER);
-                to_listener.send(Box::new(server)).await.map_err(|_| {
-                    std::io::Error::new(
-                        std::io::ErrorKind::ConnectionRefused,
-                        "the master has stopped",
-                    )
-                })?;
-                Ok(Box::new(client) as ringmaster_proto::transport::BoxedStream)
-            }
-        });
-        let security = ringmaster_proto::transport::ClientSecurity {
-            credential: self.jobs_credential.clone(),
-            dialer: Some(dialer),
-            ..Default::default()
-        };
-        let handle = crate::jobs::runner::start(
-            master.to_string(),
-            security,
-            store,
-            loaded,
-            self.shutdown_rx.clone(),
-        )
-        .await?;
-        let _ = self.jobs.set(handle);
-        Ok(())
+            .take()
+            .unwrap_or_default();
+        self.jobs.start(loaded, self.shutdown_rx.clone()).await
     }
 
     /// The address the master listens on.

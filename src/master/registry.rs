@@ -240,6 +240,11 @@ pub struct Registry {
 
 impl Registry {
     /// Opens (or creates) `<work_dir>/registry.redb`, creating `work_dir` when missing.
+    ///
+    /// The work dir is the master's alone (docs/security.md, "Files"): created 0700, and what
+    /// an earlier run left open to group or others is tightened here (one warning per path),
+    /// before the registry (job specs with their environments) is opened; the registry file,
+    /// which redb creates with the umask's mode, is then made 0600.
     pub fn open(work_dir: &Path) -> Result<Registry, RegistryError> {
         let path = work_dir.join(REGISTRY_FILE);
         let fail = |what, detail: String| RegistryError {
@@ -247,9 +252,18 @@ impl Registry {
             what,
             detail,
         };
-        std::fs::create_dir_all(work_dir)
-            .map_err(|e| fail("cannot create the work dir", e.to_string()))?;
+        let changes = ringmaster_proto::files::prepare_work_dir(
+            work_dir,
+            ringmaster_proto::files::PRIVATE_DIR_MODE,
+            &[],
+        )
+        .map_err(|e| fail("cannot create the work dir", e.to_string()))?;
+        for change in changes {
+            tracing::warn!(work_dir = %work_dir.display(), "work dir: {change}");
+        }
         let db = Database::create(&path).map_err(|e| fail("cannot open", e.to_string()))?;
+        ringmaster_proto::files::restrict_file(&path)
+            .map_err(|e| fail("cannot make the registry private (0600)", e.to_string()))?;
         let registry = Registry {
             db,
             path,

@@ -218,6 +218,8 @@ fn yaml_records<T: for<'de> Deserialize<'de>>(
     path: &Path,
     text: &str,
 ) -> Result<Vec<(u64, T)>, TraceError> {
+    crate::yaml_depth::check_depth(text, &path.display().to_string())
+        .map_err(|e| error(path, None, e.to_string()))?;
     let values: Vec<serde_yaml::Value> = serde_yaml::from_str(text)
         .map_err(|e| error(path, None, format!("not a YAML list of records: {e}")))?;
     values

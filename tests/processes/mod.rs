@@ -260,3 +260,63 @@ pub fn spawn_with_lines(mut command: Command) -> (Proc, mpsc::Receiver<String>) 
     });
     (child, lines)
 }
+
+/// A master's log lines: the channel and what was read from it so far.
+pub type MasterLog = (mpsc::Receiver<String>, Vec<String>);
+
+/// Starts `n` replicated masters (`cluster:` with ids 1..=n on free loopback ports, a 500 ms
+/// election timeout, each with its own work dir under `dir`), each given `extra` flags: their
+/// comma-separated protocol addresses, the processes and their logs by id.
+pub fn start_group(
+    dir: &Path,
+    n: u64,
+    extra: &[&str],
+) -> (
+    String,
+    std::collections::BTreeMap<u64, Proc>,
+    std::collections::BTreeMap<u64, MasterLog>,
+) {
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let list = ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut masters = std::collections::BTreeMap::new();
+    let mut logs = std::collections::BTreeMap::new();
+    for id in 1..=n {
+        let config = dir.join(format!("master{id}.yaml"));
+        let mut yaml = String::from(
+            "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n  \
+             agent_reregister_timeout: 30s\ncluster:\n",
+        );
+        yaml.push_str(&format!(
+            "  id: {id}\n  election_timeout: 500ms\n  peers:\n"
+        ));
+        for (i, port) in ports.iter().enumerate() {
+            yaml.push_str(&format!("    {}: 127.0.0.1:{port}\n", i + 1));
+        }
+        std::fs::write(&config, yaml).unwrap();
+        let work = dir.join(format!("master{id}"));
+        let listen = format!("127.0.0.1:{}", ports[id as usize - 1]);
+        let mut args = vec!["--work-dir", work.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let (proc, _, rx) = start_master_with(&config, &listen, &args);
+        masters.insert(id, proc);
+        logs.insert(id, (rx, Vec::new()));
+    }
+    (list, masters, logs)
+}
+
+/// The task ids of a job's running instances in `job status --json`, sorted.
+pub fn running_tasks(status: &serde_json::Value) -> Vec<String> {
+    let mut ids: Vec<String> = status["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["state"] == "running")
+        .filter_map(|i| i["task_id"].as_str().map(String::from))
+        .collect();
+    ids.sort();
+    ids
+}

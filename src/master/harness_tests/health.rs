@@ -90,3 +90,39 @@ fn a_reregistering_agent_tells_the_health_and_reconciliation_carries_it() {
         other => panic!("one reconciliation answer expected: {other:?}"),
     }
 }
+
+/// A master that restarted (or a new leader) does not know its tasks' health (it is not in the
+/// registry): a framework that reconciled before the agent came back heard "unknown". When the
+/// agent re-registers with the health, the framework is told (before, the health was recorded
+/// silently and the jobs framework showed HEALTH `–` for good).
+#[test]
+fn a_health_learned_from_a_reregistering_agent_is_passed_on() {
+    let mut h = Harness::new();
+    let old = h.agent("a1", "cpus:4;mem:1024");
+    let fw = h.framework("web");
+    running(&mut h, &fw, old, "t1", "cpus:1;mem:128");
+    h.disconnect(old);
+    h.sent(fw.conn);
+    let mut again = register("a1", "cpus:4;mem:1024");
+    again.tasks = vec![TaskStatus {
+        task_id: "t1".into(),
+        framework_id: fw.id.clone(),
+        state: TaskState::TaskRunning as i32,
+        health: TaskHealth::Healthy as i32,
+        ..Default::default()
+    }];
+    let new = h.connect(Message::RegisterAgent(again));
+    h.sent(new);
+    let updates: Vec<TaskStatus> = h
+        .messages(fw.conn)
+        .into_iter()
+        .filter_map(|m| match m {
+            Message::Update(Update { status }) => status,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0].task_id, "t1");
+    assert_eq!(updates[0].state(), TaskState::TaskRunning);
+    assert_eq!(updates[0].health(), TaskHealth::Healthy);
+}

@@ -1,6 +1,7 @@
 //! The operator surface over HTTP: `GET /state` (JSON), `GET /metrics` (Prometheus text),
 //! `GET /health`, the live dashboard at `/`, `/jobs`, and task output (`/files/read`,
-//! `/jobs/{name}/logs`, in [`super::logs`]).
+//! `/jobs/{name}/logs`, in [`super::logs`]). Every route but `/health` is behind the
+//! authentication middleware of [`super::auth`].
 //!
 //! Handlers are clients of the actor like connection tasks are: each request sends one
 //! [`Event`] and awaits the answer on a oneshot channel, so the state has one owner and a
@@ -8,7 +9,7 @@
 //! `ACTOR_TIMEOUT` gets a 503, never a hung request. What the handlers share
 //! (`HttpState`) is in `shared`, so `logs` needs nothing of this module.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -27,6 +28,7 @@ use super::shared::{HttpState, ACTOR_TIMEOUT};
 use crate::jobs::runner::{ChangeError, JobsHandle};
 use crate::jobs::spec::JobSpec;
 use crate::master::events::Event;
+use crate::master::jobs_launch::JobsSlot;
 
 /// The dashboard: one self-contained page (inline CSS and JS, no external resources).
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -66,14 +68,16 @@ impl axum::serve::Listener for HttpListener {
 }
 
 /// Serves the routes on `listener`, and on the connections handed over through `handed`,
-/// until `shutdown` turns true.
+/// until `shutdown` turns true; who may use them is `auth` (`HttpAuth::from_config`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     listener: TcpListener,
     handed: mpsc::Receiver<(TcpStream, SocketAddr)>,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
-    jobs: Arc<OnceLock<JobsHandle>>,
+    jobs: Arc<JobsSlot>,
     cluster: Option<crate::master::cluster::ClusterNode>,
+    auth: Arc<super::auth::HttpAuth>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let shared = HttpState {
@@ -81,6 +85,7 @@ pub(crate) async fn serve(
         metrics,
         jobs,
         cluster,
+        auth,
     };
     let app = Router::new()
         .route("/", get(dashboard))
@@ -104,6 +109,12 @@ pub(crate) async fn serve(
             shared.clone(),
             leader_only,
         ))
+        // Outermost: a client is authenticated before anything else, even the answer naming
+        // the leader (docs/security.md, "HTTP API").
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            require_auth,
+        ))
         .with_state(shared);
     let listener = HttpListener {
         own: listener,
@@ -116,6 +127,37 @@ pub(crate) async fn serve(
         .await;
     if let Err(e) = result {
         tracing::error!(error = %e, "operator HTTP server failed");
+    }
+}
+
+/// The middleware in front of every route ([`super::auth`]): lets a request through with its
+/// principal in the request's extensions, or answers 401/403 and counts the refusal.
+async fn require_auth(
+    State(http): State<HttpState>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use super::auth::{authorize, refusal_response, unix_now, Credentials, Refusal, Route};
+    let route = Route::of(request.method(), request.uri().path());
+    let credentials = Credentials::from_header(request.headers().get(header::AUTHORIZATION));
+    match authorize(route, &credentials, &http.auth, unix_now()) {
+        Ok(principal) => {
+            request.extensions_mut().insert(principal);
+            next.run(request).await
+        }
+        Err(refusal) => {
+            http.metrics.http_auth_failed(refusal.reason());
+            if refusal != Refusal::Missing {
+                tracing::warn!(
+                    method = %request.method(),
+                    path = request.uri().path(),
+                    reason = refusal.reason(),
+                    "HTTP request refused: {}",
+                    refusal.message()
+                );
+            }
+            refusal_response(route, &refusal)
+        }
     }
 }
 
@@ -199,16 +241,29 @@ async fn health(State(http): State<HttpState>) -> Response {
     }
 }
 
-/// The jobs framework, or the answer saying it is not running.
-fn jobs_of(http: &HttpState) -> Result<&JobsHandle, Box<Response>> {
+/// The jobs framework, or the answer saying it is not running. A group's leader starts it
+/// with each lead: until it runs, the answer is the retryable "no leader yet" one (503 with an
+/// empty `leader`), which the CLIs ask again.
+fn jobs_of(http: &HttpState) -> Result<JobsHandle, Box<Response>> {
     http.jobs.get().ok_or_else(|| {
-        Box::new(
-            (
+        Box::new(match &http.cluster {
+            Some(node) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({
+                    "error": format!(
+                        "the jobs framework is starting on master {} (a new leader)",
+                        node.id
+                    ),
+                    "leader": "",
+                })),
+            )
+                .into_response(),
+            None => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "this master runs no jobs framework (see its log and docs/jobs.md)\n",
             )
                 .into_response(),
-        )
+        })
     })
 }
 
@@ -511,7 +566,7 @@ pub fn http_address(listen: &str, flag: Option<&str>) -> Result<Option<String>, 
         }
         None => {
             // HTTP stays on loopback unless asked for explicitly, even when the protocol
-            // port is exposed: the dashboard and /state have no authentication.
+            // port is exposed: without auth.required the dashboard and /state are open.
             let (host, port) = listen
                 .rsplit_once(':')
                 .ok_or_else(|| format!("--listen {listen}: expected HOST:PORT"))?;

@@ -85,6 +85,11 @@ pub(crate) const AUTH_FAILURE_REASONS: [&str; 7] = [
     "not_owner",
 ];
 
+/// Labels of `http_auth_failures_total`: HTTP requests refused for no credentials, wrong ones,
+/// an expired token, or a principal without the route's role (docs/security.md, "HTTP API").
+pub(crate) const HTTP_AUTH_FAILURE_REASONS: [&str; 4] =
+    ["missing", "bad_credentials", "expired", "forbidden"];
+
 /// Labels of `tls_handshake_failures_total`: plain protocol bytes sent to the TLS port, a failed
 /// handshake (bad certificate, wrong CA, garbage), or no handshake in time.
 pub(crate) const TLS_FAILURE_REASONS: [&str; 3] = ["plaintext", "handshake", "timeout"];
@@ -135,6 +140,7 @@ pub struct Metrics {
     frameworks_removed: Counter,
     errors_sent: Counter,
     auth_failures: Family<Label, Counter>,
+    http_auth_failures: Family<Label, Counter>,
     tls_handshake_failures: Family<Label, Counter>,
     usage_refused: Family<Label, Counter>,
     /// Replication (cluster mode; docs/architecture.md, "Replication").
@@ -188,6 +194,7 @@ impl Metrics {
             frameworks_removed: Counter::default(),
             errors_sent: Counter::default(),
             auth_failures: Family::default(),
+            http_auth_failures: Family::default(),
             tls_handshake_failures: Family::default(),
             usage_refused: Family::default(),
             // 10 µs … ~10 s, each bucket 1.5 times the one before: fine enough to read a
@@ -350,6 +357,11 @@ impl Metrics {
             m.auth_failures.clone(),
         );
         r.register(
+            "http_auth_failures",
+            "HTTP API requests refused by authentication or authorization, by reason (docs/security.md)",
+            m.http_auth_failures.clone(),
+        );
+        r.register(
             "tls_handshake_failures",
             "Connections closed before or during the TLS handshake, by reason",
             m.tls_handshake_failures.clone(),
@@ -365,6 +377,9 @@ impl Metrics {
         }
         for reason in AUTH_FAILURE_REASONS {
             let _ = m.auth_failures.get_or_create(&[("reason", reason)]);
+        }
+        for reason in HTTP_AUTH_FAILURE_REASONS {
+            let _ = m.http_auth_failures.get_or_create(&[("reason", reason)]);
         }
         for reason in TLS_FAILURE_REASONS {
             let _ = m
@@ -433,6 +448,13 @@ impl Metrics {
     /// [`AUTH_FAILURE_REASONS`].
     pub(crate) fn auth_failed(&self, reason: &'static str) {
         self.auth_failures
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// An HTTP request refused; `reason` is one of [`HTTP_AUTH_FAILURE_REASONS`].
+    pub(crate) fn http_auth_failed(&self, reason: &'static str) {
+        self.http_auth_failures
             .get_or_create(&[("reason", reason)])
             .inc();
     }

@@ -2,6 +2,8 @@
 //!
 //! - [`http`]: `GET /state` (JSON), `/metrics` (Prometheus text), `/health` and the dashboard
 //!   (`dashboard.html`, compiled in). A client of the actor: it asks through the event channel.
+//! - [`auth`]: who may use the HTTP API (Basic, bearer tokens, operator and viewer roles):
+//!   one middleware in front of every route.
 //! - `logs`: task output over HTTP (`/files/read`, `/jobs/{name}/logs`), read through the
 //!   actor from the task's agent.
 //! - [`metrics`]: the shared Prometheus registry. Counted where things happen (connection
@@ -10,6 +12,7 @@
 //! - [`views`]: the reading of the state into those views and into metrics. The only module
 //!   here that reads `MasterState`.
 
+pub mod auth;
 pub mod http;
 mod logs;
 pub mod metrics;

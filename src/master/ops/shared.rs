@@ -3,14 +3,14 @@
 //! and how long a request waits for the actor. Its own module so the handler modules depend on
 //! it, not on each other.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::metrics::Metrics;
-use crate::jobs::runner::JobsHandle;
 use crate::master::events::Event;
+use crate::master::jobs_launch::JobsSlot;
 
 /// How long a request waits for the actor's answer.
 pub const ACTOR_TIMEOUT: Duration = Duration::from_secs(5);
@@ -19,8 +19,10 @@ pub const ACTOR_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) struct HttpState {
     pub(super) events: mpsc::Sender<Event>,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) jobs: Arc<OnceLock<JobsHandle>>,
+    pub(super) jobs: Arc<JobsSlot>,
     /// This master's replication group, in cluster mode: a follower sends API clients to the
     /// leader.
     pub(super) cluster: Option<crate::master::cluster::ClusterNode>,
+    /// Who may use which route ([`super::auth`]).
+    pub(super) auth: Arc<super::auth::HttpAuth>,
 }

@@ -140,6 +140,9 @@ impl LogStore {
         };
         std::fs::create_dir_all(work_dir).map_err(|e| fail("cannot create the work dir", &e))?;
         let db = Database::create(&path).map_err(|e| fail("cannot open", &e))?;
+        // redb creates it with the umask's mode; the log holds job specs (docs/security.md).
+        ringmaster_proto::files::restrict_file(&path)
+            .map_err(|e| fail("cannot make it 0600", &e))?;
         let write = db
             .begin_write()
             .map_err(|e| fail("cannot begin a write", &e))?;

@@ -16,11 +16,27 @@
 //! - **Inbound work**: each connection task hands the actor one message at a time and waits for
 //!   room in the shared event channel, so a connection never has more than one message queued
 //!   to the actor beyond that channel; the rate limit keeps a flooder from filling it.
+//! - **Partial inbound frames** ([`FrameBudget`], [`Budgeted`]): the frame codec reserves room
+//!   for a whole frame as soon as its 4-byte length prefix is read, so a peer that announces a
+//!   large frame and sends it slowly (or never) holds that much of the master's memory. A frame
+//!   of at most `limits.max_handshake_frame_bytes` (the small allowance every connection has,
+//!   authenticated or not) is read freely; a larger one is read only once its whole length is
+//!   reserved from one budget shared by all connections ([`PARTIAL_FRAME_BUDGET_BYTES`], at
+//!   least one `master.max_frame_bytes` frame), and the reservation is given back when its last
+//!   byte has been read. A connection whose frame does not fit waits, unread (the bytes stay in
+//!   the kernel's socket buffer), until earlier large frames complete. So per connection the
+//!   master holds at most one partial frame (at most `master.max_frame_bytes`), and in total at
+//!   most the budget plus one allowance per open connection, registered or not.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, Notify};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{mpsc, watch, AcquireError, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::LimitsConfig;
@@ -227,6 +243,365 @@ impl OutboundReceiver {
     }
 }
 
+/// The bytes all connections together may hold in partial frames larger than the per-connection
+/// allowance (`limits.max_handshake_frame_bytes`): 64 MiB, sixteen 4 MiB frames; raised to one
+/// `master.max_frame_bytes` frame where that is larger, so any allowed frame can be read.
+pub(crate) const PARTIAL_FRAME_BUDGET_BYTES: usize = 64 * 1024 * 1024;
+
+/// What a [`FrameBudget`] is holding and how many connections wait for room, for observers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BudgetUse {
+    /// Bytes reserved for large frames being read.
+    pub held: usize,
+    /// Connections whose next large frame waits for room.
+    pub waiting: usize,
+}
+
+/// One budget of bytes for large partial inbound frames, shared by every connection of a
+/// listener (see the module docs). Cloning shares it.
+#[derive(Debug, Clone)]
+pub(crate) struct FrameBudget {
+    shared: Arc<BudgetShared>,
+}
+
+#[derive(Debug)]
+struct BudgetShared {
+    slots: Arc<Semaphore>,
+    total: usize,
+    /// Frames up to this size need no reservation.
+    allowance: usize,
+    /// Bytes reserved by frames being read (the semaphore's free permits also lack those
+    /// handed, in part, to the first waiter).
+    reserved: AtomicUsize,
+    usage: watch::Sender<BudgetUse>,
+}
+
+impl FrameBudget {
+    /// A budget of `total` bytes (at least `max_frame`, so every allowed frame fits) for frames
+    /// larger than `allowance`.
+    pub fn new(total: usize, allowance: usize, max_frame: usize) -> Self {
+        let total = total
+            .max(max_frame)
+            .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+        FrameBudget {
+            shared: Arc::new(BudgetShared {
+                slots: Arc::new(Semaphore::new(total)),
+                total,
+                allowance,
+                reserved: AtomicUsize::new(0),
+                usage: watch::Sender::new(BudgetUse::default()),
+            }),
+        }
+    }
+
+    /// The budget for a listener with these settings: [`PARTIAL_FRAME_BUDGET_BYTES`], the
+    /// allowance `limits.max_handshake_frame_bytes`.
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        let max_frame = config.master.max_frame_bytes;
+        let allowance = config.limits.max_handshake_frame_bytes.min(max_frame);
+        FrameBudget::new(PARTIAL_FRAME_BUDGET_BYTES, allowance, max_frame)
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn total(&self) -> usize {
+        self.shared.total
+    }
+
+    /// Bytes reserved now.
+    pub fn held(&self) -> usize {
+        self.shared.reserved.load(Ordering::Relaxed)
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))]
+    /// Watches what the budget holds (changes on every reservation, release and wait).
+    pub fn watch(&self) -> watch::Receiver<BudgetUse> {
+        self.shared.usage.subscribe()
+    }
+
+    /// Whether a frame of `len` bytes needs a reservation.
+    fn needs_reservation(&self, len: usize) -> bool {
+        len > self.shared.allowance
+    }
+
+    fn publish(&self, waiting: isize) {
+        let held = self.held();
+        self.shared.usage.send_modify(|u| {
+            u.held = held;
+            u.waiting = u.waiting.saturating_add_signed(waiting);
+        });
+    }
+
+    /// Reserves `len` bytes now, if there is room.
+    fn try_reserve(&self, len: usize) -> Option<Reservation> {
+        let permit = self
+            .shared
+            .slots
+            .clone()
+            .try_acquire_many_owned(len as u32)
+            .ok()?;
+        Some(Reservation::new(permit, self.clone()))
+    }
+
+    /// Waits for room for `len` bytes (in turn: the semaphore is fair).
+    fn reserve(&self, len: usize) -> Waiting {
+        self.publish(1);
+        Waiting {
+            acquire: Box::pin(self.shared.slots.clone().acquire_many_owned(len as u32)),
+            budget: self.clone(),
+        }
+    }
+
+    /// Wraps a connection's byte stream so its large frames are read only within this budget.
+    /// `frame_limit`: the connection's current frame limit (see [`Budgeted::set_frame_limit`]).
+    pub fn guard<S>(&self, stream: S, frame_limit: usize) -> Budgeted<S> {
+        Budgeted {
+            inner: stream,
+            scan: FrameScan {
+                budget: self.clone(),
+                frame_limit: AtomicUsize::new(frame_limit),
+                header: [0; 4],
+                have: 0,
+                remaining: None,
+                held: None,
+                waiting: None,
+            },
+            stash: Vec::new(),
+            stash_at: 0,
+        }
+    }
+}
+
+/// Bytes reserved for one frame; given back when dropped.
+#[derive(Debug)]
+struct Reservation {
+    permit: Option<OwnedSemaphorePermit>,
+    budget: FrameBudget,
+}
+
+impl Reservation {
+    fn new(permit: OwnedSemaphorePermit, budget: FrameBudget) -> Self {
+        let bytes = permit.num_permits();
+        budget.shared.reserved.fetch_add(bytes, Ordering::Relaxed);
+        budget.publish(0);
+        Reservation {
+            permit: Some(permit),
+            budget,
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            let bytes = permit.num_permits();
+            drop(permit);
+            self.budget
+                .shared
+                .reserved
+                .fetch_sub(bytes, Ordering::Relaxed);
+        }
+        self.budget.publish(0);
+    }
+}
+
+type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+/// A connection waiting for room in the budget.
+struct Waiting {
+    acquire: Acquire,
+    budget: FrameBudget,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.budget.publish(-1);
+    }
+}
+
+/// Follows the frames passing through a [`Budgeted`] stream: where each length prefix ends and
+/// how much of the current frame is still to come.
+struct FrameScan {
+    budget: FrameBudget,
+    /// Frames announced larger than this are refused by the codec at their prefix, unread:
+    /// they need no reservation.
+    frame_limit: AtomicUsize,
+    header: [u8; 4],
+    /// Bytes of the current length prefix seen.
+    have: usize,
+    /// Bytes of the current frame's body still to come (`None`: reading a length prefix).
+    remaining: Option<usize>,
+    /// The current frame's reservation.
+    held: Option<Reservation>,
+    waiting: Option<Waiting>,
+}
+
+impl FrameScan {
+    /// Lets through as much of `bytes` (the next bytes of the stream) as the budget allows:
+    /// `Ready(n)`, n >= 1, for the first `n`; `Pending` (the task woken when there is room)
+    /// when not even the first may pass: it completes a large frame's length prefix.
+    fn admit(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<std::io::Result<usize>> {
+        let mut at = 0;
+        while at < bytes.len() {
+            if let Some(remaining) = self.remaining {
+                let take = remaining.min(bytes.len() - at);
+                at += take;
+                self.end_of_body(remaining - take);
+                continue;
+            }
+            if self.have < 3 {
+                self.header[self.have] = bytes[at];
+                self.have += 1;
+                at += 1;
+                continue;
+            }
+            // This byte completes a length prefix: the codec will reserve the whole frame.
+            let mut header = self.header;
+            header[3] = bytes[at];
+            let len = u32::from_be_bytes(header) as usize;
+            let limit = self.frame_limit.load(Ordering::Relaxed);
+            if self.held.is_none() && self.budget.needs_reservation(len) && len <= limit {
+                if self.waiting.is_none() {
+                    if let Some(reservation) = self.budget.try_reserve(len) {
+                        self.held = Some(reservation);
+                    } else if at > 0 {
+                        // Deliver what came before; the prefix waits for the next read.
+                        return Poll::Ready(Ok(at));
+                    } else {
+                        self.waiting = Some(self.budget.reserve(len));
+                    }
+                }
+                if let Some(waiting) = &mut self.waiting {
+                    match waiting.acquire.as_mut().poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(_)) => {
+                            return Poll::Ready(Err(std::io::Error::other(
+                                "the frame budget is closed",
+                            )))
+                        }
+                        Poll::Ready(Ok(permit)) => {
+                            let budget = waiting.budget.clone();
+                            self.waiting = None;
+                            self.held = Some(Reservation::new(permit, budget));
+                        }
+                    }
+                }
+            }
+            self.have = 0;
+            at += 1;
+            self.end_of_body(len);
+        }
+        Poll::Ready(Ok(at))
+    }
+
+    /// `remaining` bytes of the current frame's body are still to come; at 0 the frame is
+    /// complete and its reservation is given back.
+    fn end_of_body(&mut self, remaining: usize) {
+        if remaining == 0 {
+            self.remaining = None;
+            self.held = None;
+        } else {
+            self.remaining = Some(remaining);
+        }
+    }
+}
+
+/// A byte stream whose inbound frames larger than the allowance are let through only within a
+/// [`FrameBudget`] (see the module docs). Writes pass straight through.
+pub(crate) struct Budgeted<S> {
+    inner: S,
+    scan: FrameScan,
+    /// Bytes read from `inner` but not yet let through (they complete a large frame's length
+    /// prefix that waits for room), from `stash_at`.
+    stash: Vec<u8>,
+    stash_at: usize,
+}
+
+impl<S> Budgeted<S> {
+    /// The frame limit the codec now applies (raise it with the codec's).
+    pub fn set_frame_limit(&self, limit: usize) {
+        self.scan.frame_limit.store(limit, Ordering::Relaxed);
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Budgeted<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if this.stash_at < this.stash.len() {
+            let end = this.stash.len().min(this.stash_at + buf.remaining());
+            let n = match this.scan.admit(cx, &this.stash[this.stash_at..end]) {
+                Poll::Ready(Ok(n)) => n,
+                other => return other.map_ok(|_| ()),
+            };
+            buf.put_slice(&this.stash[this.stash_at..this.stash_at + n]);
+            this.stash_at += n;
+            if this.stash_at == this.stash.len() {
+                this.stash = Vec::new();
+                this.stash_at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        let read = buf.filled().len() - before;
+        if read == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let admitted = this.scan.admit(cx, &buf.filled()[before..]);
+        let n = match admitted {
+            Poll::Ready(Ok(n)) => n,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => 0,
+        };
+        if n < read {
+            this.stash = buf.filled()[before + n..].to_vec();
+            this.stash_at = 0;
+            buf.set_filled(before + n);
+        }
+        if n == 0 {
+            // Nothing may pass yet: the waiting reservation wakes this task.
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Budgeted<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +683,69 @@ mod tests {
             assert!(rx.recv().await.is_some());
             assert!(rx.recv().await.is_some());
         }
+    }
+
+    fn frame(bytes: usize) -> Vec<u8> {
+        let message = Message::Error(ringmaster_proto::Error::new(
+            ringmaster_proto::ErrorCode::InvalidOffer,
+            "x".repeat(bytes),
+        ));
+        let body = prost::Message::encode_to_vec(&ringmaster_proto::Envelope::new(message));
+        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        frame
+    }
+
+    /// Large frames are read only within the shared budget: a second connection's large frame
+    /// waits (its small frame before it, in the same read, still passes) until the first
+    /// one's frame is complete; frames within the allowance never wait.
+    #[tokio::test]
+    async fn large_frames_wait_for_room_in_the_shared_budget() {
+        use ringmaster_proto::Connection;
+        use tokio::io::AsyncWriteExt as _;
+        let wait = Duration::from_secs(10);
+        let budget = FrameBudget::new(10_000, 1_000, 10_000);
+        let (big, small) = (frame(6_000), frame(100));
+        let len = big.len() - 4;
+        let (mut a_peer, a) = tokio::io::duplex(64 * 1024);
+        let (mut b_peer, b) = tokio::io::duplex(64 * 1024);
+        let mut a = Connection::with_max_frame(budget.guard(a, 10_000), 10_000);
+        let mut b = Connection::with_max_frame(budget.guard(b, 10_000), 10_000);
+        let mut usage = budget.watch();
+
+        // A announces a large frame and sends part of it: reserved.
+        a_peer.write_all(&big[..100]).await.unwrap();
+        let a_read = tokio::spawn(async move { (a.recv().await.is_ok(), a) });
+        tokio::time::timeout(wait, usage.wait_for(|u| u.held == len))
+            .await
+            .unwrap()
+            .unwrap();
+        // B sends a small frame and a large one in one write: the small one is read, the large
+        // one waits, unread.
+        let mut both = small.clone();
+        both.extend_from_slice(&big);
+        b_peer.write_all(&both).await.unwrap();
+        assert!(matches!(b.recv().await, Ok(Some(Message::Error(_)))));
+        let b_read = tokio::spawn(async move { b.recv().await.map(|m| m.is_some()) });
+        tokio::time::timeout(wait, usage.wait_for(|u| u.waiting == 1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(budget.held(), len, "only A's frame is reserved");
+        // A's frame completes: its bytes are given back and B's frame is read.
+        a_peer.write_all(&big[100..]).await.unwrap();
+        let (read, _a) = a_read.await.unwrap();
+        assert!(read);
+        assert!(tokio::time::timeout(wait, b_read)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap());
+        tokio::time::timeout(wait, usage.wait_for(|u| u.held == 0 && u.waiting == 0))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(budget.total() >= 10_000);
     }
 
     #[tokio::test]

@@ -10,6 +10,10 @@
 //! - **Drain on shutdown**: connection tasks are spawned on a [`TaskTracker`]; after the
 //!   shutdown signal the listener stops accepting and waits until every task has ended (each
 //!   watches the same signal and says `SHUTTING_DOWN` to its peer, bounded by a timeout).
+//! - **Partial frames**: one [`FrameBudget`] for all the listener's connections bounds the
+//!   bytes held for large frames not yet read whole (see [`super::limits`]).
+//! - **HTTP on the protocol port**: only on the addresses the `--http` server serves too
+//!   ([`Listener::with_http_addr`], [`super::task::http_served_at`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +27,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
+use super::limits::FrameBudget;
 use super::task::ConnectionTask;
 use crate::config::Config;
 use crate::master::events::{ConnId, Event};
@@ -131,6 +136,10 @@ pub(crate) struct Listener {
     refusals: RefusalLog,
     tasks: TaskTracker,
     http: Option<super::task::HttpHandoff>,
+    /// Where the `--http` server listens (see [`Listener::with_http_addr`]).
+    http_addr: Option<SocketAddr>,
+    /// Bytes of large partial frames, all connections together.
+    frames: FrameBudget,
     /// This master's Raft node in cluster mode (see [`Listener::with_raft`]).
     raft: Option<Arc<RaftHandler>>,
     /// Streams opened from inside the process (see [`super::super::Master::start_jobs`]).
@@ -151,6 +160,7 @@ impl Listener {
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         let cap = ConnectionCap::new(config.limits.max_connections);
+        let frames = FrameBudget::for_config(&config);
         Listener {
             listener,
             tls,
@@ -162,6 +172,8 @@ impl Listener {
             refusals: RefusalLog::new(REFUSAL_LOG_EVERY),
             tasks: TaskTracker::new(),
             http: None,
+            http_addr: None,
+            frames,
             raft: None,
             in_process: None,
         }
@@ -178,6 +190,24 @@ impl Listener {
     /// to `http` (the operator HTTP server).
     pub(crate) fn with_http(mut self, http: Option<super::task::HttpHandoff>) -> Self {
         self.http = http;
+        self
+    }
+
+    /// The address the `--http` server listens on: the protocol port hands an HTTP request
+    /// over only when it reached an address that server serves too (the same IP, or `--http`
+    /// on a wildcard address), and answers 404 on the others. Without it (`None`) every
+    /// address hands over. The master wires it as `.with_http_addr(http_addr)`.
+    // Unused only until src/master/mod.rs adds that line.
+    pub(crate) fn with_http_addr(mut self, http_addr: Option<SocketAddr>) -> Self {
+        self.http_addr = http_addr;
+        self
+    }
+
+    /// Replaces the budget for large partial frames (by default
+    /// [`super::limits::PARTIAL_FRAME_BUDGET_BYTES`]; tests use a small one).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn with_frame_budget(mut self, frames: FrameBudget) -> Self {
+        self.frames = frames;
         self
     }
 
@@ -225,7 +255,10 @@ impl Listener {
             return;
         };
         let _ = stream.set_nodelay(true);
-        let task = self.task(peer).with_http(self.http.clone());
+        let task = self
+            .task(peer)
+            .with_http(self.http.clone())
+            .with_http_addr(self.http_addr);
         let tls = self.tls.clone();
         self.tasks.spawn(async move {
             task.run(stream, tls).await;
@@ -257,6 +290,7 @@ impl Listener {
             self.shutdown.clone(),
         )
         .with_raft(self.raft.clone())
+        .with_frame_budget(self.frames.clone())
     }
 
     /// A slot under the connection cap, or `None` (counted and logged) when the cap is reached.

@@ -8,7 +8,8 @@
 //! - [`task`]: [`task::ConnectionTask`], one accepted connection: TLS, the handshake
 //!   (authentication, the role check, a small frame limit until registration), then the serve
 //!   loop that turns frames into [`Event`](super::Event)s and writes what the actor sends back.
-//! - [`limits`]: the per-connection limits (message rate, outbound queue).
+//! - [`limits`]: the per-connection limits (message rate, outbound queue) and the budget for
+//!   large partial frames shared by all connections.
 //!
 //! The server knows the actor only through [`Event`](super::Event) and
 //! [`Outbound`](super::Outbound); it never touches the state.
@@ -16,6 +17,8 @@
 pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod task;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use listener::Listener;
 

@@ -39,7 +39,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
-use super::limits::{outbound_queue, OutboundReceiver, TokenBucket};
+use super::limits::{outbound_queue, Budgeted, FrameBudget, OutboundReceiver, TokenBucket};
 use crate::config::{Config, LimitsConfig};
 use crate::master::events::{ConnId, Event, Outbound};
 use crate::master::metrics::{Limit, Metrics, Rejection};
@@ -73,6 +73,12 @@ pub(crate) type HttpHandoff = mpsc::Sender<(TcpStream, SocketAddr)>;
 
 pub(crate) struct ConnectionTask {
     http: Option<HttpHandoff>,
+    /// The address the `--http` server listens on: HTTP requests are handed off only when they
+    /// reached the protocol port on an address that server serves too (`None`: not told, every
+    /// address).
+    http_addr: Option<SocketAddr>,
+    /// The listener's budget for large partial frames (`None`: one of this connection's own).
+    frames: Option<FrameBudget>,
     /// This master's Raft node, in cluster mode: peers' `RaftRequest`s are served here.
     raft: Option<Arc<RaftHandler>>,
     conn: ConnId,
@@ -94,6 +100,8 @@ impl ConnectionTask {
     ) -> Self {
         ConnectionTask {
             http: None,
+            http_addr: None,
+            frames: None,
             raft: None,
             conn,
             peer,
@@ -114,6 +122,20 @@ impl ConnectionTask {
         self
     }
 
+    /// Hands HTTP requests off only when they reached an address the `--http` server at
+    /// `http_addr` serves too (see [`http_served_at`]); others get a plain 404.
+    pub(crate) fn with_http_addr(mut self, http_addr: Option<SocketAddr>) -> Self {
+        self.http_addr = http_addr;
+        self
+    }
+
+    /// Reads large frames within `budget`, shared with the listener's other connections (see
+    /// [`super::limits::FrameBudget`]).
+    pub(crate) fn with_frame_budget(mut self, budget: FrameBudget) -> Self {
+        self.frames = Some(budget);
+        self
+    }
+
     /// Serves other masters' Raft RPCs with `raft` (cluster mode; `None`, the default: a
     /// `RaftRequest` is refused with `UNEXPECTED_MESSAGE`). A connection whose first message
     /// after the handshake is a `RaftRequest`, from a peer authenticated as `master` (or from
@@ -128,7 +150,13 @@ impl ConnectionTask {
         if let Some(http) = &self.http {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, speaks_http(&stream)).await {
                 Ok(Some(true)) => {
-                    let _ = http.send((stream, self.peer)).await;
+                    let local = stream.local_addr().ok();
+                    if local.is_some_and(|local| http_served_at(local, self.http_addr)) {
+                        let _ = http.send((stream, self.peer)).await;
+                    } else {
+                        tracing::debug!(peer = %self.peer, ?local, "HTTP on an address --http does not serve: 404");
+                        refuse_http(stream).await;
+                    }
                     return;
                 }
                 Ok(Some(false)) => {}
@@ -237,6 +265,52 @@ async fn refuse_plaintext(mut stream: TcpStream) {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), close).await;
 }
 
+/// Whether an HTTP request that reached the protocol port at `local` (the address the client
+/// connected to) may be handed to the `--http` server listening on `http`: only when that
+/// server serves `local`'s address too (the same IP, or `--http` is a wildcard address of the
+/// same family; `[::]` also serves IPv4). So `--listen 0.0.0.0 --http 10.0.0.5:8080` serves
+/// HTTP on the protocol port at 10.0.0.5 only, not on every interface. `None` (the listener
+/// was not told the `--http` address): every address, as before.
+pub(crate) fn http_served_at(local: SocketAddr, http: Option<SocketAddr>) -> bool {
+    let Some(http) = http else {
+        return true;
+    };
+    let (local, http) = (local.ip().to_canonical(), http.ip().to_canonical());
+    if http.is_unspecified() {
+        return http.is_ipv6() || local.is_ipv4();
+    }
+    local == http
+}
+
+/// Answers an HTTP request that may not be served here with a plain 404, then closes
+/// gracefully (the unread request is drained first, so the close is not a reset).
+async fn refuse_http(mut stream: TcpStream) {
+    const NOT_HERE: &[u8] = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n\
+        Content-Length: 38\r\nConnection: close\r\n\r\nno HTTP on this address of the master\n";
+    let close = async {
+        // The request line and headers, at most 64 KiB, before answering.
+        let mut seen = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while seen.len() < 64 * 1024 && !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut chunk).await? {
+                0 => break,
+                n => seen.extend_from_slice(&chunk[..n]),
+            }
+        }
+        stream.write_all(NOT_HERE).await?;
+        stream.shutdown().await?;
+        let mut drained = 0usize;
+        while drained < 64 * 1024 {
+            match stream.read(&mut chunk).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        std::io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), close).await;
+}
+
 /// Messages a peer in `role` may send after its first message.
 fn allowed(role: Role, message: &Message) -> bool {
     match role {
@@ -293,11 +367,17 @@ impl ConnectionTask {
             metrics,
             shutdown,
             http: _,
+            http_addr: _,
+            frames,
             raft,
         } = self;
         let stopping = shutdown.clone();
         let max_frame = config.master.max_frame_bytes;
         let handshake_max = config.limits.max_handshake_frame_bytes.min(max_frame);
+        // Large frames are read only within the listener's budget, before registration and
+        // after (the handshake limit keeps frames small before it anyway).
+        let frames = frames.unwrap_or_else(|| FrameBudget::for_config(&config));
+        let stream = frames.guard(stream, handshake_max);
         let mut connection = Connection::with_max_frame(stream, handshake_max);
         // Boxed, like `secure` above: the handshake's futures are large and live only until
         // registration; inline they would size every connection's task for its whole life.
@@ -317,7 +397,7 @@ impl ConnectionTask {
         let opened = match (opened, &raft) {
             (Message::RaftRequest(first), Some(raft)) => {
                 // Another master: its RPCs go to the Raft node, not to the actor.
-                connection.set_max_frame(max_frame);
+                set_frame_limit(&mut connection, max_frame);
                 Box::pin(serve_raft(
                     connection, raft, first, &metrics, peer, shutdown,
                 ))
@@ -328,7 +408,7 @@ impl ConnectionTask {
         };
         // Registered: full-size frames from now on (the handshake raised the limit before
         // the role message already; this only makes it plain).
-        connection.set_max_frame(max_frame);
+        set_frame_limit(&mut connection, max_frame);
         let limits: &LimitsConfig = &config.limits;
         let (outbound_tx, mut outbound_rx) =
             outbound_queue(limits.outbound_queue, limits.outbound_queue_bytes);
@@ -378,6 +458,15 @@ impl ConnectionTask {
         }
         forward(&events, Event::Closed { conn }).delivered().await;
     }
+}
+
+/// Sets the frame limit of the codec and of the budget's frame scan together.
+fn set_frame_limit<S>(connection: &mut Connection<Budgeted<S>>, limit: usize)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    connection.set_max_frame(limit);
+    connection.get_ref().set_frame_limit(limit);
 }
 
 /// HTTP request lines start with a method; a protocol frame starts with its length (a first
@@ -447,7 +536,7 @@ impl Forward<'_> {
 /// The handshake phase of a connection: `Hello`, authentication and the role message within
 /// [`HANDSHAKE_TIMEOUT`], or the error that refuses the peer. `None`: the connection ends.
 async fn open<S>(
-    connection: &mut Connection<S>,
+    connection: &mut Connection<Budgeted<S>>,
     auth: &AuthConfig,
     cluster: bool,
     max_frame: usize,
@@ -490,7 +579,7 @@ const RAFT_IN_FLIGHT: usize = 16;
 /// stops. Requests are answered concurrently (a vote is not held up by a snapshot chunk);
 /// responses carry their request's id.
 async fn serve_raft(
-    connection: Connection<BoxedStream>,
+    connection: Connection<Budgeted<BoxedStream>>,
     raft: &RaftHandler,
     first: ringmaster_proto::RaftRequest,
     metrics: &Metrics,
@@ -629,7 +718,7 @@ fn auth_failure(
 /// `Authenticate` when it is required. So on a master requiring authentication nothing larger
 /// than the handshake limit is read from a peer that has not proven who it is.
 async fn handshake<S>(
-    connection: &mut Connection<S>,
+    connection: &mut Connection<Budgeted<S>>,
     auth: &AuthConfig,
     cluster: bool,
     max_frame: usize,
@@ -669,7 +758,7 @@ where
         return Ok(None);
     }
     if !auth.required {
-        connection.set_max_frame(max_frame);
+        set_frame_limit(connection, max_frame);
     }
     let mut next = connection.recv().await;
     let mut authenticated: Option<(String, Role)> = None;
@@ -738,13 +827,21 @@ where
         if connection.send(Message::Authenticated(done)).await.is_err() {
             return Ok(None);
         }
-        connection.set_max_frame(max_frame);
+        set_frame_limit(connection, max_frame);
         tracing::debug!(%peer, principal, %role, "authenticated");
         authenticated = Some((principal.to_string(), role));
         next = connection.recv().await;
     }
     let message = match next {
-        Ok(None) => return Ok(None),
+        Ok(None) | Err(ConnectionError::Io(_)) => {
+            if authenticated.is_none() && auth.required {
+                // Told that authentication is required (HelloAck) and left without a
+                // credential: as much a missing credential as a refused registration.
+                tracing::debug!(%peer, "left after learning authentication is required");
+                metrics.auth_failed("missing");
+            }
+            return Ok(None);
+        }
         Ok(Some(message)) if role_of(&message).is_some() => {
             metrics.message_received(message.kind());
             message
@@ -930,6 +1027,146 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ringmaster_auth_failures_total{reason="<reason>"}` in the metrics text (0 if absent).
+    fn auth_failures(metrics: &Metrics, reason: &str) -> u64 {
+        let series = format!("ringmaster_auth_failures_total{{reason=\"{reason}\"}} ");
+        metrics
+            .encode()
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(&series)
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0)
+    }
+
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Runs one connection's handshake (`open`) against a client over an in-memory stream;
+    /// `client` plays the peer. Returns what the handshake opened with.
+    async fn handshake_with<F, Fut>(
+        yaml: &str,
+        metrics: &Arc<Metrics>,
+        client: F,
+    ) -> Option<(Message, Option<String>)>
+    where
+        F: FnOnce(Connection<tokio::io::DuplexStream>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let config = Config::from_yaml(yaml, "test.yaml").unwrap();
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let budget = FrameBudget::for_config(&config);
+        let max_frame = config.master.max_frame_bytes;
+        let handshake_max = config.limits.max_handshake_frame_bytes;
+        let mut server =
+            Connection::with_max_frame(budget.guard(far, handshake_max), handshake_max);
+        let (_stop, stopping) = watch::channel(false);
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let server = open(
+            &mut server,
+            &config.auth,
+            false,
+            max_frame,
+            metrics,
+            peer,
+            stopping,
+        );
+        let (opened, ()) = tokio::time::timeout(WAIT, async {
+            tokio::join!(server, client(Connection::new(near)))
+        })
+        .await
+        .expect("the handshake ends");
+        opened
+    }
+
+    async fn say_hello(
+        conn: &mut Connection<tokio::io::DuplexStream>,
+    ) -> ringmaster_proto::HelloAck {
+        conn.send(Message::Hello(ringmaster_proto::Hello {
+            protocol_version: ringmaster_proto::PROTOCOL_VERSION,
+            client: "test".into(),
+        }))
+        .await
+        .unwrap();
+        match conn.recv().await {
+            Ok(Some(Message::HelloAck(ack))) => ack,
+            other => panic!("expected HelloAck, got {other:?}"),
+        }
+    }
+
+    const AUTH_REQUIRED: &str = "auth:
+  required: true
+  principals:
+    rack: { secret: rack-secret, roles: [agent] }
+";
+
+    /// Issue 45: a client that says Hello, learns authentication is required and closes counts
+    /// as `missing`, once; one that then sends an unauthenticated Subscribe is counted once too.
+    #[tokio::test]
+    async fn leaving_after_learning_auth_is_required_counts_as_missing() {
+        let metrics = Arc::new(Metrics::new());
+        let opened = handshake_with(AUTH_REQUIRED, &metrics, |mut conn| async move {
+            assert!(say_hello(&mut conn).await.auth_required);
+            drop(conn);
+        })
+        .await;
+        assert!(opened.is_none());
+        assert_eq!(auth_failures(&metrics, "missing"), 1);
+
+        let opened = handshake_with(AUTH_REQUIRED, &metrics, |mut conn| async move {
+            say_hello(&mut conn).await;
+            conn.send(Message::Subscribe(Default::default()))
+                .await
+                .unwrap();
+            let answer = conn.recv().await;
+            assert!(
+                matches!(&answer, Ok(Some(Message::Error(e)))
+                    if e.code == ErrorCode::AuthenticationRequired as i32),
+                "{answer:?}"
+            );
+            drop(conn);
+        })
+        .await;
+        assert!(opened.is_none());
+        assert_eq!(
+            auth_failures(&metrics, "missing"),
+            2,
+            "counted once, not twice"
+        );
+
+        // A peer that proves who it is and then leaves is no failure.
+        let opened = handshake_with(AUTH_REQUIRED, &metrics, |mut conn| async move {
+            let ack = say_hello(&mut conn).await;
+            let credential =
+                ringmaster_proto::security::Credential::new("rack", b"rack-secret".to_vec())
+                    .unwrap();
+            conn.send(Message::Authenticate(
+                credential.answer(&ack, AuthRole::Agent),
+            ))
+            .await
+            .unwrap();
+            assert!(matches!(
+                conn.recv().await,
+                Ok(Some(Message::Authenticated(_)))
+            ));
+        })
+        .await;
+        assert!(opened.is_none());
+        assert_eq!(auth_failures(&metrics, "missing"), 2);
+    }
+
+    /// Without required authentication, leaving after Hello is no authentication failure.
+    #[tokio::test]
+    async fn leaving_after_hello_is_no_failure_when_auth_is_optional() {
+        let metrics = Arc::new(Metrics::new());
+        let opened = handshake_with("", &metrics, |mut conn| async move {
+            assert!(!say_hello(&mut conn).await.auth_required);
+        })
+        .await;
+        assert!(opened.is_none());
+        assert_eq!(auth_failures(&metrics, "missing"), 0);
+    }
 
     #[test]
     fn four_bytes_tell_http_from_the_protocol_and_tls() {

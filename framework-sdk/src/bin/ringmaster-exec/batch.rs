@@ -71,6 +71,7 @@ impl BatchFile {
 
     /// Parses and checks batch YAML.
     pub fn parse(text: &str) -> Result<BatchFile, String> {
+        ringmaster_proto::yaml_depth::check_depth(text, "batch file").map_err(|e| e.to_string())?;
         let raw: RawBatch = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
         if raw.tasks.is_empty() {
             return Err("tasks: the batch has no tasks".into());
