@@ -1,7 +1,10 @@
 //! `ringmaster cluster members|add|remove`: clients of the leader's `/cluster/members` HTTP API
 //! (docs/operations.md, "Adding or removing a master"). `--master a,b,c` follows the leader as
-//! `ringmaster status` does.
+//! `ringmaster status` does. `ringmaster cluster init` is offline: it turns a stopped single
+//! master's work dir into the first master's of a new group (docs/operations.md, "From one
+//! master to three").
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::jobs::cli::{call, call_with, failure, CliError};
@@ -102,6 +105,60 @@ pub fn remove(master: &str, id: u64) -> Result<(), CliError> {
     if let Ok(members) = serde_json::from_value::<MembersView>(answer["members"].clone()) {
         print!("{}", render(&members));
     }
+    Ok(())
+}
+
+/// `cluster init --from DIR --config GROUP.yaml`: seeds a new group from the stopped single
+/// master's work dir `from`, in place. `config` is the config the master on `from` will run
+/// with (its `cluster:` names it and every master of the group). Exit code 2 for a bad config,
+/// 1 when the work dir is refused.
+pub fn init(from: &Path, config_path: &Path) -> Result<(), CliError> {
+    let config = crate::config::Config::load(config_path).map_err(|e| CliError {
+        message: e.to_string(),
+        code: 2,
+    })?;
+    let Some(cluster) = config.cluster else {
+        return Err(CliError {
+            message: format!(
+                "--config: {} has no cluster: section; give the config the master on {} will \
+                 run with in the group (cluster.id and every master in cluster.peers)",
+                config_path.display(),
+                from.display()
+            ),
+            code: 2,
+        });
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failure(format!("cannot start a runtime: {e}")))?;
+    let seeded = runtime
+        .block_on(crate::master::replication::seed::seed_from_single(
+            from, &cluster,
+        ))
+        .map_err(|e| failure(e.to_string()))?;
+    println!(
+        "{} is now master {}'s work dir in a group of {} ({}): its registry (frameworks: {}, \
+         agents: {}, tasks: {}, jobs: {}) is the group's first snapshot",
+        from.display(),
+        seeded.id,
+        seeded.voters.len(),
+        seeded
+            .voters
+            .iter()
+            .map(|(id, address)| format!("{id} at {address}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        seeded.frameworks,
+        seeded.agents,
+        seeded.tasks,
+        seeded.jobs,
+    );
+    println!(
+        "next: start master {} on it with this config, and every other master on an empty \
+         work dir with cluster.join: true (docs/operations.md, \"From one master to three\")",
+        seeded.id
+    );
     Ok(())
 }
 

@@ -99,7 +99,8 @@ enum Command {
         #[command(subcommand)]
         command: JobCommand,
     },
-    /// Replicated masters: list, add or remove masters of the group (docs/operations.md).
+    /// Replicated masters: list, add or remove masters of the group, or seed a new group from
+    /// a single master's work dir (docs/operations.md).
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,
@@ -249,8 +250,9 @@ fn init_logging(default: &str) {
 #[derive(Debug, Args)]
 struct MasterAddr {
     /// The master's address: its protocol port (`--listen`), which serves HTTP too, or its
-    /// `--http` port. With replicated masters, all of them: `a:5050,b:5050,c:5050` (asked in
-    /// turn; a follower's 503 names the leader, which is asked next).
+    /// `--http` port (the only one, HTTPS, for a master with `tls:`; give --tls-ca). With
+    /// replicated masters, all of them: `a:5050,b:5050,c:5050` (asked in turn; a follower's
+    /// 503 names the leader, which is asked next).
     #[arg(
         long = "master",
         value_name = "ADDR",
@@ -275,11 +277,39 @@ struct MasterAddr {
         requires = "principal"
     )]
     secret_file: Option<PathBuf>,
+    /// Speak HTTPS to a master with `tls:` (its --http port), trusting the CA certificate(s)
+    /// in this PEM file; bare HOST:PORT entries of --master are then https://.
+    #[arg(long, value_name = "FILE", env = "RINGMASTER_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a master that requires mutual TLS (`tls.client_ca`);
+    /// needs --tls-key and --tls-ca.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "RINGMASTER_TLS_CERT",
+        requires = "tls_key",
+        requires = "tls_ca"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "RINGMASTER_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
 }
 
 impl MasterAddr {
-    /// Makes this process's HTTP requests authenticate as `--principal`, when given.
+    /// Makes this process's HTTP requests authenticate as `--principal`, when given, and speak
+    /// HTTPS trusting `--tls-ca`, when given (exit code 2 for a bad name or file).
     fn use_credential(&self) -> Result<(), ringmaster::jobs::cli::CliError> {
+        if let Some(ca) = &self.tls_ca {
+            let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+            ringmaster::leader_http::use_tls(ca, identity)
+                .map_err(|message| ringmaster::jobs::cli::CliError { message, code: 2 })?;
+        }
         match (&self.principal, &self.secret_file) {
             (Some(principal), Some(file)) => ringmaster::jobs::cli::use_credential(principal, file),
             _ => Ok(()),
@@ -318,13 +348,36 @@ enum ClusterCommand {
         #[command(flatten)]
         master: MasterAddr,
     },
+    /// Offline, in place: make a stopped single master's work dir the first master's of a new
+    /// group, its registry the group's first snapshot (docs/operations.md, "From one master
+    /// to three").
+    Init {
+        /// The single master's work dir (`serve --work-dir`); no master may run on it.
+        #[arg(long, value_name = "WORK_DIR")]
+        from: PathBuf,
+        /// The config the master on WORK_DIR will run with in the group (`cluster:` with its
+        /// id and every master in `peers`).
+        #[arg(long, value_name = "GROUP.yaml")]
+        config: PathBuf,
+    },
 }
 
 fn cluster_command(command: ClusterCommand) -> ExitCode {
     use ringmaster::cluster_cli;
-    let (ClusterCommand::Members { master, .. }
-    | ClusterCommand::Add { master, .. }
-    | ClusterCommand::Remove { master, .. }) = &command;
+    let master = match &command {
+        ClusterCommand::Members { master, .. }
+        | ClusterCommand::Add { master, .. }
+        | ClusterCommand::Remove { master, .. } => master,
+        ClusterCommand::Init { from, config } => {
+            return match cluster_cli::init(from, config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {}", e.message);
+                    ExitCode::from(e.code)
+                }
+            };
+        }
+    };
     if let Err(e) = master.use_credential() {
         eprintln!("error: {}", e.message);
         return ExitCode::from(e.code);
@@ -337,6 +390,7 @@ fn cluster_command(command: ClusterCommand) -> ExitCode {
             master,
         } => cluster_cli::add(&master.addr, *id, address),
         ClusterCommand::Remove { id, master } => cluster_cli::remove(&master.addr, *id),
+        ClusterCommand::Init { .. } => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -30,7 +30,9 @@ pub enum StatusView {
     Pending,
 }
 
-/// The URL of `/state` for `--master` given as `HOST:PORT` or `http://HOST:PORT[/]`.
+/// The URL of `/state` for `--master` given as `HOST:PORT`, `http://HOST:PORT[/]` or
+/// `https://HOST:PORT[/]` (a bare `HOST:PORT` is HTTPS with `--tls-ca`,
+/// [`crate::leader_http::base`]).
 pub fn state_url(master: &str) -> Result<String, String> {
     let master = master.trim().trim_end_matches('/');
     if master.is_empty() {
@@ -38,44 +40,32 @@ pub fn state_url(master: &str) -> Result<String, String> {
             "--master is empty; give the master's HTTP address, e.g. 127.0.0.1:5051".into(),
         );
     }
-    if let Some(rest) = master.strip_prefix("https://") {
-        return Err(format!(
-            "--master https://{rest}: the master serves plain HTTP; use http://{rest} or {rest}"
-        ));
-    }
-    let base = if master.starts_with("http://") {
-        master.to_string()
-    } else {
-        format!("http://{master}")
-    };
-    Ok(format!("{base}/state"))
+    Ok(format!("{}/state", crate::leader_http::base(master)))
 }
 
 /// Fetches and decodes the master's `/state`. `master` may list several masters
 /// (`a:5050,b:5050`): they are asked in turn and the leader is followed ([`crate::leader_http`]).
 pub fn fetch(master: &str) -> Result<Snapshot, String> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(HTTP_TIMEOUT))
-        .http_status_as_error(false)
-        .middleware(crate::jobs::cli::add_authorization)
-        .build()
-        .into();
+    let agent = crate::jobs::cli::agent_with(Some(HTTP_TIMEOUT));
     crate::leader_http::with_leader(master, |address| {
         let url = match state_url(address) {
             Ok(url) => url,
             Err(e) => return Asked::Answer(Err(e)),
         };
-        let unreachable = |e: &dyn std::fmt::Display| {
+        let unreachable = |e: &dyn std::fmt::Display, hint: &str| {
             format!(
-                "cannot reach the master at {url}: {e}\n(is a master running at {address}? \
+                "cannot reach the master at {url}: {e}{hint}\n(is a master running at {address}? \
                  `ringmaster serve` serves HTTP on its --listen port and on --http (by default \
-                 that port + 1), unless --http none; pass --master HOST:PORT[,HOST:PORT...] or \
-                 set RINGMASTER_MASTER)"
+                 that port + 1), unless --http none; with `tls:` HTTPS on --http only; pass \
+                 --master HOST:PORT[,HOST:PORT...] or set RINGMASTER_MASTER)"
             )
         };
         let mut response = match agent.get(&url).call() {
             Ok(response) => response,
-            Err(e) => return Asked::Unreachable(unreachable(&e)),
+            Err(e) => {
+                let hint = crate::leader_http::unreachable_hint(&url, &e);
+                return Asked::Unreachable(unreachable(&e, hint));
+            }
         };
         let status = response.status().as_u16();
         let body = match response
@@ -85,7 +75,7 @@ pub fn fetch(master: &str) -> Result<Snapshot, String> {
             .read_to_string()
         {
             Ok(body) => body,
-            Err(e) => return Asked::Unreachable(unreachable(&e)),
+            Err(e) => return Asked::Unreachable(unreachable(&e, "")),
         };
         if let Some((leader, message)) = crate::leader_http::not_leader(status, &body) {
             return Asked::NotLeader { leader, message };
@@ -545,9 +535,7 @@ mod tests {
             "http://127.0.0.1:5051/state"
         );
         assert_eq!(state_url("http://m:80/").unwrap(), "http://m:80/state");
-        assert!(state_url("https://m:80")
-            .unwrap_err()
-            .contains("plain HTTP"));
+        assert_eq!(state_url("https://m:80/").unwrap(), "https://m:80/state");
         assert!(state_url(" ").is_err());
     }
 

@@ -15,36 +15,6 @@ const SERVICE: &str = "name: web\ntype: service\ncount: 2\ntask:\n  \
     command: \"echo $$ > pid; exec sleep 1000\"\n  resources: \"cpus:0.5;mem:64\"\n  \
     kill_grace: 1s\nrestart:\n  attempts: 5\n  delay: 100ms\n";
 
-/// The `pid` file of the newest run of task `task` under the agent's work dir.
-fn pid_of(work_dir: &Path, task: &str) -> Option<i32> {
-    let sandboxes = work_dir.join("sandboxes");
-    for fw in std::fs::read_dir(&sandboxes).ok()?.flatten() {
-        let id = fw.file_name().to_string_lossy().into_owned();
-        let run = ringmaster_agent::sandbox::latest_run_dir(work_dir, &id, task);
-        if let Ok(text) = std::fs::read_to_string(run.join("pid")) {
-            return text.trim().parse().ok();
-        }
-    }
-    None
-}
-
-/// How many runs task `task` has had on the agent (a relaunch makes a second).
-fn runs_of(work_dir: &Path, task: &str) -> usize {
-    let sandboxes = work_dir.join("sandboxes");
-    let Ok(frameworks) = std::fs::read_dir(&sandboxes) else {
-        return 0;
-    };
-    frameworks
-        .flatten()
-        .map(|fw| {
-            fw.path()
-                .join(ringmaster_agent::sandbox::escape_component(task))
-        })
-        .filter_map(|dir| std::fs::read_dir(dir).ok())
-        .map(|runs| runs.count())
-        .sum()
-}
-
 /// The id of the master whose latest "leads" line is not followed by "no longer leads".
 fn leader(logs: &mut BTreeMap<u64, MasterLog>) -> Option<u64> {
     for (rx, seen) in logs.values_mut() {
@@ -127,4 +97,131 @@ fn a_new_leader_takes_the_jobs_over_without_relaunching_and_replaces_a_dead_inst
 
     let (code, _, err) = job(&list, &["stop", "web"]);
     assert_eq!(code, 0, "{err}");
+}
+
+/// The production configuration as one (issue 45): three masters requiring authentication
+/// (each other as `master`, the agent as `agent`, the CLI as an `operator` over HTTP), a
+/// service with a health check. An instance restarted before the leader is killed keeps its
+/// restart count under the new leader, and both instances' health comes back.
+#[test]
+fn restart_counts_and_health_survive_a_leader_change_with_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = |name: &str| {
+        let path = dir.path().join(format!("{name}.secret"));
+        ringmaster_proto::files::write_private(&path, format!("{name}-secret\n")).unwrap();
+        path
+    };
+    let (masters_secret, agents_secret, ops_secret) =
+        (secret("masters"), secret("agents"), secret("ops"));
+    let yaml = format!(
+        "auth:\n  required: true\n  principals:\n\
+         \x20   masters: {{ secret_file: {}, roles: [master] }}\n\
+         \x20   agents: {{ secret_file: {}, roles: [agent] }}\n\
+         \x20   ops: {{ secret_file: {}, roles: [operator] }}\n",
+        masters_secret.display(),
+        agents_secret.display(),
+        ops_secret.display()
+    );
+    // With required authentication the protocol port serves no HTTP: each master has its own.
+    let http_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let http_list = http_ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let (list, mut masters, mut logs) = start_group_with(dir.path(), 3, &yaml, |id| {
+        vec![
+            "--http".to_string(),
+            format!("127.0.0.1:{}", http_ports[id as usize - 1]),
+        ]
+    });
+    let agent_dir: PathBuf = dir.path().join("a1");
+    let _agent = start_agent_with(
+        &list,
+        "a1",
+        "cpus:4;mem:2048",
+        &agent_dir,
+        &[
+            "--principal",
+            "agents",
+            "--secret-file",
+            agents_secret.to_str().unwrap(),
+        ],
+    );
+    let ops = [
+        ("RINGMASTER_PRINCIPAL", Path::new("ops")),
+        ("RINGMASTER_SECRET_FILE", ops_secret.as_path()),
+    ];
+    let status = |what: &str, cond: &dyn Fn(&serde_json::Value) -> bool| {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let (code, out, err) = job_with_env(&http_list, &["status", "web", "--json"], &ops);
+            assert_eq!(code, 0, "{err}");
+            let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if cond(&value) {
+                return value;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: {value:#}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let healthy = |s: &serde_json::Value| {
+        s["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["state"] == "running" && i["health"] == "healthy")
+            .count()
+    };
+    let restarts = |s: &serde_json::Value| -> u64 {
+        s["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["restarts"].as_u64().unwrap_or(0))
+            .sum()
+    };
+
+    let spec = dir.path().join("web.yaml");
+    std::fs::write(
+        &spec,
+        "name: web\ntype: service\ncount: 2\ntask:\n  \
+         command: \"echo $$ > pid; exec sleep 1000\"\n  resources: \"cpus:0.5;mem:64\"\n  \
+         kill_grace: 1s\n  health:\n    command: \"true\"\n    interval: 1s\n    timeout: 1s\n    grace: 0s\n\
+         restart:\n  attempts: 5\n  delay: 100ms\n",
+    )
+    .unwrap();
+    // Without credentials the HTTP API refuses.
+    let (code, _, err) = job(&http_list, &["run", spec.to_str().unwrap()]);
+    assert_ne!(code, 0, "an anonymous job run was accepted");
+    assert!(err.contains("401"), "{err}");
+    let (code, out, err) = job_with_env(&http_list, &["run", spec.to_str().unwrap()], &ops);
+    assert_eq!(code, 0, "{out}{err}");
+    let first = status("two healthy instances", &|s| healthy(s) == 2);
+    let first_tasks = running_tasks(&first);
+
+    // One instance dies and is replaced: one restart.
+    let pid = pid_of(&agent_dir, &first_tasks[0]).expect("a pid file");
+    assert!(std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let restarted = status("the instance replaced and healthy", &|s| {
+        restarts(s) == 1 && healthy(s) == 2 && !running_tasks(s).contains(&first_tasks[0])
+    });
+    let before = running_tasks(&restarted);
+
+    // kill -9 the leader: the new one shows the same tasks, the restart and the health.
+    let old = leader(&mut logs).expect("a master leads");
+    drop(masters.remove(&old));
+    logs.remove(&old);
+    let after = status("the new leader keeps restarts and health", &|s| {
+        running_tasks(s) == before && restarts(s) == 1 && healthy(s) == 2
+    });
+    assert_eq!(running_tasks(&after), before);
+    for task in &before {
+        assert_eq!(runs_of(&agent_dir, task), 1, "{task} ran once");
+    }
+    assert_ne!(leader(&mut logs), Some(old));
 }

@@ -283,4 +283,5 @@ async fn a_single_master_s_registry_is_refused_by_a_replicated_master() {
         Err(e) => e.to_string(),
     };
     assert!(error.contains("written by a single master"), "{error}");
+    assert!(error.contains("ringmaster cluster init --from"), "{error}");
 }

@@ -86,6 +86,56 @@ async fn counter(master: &Master, name: &str, reason: &str) -> u64 {
     common::metric_value(master.http_addr().unwrap(), &series).await as u64
 }
 
+/// `GET path` on a master's `--http` port: plain HTTP, or HTTPS trusting `ca` (a master with
+/// `tls:` serves its HTTP API over HTTPS only). (status, body)
+async fn http_get(master: &Master, path: &str, ca: Option<&Path>) -> (u16, String) {
+    let http = master.http_addr().unwrap();
+    let (url, tls) = match ca {
+        None => (format!("http://{http}{path}"), None),
+        Some(ca) => {
+            let pem = std::fs::read(ca).unwrap();
+            let root = ureq::tls::Certificate::from_pem(&pem).unwrap();
+            let tls = ureq::tls::TlsConfig::builder()
+                .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+                    tokio_rustls::rustls::crypto::ring::default_provider(),
+                ))
+                .root_certs(ureq::tls::RootCerts::new_with_certs(&[root]))
+                .build();
+            (format!("https://{http}{path}"), Some(tls))
+        }
+    };
+    tokio::task::spawn_blocking(move || {
+        let mut config = ureq::Agent::config_builder()
+            .timeout_global(Some(WAIT))
+            .http_status_as_error(false);
+        if let Some(tls) = tls {
+            config = config.tls_config(tls);
+        }
+        let agent: ureq::Agent = config.build().into();
+        let mut response = agent
+            .get(&url)
+            .call()
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let body = response.body_mut().read_to_string().expect("body");
+        (response.status().as_u16(), body)
+    })
+    .await
+    .unwrap()
+}
+
+/// [`counter`] of a master with `tls:`, whose /metrics is HTTPS trusting `ca`.
+async fn tls_counter(master: &Master, ca: &Path, name: &str, reason: &str) -> u64 {
+    let wanted = format!("ringmaster_{name}_total{{reason=\"{reason}\"}} ");
+    let (status, body) = http_get(master, "/metrics", Some(ca)).await;
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&wanted))
+        .unwrap_or_else(|| panic!("no series {wanted} in\n{body}"))
+        .trim()
+        .parse::<f64>()
+        .expect("a number") as u64
+}
+
 /// A raw protocol client over plain TCP or TLS.
 struct Peer {
     conn: Connection<BoxedStream>,
@@ -290,6 +340,8 @@ async fn tls_master_serves_authenticated_agents_and_frameworks() {
 async fn plain_client_against_a_tls_master_gets_tls_required() {
     let fixture = Fixture::new();
     let master = start(fixture.config(true, false)).await;
+    // The master's /metrics is HTTPS, as its whole HTTP API (`tls:`).
+    let ca = fixture.certs.join("ca.pem");
     let stream = tokio::net::TcpStream::connect(master.addr()).await.unwrap();
     let mut conn = Connection::new(stream);
     conn.send(Message::Hello(Hello {
@@ -311,7 +363,7 @@ async fn plain_client_against_a_tls_master_gets_tls_required() {
         Ok(Ok(None)) | Ok(Err(_))
     ));
     assert_eq!(
-        counter(&master, "tls_handshake_failures", "plaintext").await,
+        tls_counter(&master, &ca, "tls_handshake_failures", "plaintext").await,
         1
     );
 
@@ -326,7 +378,7 @@ async fn plain_client_against_a_tls_master_gets_tls_required() {
             .expect("a certificate from another CA is refused");
     assert!(err.to_string().contains("TLS handshake"), "{err}");
     let deadline = tokio::time::Instant::now() + WAIT;
-    while counter(&master, "tls_handshake_failures", "handshake").await < 1 {
+    while tls_counter(&master, &ca, "tls_handshake_failures", "handshake").await < 1 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "handshake failure not counted"
@@ -852,7 +904,7 @@ async fn only_an_authenticated_peer_may_send_frames_beyond_the_handshake_limit()
 /// A master that requires authentication (or serves TLS) does not serve HTTP on its protocol
 /// port: an HTTP request there is a protocol error, not a way around the protocol's
 /// credentials (the HTTP API checks its own, docs/security.md "HTTP API"). Its own `--http`
-/// port still answers.
+/// port still answers (over HTTPS with TLS).
 #[tokio::test]
 async fn a_master_requiring_authentication_serves_no_http_on_its_protocol_port() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -871,18 +923,10 @@ async fn a_master_requiring_authentication_serves_no_http_on_its_protocol_port()
             "tls {tls}, required {required}: {}",
             String::from_utf8_lossy(&answer)
         );
-        let http = master.http_addr().unwrap();
-        let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
-        stream
-            .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await.unwrap();
-        assert!(
-            answer.starts_with(b"HTTP/1.1 200"),
-            "tls {tls}, required {required}"
-        );
+        // With TLS the `--http` port speaks HTTPS only (docs/security.md, "HTTP API").
+        let ca = fixture.certs.join("ca.pem");
+        let (status, body) = http_get(&master, "/health", tls.then_some(ca.as_path())).await;
+        assert_eq!(status, 200, "tls {tls}, required {required}: {body}");
         master.shutdown().await;
     }
 }
@@ -910,12 +954,16 @@ async fn jobs_run_on_a_tls_master_that_requires_authentication() {
     // The HTTP API wants an operator (docs/security.md, "HTTP API").
     let http = master.http_addr().unwrap().to_string();
     let secret = fixture.dir().join("ops-secret");
+    let ca = fixture.certs.join("ca.pem");
     let run = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_ringmaster"))
             .args(["job", "run"])
             .arg(&file)
             .args(["--master", &http, "--principal", "ops", "--secret-file"])
             .arg(&secret)
+            // The HTTP API of a master with `tls:` is HTTPS.
+            .arg("--tls-ca")
+            .arg(&ca)
             .output()
             .unwrap()
     })

@@ -25,18 +25,23 @@ pub(crate) fn failure(message: impl Into<String>) -> CliError {
     }
 }
 
+/// The URL base of one `--master` entry ([`crate::leader_http::base`]: `https://` with
+/// `--tls-ca`).
 pub(crate) fn base(master: &str) -> String {
-    if master.starts_with("http://") {
-        master.trim_end_matches('/').to_string()
-    } else {
-        format!("http://{master}")
-    }
+    crate::leader_http::base(master)
 }
 
 pub(crate) fn agent() -> ureq::Agent {
+    agent_with(Some(HTTP_TIMEOUT))
+}
+
+/// The HTTP clients' agent: requests time out after `timeout`, carry the credential
+/// ([`use_credential`]) and trust `--tls-ca` ([`crate::leader_http::use_tls`]).
+pub(crate) fn agent_with(timeout: Option<Duration>) -> ureq::Agent {
     ureq::Agent::config_builder()
-        .timeout_global(Some(HTTP_TIMEOUT))
+        .timeout_global(timeout)
         .http_status_as_error(false)
+        .tls_config(crate::leader_http::tls_config())
         .middleware(add_authorization)
         .build()
         .into()
@@ -113,7 +118,9 @@ pub(crate) fn call(
     call_with(&agent(), master, method, path, body)
 }
 
-/// [`call`] with this `agent` (e.g. a longer timeout).
+/// [`call`] with this `agent` (e.g. a longer timeout). With `--tls-ca` the request goes
+/// through an agent of [`agent_with`] with `agent`'s timeout, so it trusts the CA whoever
+/// built `agent`.
 pub(crate) fn call_with(
     agent: &ureq::Agent,
     master: &str,
@@ -121,6 +128,13 @@ pub(crate) fn call_with(
     path: &str,
     body: Option<String>,
 ) -> Result<String, CliError> {
+    let with_tls;
+    let agent = if crate::leader_http::tls_on() {
+        with_tls = agent_with(agent.config().timeouts().global);
+        &with_tls
+    } else {
+        agent
+    };
     let answer = crate::leader_http::with_leader(master, |address| {
         let url = format!("{}{path}", base(address));
         let result = match (method, &body) {
@@ -136,9 +150,10 @@ pub(crate) fn call_with(
             Ok(response) => response,
             Err(e) => {
                 return Asked::Unreachable(format!(
-                    "cannot reach the master at {url}: {e}\n(--master or RINGMASTER_MASTER: \
+                    "cannot reach the master at {url}: {e}{}\n(--master or RINGMASTER_MASTER: \
                      the master's --listen address, or a list of them, which serve HTTP unless \
-                     run with --http none)"
+                     run with --http none)",
+                    crate::leader_http::unreachable_hint(&url, &e)
                 ))
             }
         };

@@ -17,13 +17,18 @@
 //! master/
 //!   mod.rs          Master: binds, starts the actor, the server and HTTP; re-exports
 //!   events.rs       Event, Outbound, ConnId: what clients and the actor say to each other
-//!   state.rs        MasterState (fields, actor loop, dispatch), records, Counters, Durable
+//!   state.rs        MasterState (fields, dispatch), Counters, Durable
+//!   records.rs      the records (agent, framework, offer, task, connection): data only
+//!   task_table.rs task_refs.rs   the task table and the per-agent/framework task sets
+//!   actor.rs        the actor loop (events, ticks, allocation runs, turn commits)
+//!   cluster.rs      the leader/follower supervisor of a replicated master
+//!   jobs_launch.rs  where the jobs framework runs (beside a single master, or the leader)
 //!   allocator.rs    Allocator: the placement books (cluster, DRF, quota ledger, device book,
 //!                   launched shapes, key↔id maps) and the one allocation cycle (`run`)
 //!   agents.rs frameworks.rs tasks.rs offers.rs batch.rs pending.rs durability.rs
 //!   read_file.rs    `impl MasterState` by conversation (handlers of the actor)
-//!   usage.rs        agents' usage reports: the latest sample per running task (a side map)
-//!                   and the per-agent sums; a handler
+//!   usage.rs        agents' usage reports (a handler); usage_book.rs: the latest sample
+//!                   per running task (a side map) and its sanity rules
 //!   files.rs        reads of task output in flight (the bounded pending-read map)
 //!   owners.rs       which principal owns each id (and `Peer`)
 //!   ids.rs          id minting; registry.rs: the durable store (redb)
@@ -43,9 +48,10 @@
 //!    `ops::metrics` (fed plain numbers; knows no state type), `ops::model` (the answers to
 //!    query events as plain data), `server::limits` (the bounded
 //!    outbound queue and its item, `Outbound`).
-//! 2. `state` (the fields and the actor loop) and `events` (its vocabulary): `state` imports
-//!    the leaves and `events`, and none of the handlers, `ops::{http, views}` or
-//!    `server::{listener, task}`.
+//! 2. `records`, `task_table`, `usage_book` (data), `state` (the fields) and `events` (its
+//!    vocabulary): `state` imports the leaves, the data and `events`, and none of the
+//!    handlers, `ops::{http, views}` or `server::{listener, task}`; `actor` (the loop) sits
+//!    above `state`, `liveness` and `pipeline`.
 //! 3. handlers (`agents`, `frameworks`, `tasks`, `offers`, `batch`, `pending`, `durability`,
 //!    `read_file`, `usage`):
 //!    `impl MasterState` blocks importing `state` (and leaves); `state` calls their methods
@@ -56,7 +62,7 @@
 //!    `events`, and the leaves' plain data; never touch the state).
 //! 5. `mod.rs` (`Master`), which wires them together.
 //!
-//! No loop is left: the answers to the query events (`Snapshot` and its views, `Health`,
+//! No loop is left (`tests/layering.rs` fails on any module import circle in the workspace): the answers to the query events (`Snapshot` and its views, `Health`,
 //! `PendingView`, and `Counters`) are plain data in `ops::model`, a leaf, so `events` names them
 //! without pointing back at `ops::views` or `pending`, the code that reads the state.
 
@@ -257,8 +263,10 @@ impl Master {
                     anyhow::bail!(
                         "cluster: the registry in {} was written by a single master (it has \
                          records but no replication state); a replicated master starts from an \
-                         empty work dir (seeding a group from a single master's registry is not \
-                         supported yet, docs/operations.md)",
+                         empty work dir, or from a single master's work dir seeded offline with \
+                         `ringmaster cluster init --from {} --config GROUP.yaml` \
+                         (docs/operations.md, \"From one master to three\")",
+                        dir.display(),
                         dir.display()
                     );
                 }
@@ -350,7 +358,7 @@ impl Master {
             }
         };
         // With HTTP on, the protocol port serves it too: one address for every client. Not with
-        // TLS on the protocol (the HTTP API is plain) or required authentication (its
+        // TLS (the HTTP port then serves HTTPS only) or required authentication (its
         // credentials would cross a port clients take to be the protocol's), not from a
         // protocol port on a wider interface than a loopback-only HTTP port, and only on the
         // addresses `--http` serves (`with_http_addr`).
@@ -372,6 +380,7 @@ impl Master {
         let http_task = http_listener.zip(handed).map(|(listener, handed)| {
             tokio::spawn(http::serve(
                 listener,
+                tls.clone(),
                 handed,
                 events_tx.clone(),
                 metrics.clone(),
@@ -407,7 +416,9 @@ impl Master {
         });
         tracing::info!(%addr, tls = tls_on, "master listening");
         if let Some(http) = http_addr {
-            tracing::info!(%http, "operator HTTP (state, metrics, dashboard) on http://{http}/");
+            // With `tls:` the HTTP port serves HTTPS only, with the master's certificate.
+            let scheme = if tls_on { "https" } else { "http" };
+            tracing::info!(%http, "operator HTTP (state, metrics, dashboard) on {scheme}://{http}/");
         }
         Ok(Master {
             addr,

@@ -261,7 +261,14 @@ impl Registry {
         for change in changes {
             tracing::warn!(work_dir = %work_dir.display(), "work dir: {change}");
         }
-        let db = Database::create(&path).map_err(|e| fail("cannot open", e.to_string()))?;
+        let db = Database::create(&path).map_err(|e| match e {
+            // Another process (a master on this work dir) has it open: redb's lock.
+            redb::DatabaseError::DatabaseAlreadyOpen => fail(
+                "in use by another process (a master running on this work dir?)",
+                e.to_string(),
+            ),
+            e => fail("cannot open", e.to_string()),
+        })?;
         ringmaster_proto::files::restrict_file(&path)
             .map_err(|e| fail("cannot make the registry private (0600)", e.to_string()))?;
         let registry = Registry {

@@ -98,8 +98,16 @@ pub fn start_agent_with(
     work_dir: &Path,
     extra: &[&str],
 ) -> Proc {
+    // Tests read ended tasks' sandboxes: never collect them early because the build machine's
+    // disk is nearly full (the watermark is tested in agent/tests/disk.rs).
+    let watermark: &[&str] = if extra.contains(&"--disk-watermark") {
+        &[]
+    } else {
+        &["--disk-watermark", "1"]
+    };
     let child = Command::new(workspace_bin("ringmaster-agent"))
         .args(extra)
+        .args(watermark)
         .args([
             "--master",
             master,
@@ -276,6 +284,22 @@ pub fn start_group(
     std::collections::BTreeMap<u64, Proc>,
     std::collections::BTreeMap<u64, MasterLog>,
 ) {
+    let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    start_group_with(dir, n, "", |_| extra.clone())
+}
+
+/// [`start_group`] with `yaml` appended to every master's config and `args(id)` as each one's
+/// extra flags.
+pub fn start_group_with(
+    dir: &Path,
+    n: u64,
+    yaml: &str,
+    args: impl Fn(u64) -> Vec<String>,
+) -> (
+    String,
+    std::collections::BTreeMap<u64, Proc>,
+    std::collections::BTreeMap<u64, MasterLog>,
+) {
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let list = ports
         .iter()
@@ -286,26 +310,44 @@ pub fn start_group(
     let mut logs = std::collections::BTreeMap::new();
     for id in 1..=n {
         let config = dir.join(format!("master{id}.yaml"));
-        let mut yaml = String::from(
+        let mut text = String::from(
             "master:\n  allocation_interval: 5ms\n  heartbeat_interval: 200ms\n  \
              agent_reregister_timeout: 30s\ncluster:\n",
         );
-        yaml.push_str(&format!(
+        text.push_str(&format!(
             "  id: {id}\n  election_timeout: 500ms\n  peers:\n"
         ));
         for (i, port) in ports.iter().enumerate() {
-            yaml.push_str(&format!("    {}: 127.0.0.1:{port}\n", i + 1));
+            text.push_str(&format!("    {}: 127.0.0.1:{port}\n", i + 1));
         }
-        std::fs::write(&config, yaml).unwrap();
+        text.push_str(yaml);
+        std::fs::write(&config, text).unwrap();
         let work = dir.join(format!("master{id}"));
         let listen = format!("127.0.0.1:{}", ports[id as usize - 1]);
-        let mut args = vec!["--work-dir", work.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let (proc, _, rx) = start_master_with(&config, &listen, &args);
+        let mut flags = vec!["--work-dir".to_string(), work.to_str().unwrap().to_string()];
+        flags.extend(args(id));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let (proc, _, rx) = start_master_with(&config, &listen, &flags);
         masters.insert(id, proc);
         logs.insert(id, (rx, Vec::new()));
     }
     (list, masters, logs)
+}
+
+/// Runs `ringmaster job ARGS --master HTTP` with environment `env` (e.g. the credential's
+/// `RINGMASTER_PRINCIPAL` and `RINGMASTER_SECRET_FILE`): (exit code, stdout, stderr).
+pub fn job_with_env(http: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ringmaster"));
+    command.arg("job").args(args).args(["--master", http]);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let out = command.output().expect("run ringmaster job");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// The task ids of a job's running instances in `job status --json`, sorted.
@@ -319,4 +361,34 @@ pub fn running_tasks(status: &serde_json::Value) -> Vec<String> {
         .collect();
     ids.sort();
     ids
+}
+
+/// The `pid` file of the newest run of task `task` under the agent's work dir.
+pub fn pid_of(work_dir: &Path, task: &str) -> Option<i32> {
+    let sandboxes = work_dir.join("sandboxes");
+    for fw in std::fs::read_dir(&sandboxes).ok()?.flatten() {
+        let id = fw.file_name().to_string_lossy().into_owned();
+        let run = ringmaster_agent::sandbox::latest_run_dir(work_dir, &id, task);
+        if let Ok(text) = std::fs::read_to_string(run.join("pid")) {
+            return text.trim().parse().ok();
+        }
+    }
+    None
+}
+
+/// How many runs task `task` has had on the agent (a relaunch makes a second).
+pub fn runs_of(work_dir: &Path, task: &str) -> usize {
+    let sandboxes = work_dir.join("sandboxes");
+    let Ok(frameworks) = std::fs::read_dir(&sandboxes) else {
+        return 0;
+    };
+    frameworks
+        .flatten()
+        .map(|fw| {
+            fw.path()
+                .join(ringmaster_agent::sandbox::escape_component(task))
+        })
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .map(|runs| runs.count())
+        .sum()
 }

@@ -22,6 +22,8 @@ use std::net::SocketAddr;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 
 use super::metrics::Metrics;
 use super::shared::{HttpState, ACTOR_TIMEOUT};
@@ -67,11 +69,74 @@ impl axum::serve::Listener for HttpListener {
     }
 }
 
+/// How long a client of the HTTPS port has for its TLS handshake (as on the protocol port).
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTPS server's connections (a master with `tls:`): each accepted socket goes through
+/// the master's TLS acceptor in a task of its own, so a slow or silent client holds up no
+/// other; a failed handshake closes that connection only (logged at debug).
+struct TlsHttpListener {
+    own: TcpListener,
+    acceptor: TlsAcceptor,
+    handshakes: tokio::task::JoinSet<Option<(TlsStream<TcpStream>, SocketAddr)>>,
+}
+
+impl axum::serve::Listener for TlsHttpListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, SocketAddr) {
+        loop {
+            tokio::select! {
+                accepted = self.own.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let acceptor = self.acceptor.clone();
+                        self.handshakes.spawn(async move {
+                            match tokio::time::timeout(
+                                TLS_HANDSHAKE_TIMEOUT,
+                                acceptor.accept(stream),
+                            )
+                            .await
+                            {
+                                Ok(Ok(tls)) => Some((tls, peer)),
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "HTTPS: TLS handshake failed");
+                                    None
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "HTTPS: no TLS handshake within 10 s");
+                                    None
+                                }
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "HTTP accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(done) = self.handshakes.join_next() => {
+                    if let Ok(Some(pair)) = done {
+                        return pair;
+                    }
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.own.local_addr()
+    }
+}
+
 /// Serves the routes on `listener`, and on the connections handed over through `handed`,
-/// until `shutdown` turns true; who may use them is `auth` (`HttpAuth::from_config`).
+/// until `shutdown` turns true; who may use them is `auth` (`HttpAuth::from_config`). With
+/// `tls` (the master's `tls:`, the protocol port's acceptor) `listener` speaks HTTPS only and
+/// nothing is handed over.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     handed: mpsc::Receiver<(TcpStream, SocketAddr)>,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
@@ -116,15 +181,30 @@ pub(crate) async fn serve(
             require_auth,
         ))
         .with_state(shared);
-    let listener = HttpListener {
-        own: listener,
-        handed,
+    let stopped = async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
     };
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        })
-        .await;
+    let result = match tls {
+        None => {
+            let listener = HttpListener {
+                own: listener,
+                handed,
+            };
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+        }
+        Some(acceptor) => {
+            let listener = TlsHttpListener {
+                own: listener,
+                acceptor,
+                handshakes: tokio::task::JoinSet::new(),
+            };
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+        }
+    };
     if let Err(e) = result {
         tracing::error!(error = %e, "operator HTTP server failed");
     }

@@ -12,6 +12,8 @@
 //! - [`state_machine`]: applies committed entries to the existing `registry.redb` and builds or
 //!   installs snapshots (the registry's full contents).
 //!
+//! - [`seed`]: makes a single master's work dir the first master's of a new group
+//!   (`ringmaster cluster init`).
 //! - [`transport`]: the Raft network between masters (`RaftRequest`/`RaftResponse` frames on
 //!   the protocol port) and the handler serving peers' RPCs.
 //!
@@ -26,6 +28,7 @@ pub(crate) mod log_store;
 #[cfg(test)]
 pub(crate) mod network;
 pub(crate) mod raft;
+pub(crate) mod seed;
 pub(crate) mod state_machine;
 #[cfg(test)]
 pub(crate) mod tests;

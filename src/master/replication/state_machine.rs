@@ -60,6 +60,20 @@ impl Applied {
     }
 }
 
+/// The replication record [`Registry::commit_replicated`] takes for a registry applied up to
+/// `last_applied` with `last_membership`: how `super::seed` makes a single master's registry a
+/// group's state machine.
+pub(crate) fn applied_record(
+    last_applied: Option<LogId<NodeId>>,
+    last_membership: StoredMembership<NodeId, NodeAddr>,
+) -> StorageResult<Vec<u8>> {
+    Applied {
+        last_applied,
+        last_membership,
+    }
+    .encode()
+}
+
 /// The snapshot last built or installed.
 #[derive(Clone)]
 struct StoredSnapshot {
