@@ -986,7 +986,7 @@ pub struct ClusterConfig {
 }
 
 /// The default `cluster.election_timeout`.
-pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(750);
 
 /// The default `cluster.snapshot_threshold`.
 pub const DEFAULT_SNAPSHOT_THRESHOLD: u64 = 5000;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use ringmaster_proto::masters::Asked;
 use ringmaster_proto::resources::Resources;
 
+use crate::master::ops::model::ClusterView;
 use crate::master::{AgentView, Snapshot};
 
 /// How long the CLI waits for the master's answer.
@@ -241,6 +242,38 @@ fn dimensions(agents: &[AgentView]) -> Vec<String> {
     names.into_iter().collect()
 }
 
+/// With a replication group: `Leader  master N at ADDR (term T)` and each master's role
+/// (`Masters  1 leader 10.0.0.1:5050 · 2 follower 10.0.0.2:5050 …`; a master of the membership
+/// that is not a voter is a `learner`). Nothing for a single master.
+fn cluster_lines(cluster: Option<&ClusterView>) -> Vec<(&'static str, String)> {
+    let Some(cluster) = cluster else {
+        return Vec::new();
+    };
+    let leader = match cluster.leader {
+        Some(id) => format!(
+            "master {id} at {} (term {})",
+            cluster.peers.get(&id).map_or("?", String::as_str),
+            cluster.term
+        ),
+        None => format!("none known (term {})", cluster.term),
+    };
+    let roles: Vec<String> = cluster
+        .peers
+        .iter()
+        .map(|(id, address)| {
+            let role = if Some(*id) == cluster.leader {
+                "leader"
+            } else if cluster.voters.is_empty() || cluster.voters.contains(id) {
+                "follower"
+            } else {
+                "learner"
+            };
+            format!("{id} {role} {address}")
+        })
+        .collect();
+    vec![("Leader", leader), ("Masters", roles.join(" · "))]
+}
+
 fn summary(s: &Snapshot, master: &str) -> String {
     let count = |state: &str| s.agents.iter().filter(|a| a.state == state).count();
     let fw_connected = s.frameworks.iter().filter(|f| f.connected).count();
@@ -256,6 +289,9 @@ fn summary(s: &Snapshot, master: &str) -> String {
             humantime::format_duration(Duration::from_secs(s.uptime_secs as u64))
         ),
     ]);
+    for (label, line) in cluster_lines(s.cluster.as_ref()) {
+        lines.row(vec![label.into(), line]);
+    }
     lines.row(vec![
         "Agents".into(),
         format!(
@@ -554,6 +590,41 @@ mod tests {
         assert_eq!(amount(0.5), "0.5");
         assert_eq!(amount(1.25), "1.25");
         assert_eq!(amount(0.0), "0");
+    }
+
+    #[test]
+    fn a_group_shows_its_leader_and_each_masters_role() {
+        let view = ClusterView {
+            id: 2,
+            role: "leader".into(),
+            leader: Some(2),
+            term: 7,
+            peers: [
+                (1, "10.0.0.1:5050".to_string()),
+                (2, "10.0.0.2:5050".to_string()),
+                (3, "10.0.0.3:5050".to_string()),
+                (4, "10.0.0.4:5050".to_string()),
+            ]
+            .into(),
+            voters: vec![1, 2, 3],
+            applied_index: None,
+            snapshot_index: None,
+            purged_index: None,
+            snapshots_installed: 0,
+        };
+        assert_eq!(
+            cluster_lines(Some(&view)),
+            vec![
+                ("Leader", "master 2 at 10.0.0.2:5050 (term 7)".to_string()),
+                (
+                    "Masters",
+                    "1 follower 10.0.0.1:5050 · 2 leader 10.0.0.2:5050 · 3 follower \
+                     10.0.0.3:5050 · 4 learner 10.0.0.4:5050"
+                        .to_string()
+                ),
+            ]
+        );
+        assert!(cluster_lines(None).is_empty());
     }
 
     #[test]

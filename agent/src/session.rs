@@ -64,6 +64,10 @@ pub async fn run_sessions<F: Future<Output = ()>>(
     mut shutdown: Pin<&mut F>,
 ) -> anyhow::Result<()> {
     let mut backoff = INITIAL_BACKOFF;
+    // A master answered "not the leader" during this pass (the group is electing one), and
+    // since when the group has been without a leader for this agent.
+    let mut electing = false;
+    let mut no_leader_since: Option<Instant> = None;
     let mut attempt: u64 = 0;
     let mut masters = MasterRotation::parse(&state.config().master)
         .map_err(|e| anyhow!("--master `{}`: {e}", state.config().master))?;
@@ -92,6 +96,7 @@ pub async fn run_sessions<F: Future<Output = ()>>(
                         running = state.running_processes(), unacknowledged = state.unacknowledged(),
                         "registered with the master");
                     backoff = INITIAL_BACKOFF;
+                    no_leader_since = None;
                     attempt = 0;
                     masters.succeeded();
                     registered = true;
@@ -128,6 +133,9 @@ pub async fn run_sessions<F: Future<Output = ()>>(
             Ended::NotLeader { leader, message } => {
                 state.connection_lost();
                 let pass_over = masters.not_leader(&leader);
+                // A follower answered: the group is there, its leader is being elected (or a
+                // dead one is still named).
+                electing = true;
                 tracing::info!(master = %master, leader = %leader, next = %masters.current(),
                     "the master is not the leader: {message}");
                 if !pass_over {
@@ -141,8 +149,20 @@ pub async fn run_sessions<F: Future<Output = ()>>(
                 );
             }
         }
-        // Wait out the backoff while still recording task exits.
-        let wake = Instant::now() + backoff;
+        // While the group elects a leader, ask again soon (for a while); else wait out the
+        // backoff, still recording task exits.
+        let fast = electing
+            && no_leader_since.get_or_insert_with(Instant::now).elapsed()
+                < ringmaster_proto::masters::NO_LEADER_FAST_FOR;
+        if !electing {
+            no_leader_since = None;
+        }
+        let wait = match fast {
+            true => backoff.min(ringmaster_proto::masters::NO_LEADER_RETRY),
+            false => backoff,
+        };
+        electing = false;
+        let wake = Instant::now() + wait;
         collect_sandboxes(&mut state);
         loop {
             tokio::select! {
@@ -158,7 +178,9 @@ pub async fn run_sessions<F: Future<Output = ()>>(
                 }
             }
         }
-        backoff = (backoff * 2).min(state.config().reconnect_max_backoff.max(INITIAL_BACKOFF));
+        if !fast {
+            backoff = (backoff * 2).min(state.config().reconnect_max_backoff.max(INITIAL_BACKOFF));
+        }
         tracing::debug!(master = %masters.current(), "reconnecting to the master");
     }
 }

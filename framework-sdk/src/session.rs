@@ -120,6 +120,11 @@ impl Session {
         let mut masters = MasterRotation::parse(&self.config.master).map_err(|e| {
             SdkError::InvalidConfig(format!("master `{}`: {e}", self.config.master))
         })?;
+        // Since when the group has been without a leader for this framework, and whether a
+        // master of this pass answered "not the leader" (the group is electing one, or still
+        // names a dead one): then the next pass comes soon, for a while.
+        let mut no_leader_since: Option<Instant> = None;
+        let mut electing = false;
         loop {
             let master = masters.current().to_string();
             // Whether the backoff is waited before the next attempt.
@@ -127,6 +132,7 @@ impl Session {
             let reason = match self.attempt(&master).await {
                 Ok((connection, subscribed)) => {
                     backoff.reset();
+                    no_leader_since = None;
                     failed_attempts = 0;
                     masters.succeeded();
                     match self.serve(connection, subscribed, scheduler).await? {
@@ -144,6 +150,7 @@ impl Session {
                             scheduler.disconnected(&self.driver).await;
                             unreachable_since = Instant::now();
                             wait = masters.not_leader(&leader);
+                            electing = true;
                             reason
                         }
                     }
@@ -162,6 +169,7 @@ impl Session {
                 Err(AttemptError::NotLeader { leader, reason }) => {
                     failed_attempts += 1;
                     wait = masters.not_leader(&leader);
+                    electing = true;
                     info!(%master, %leader, next = %masters.current(), %reason,
                         "the master is not the leader");
                     reason
@@ -182,7 +190,17 @@ impl Session {
                 // full pass without success.
                 continue;
             }
-            let delay = backoff.next_delay();
+            let fast = electing
+                && no_leader_since.get_or_insert_with(Instant::now).elapsed()
+                    < ringmaster_proto::masters::NO_LEADER_FAST_FOR;
+            if !electing {
+                no_leader_since = None;
+            }
+            let delay = match fast {
+                true => ringmaster_proto::masters::NO_LEADER_RETRY,
+                false => backoff.next_delay(),
+            };
+            electing = false;
             if self.wait_offline(delay, scheduler).await {
                 return Ok(());
             }

@@ -7,6 +7,14 @@
 //! that choice, apart from sockets so it can be tested; the sessions of the agent and of the
 //! SDK wait out their backoff only after a full pass over the list without success.
 
+/// While the masters that answer are followers (the group is electing a leader, or still
+/// names a dead one), agents and frameworks ask the list again after at most this long
+/// instead of their backoff…
+pub const NO_LEADER_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+/// …for at most this long; a group without a leader longer than that (no quorum) is asked
+/// with the usual backoff again, so many clients do not keep hammering it.
+pub const NO_LEADER_FAST_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Checks one `HOST:PORT` entry.
 pub fn check_master_address(master: &str) -> Result<(), String> {
     let Some((host, port)) = master.rsplit_once(':') else {
