@@ -248,6 +248,12 @@ impl OutboundReceiver {
 /// `master.max_frame_bytes` frame where that is larger, so any allowed frame can be read.
 pub(crate) const PARTIAL_FRAME_BUDGET_BYTES: usize = 64 * 1024 * 1024;
 
+/// A frame that holds a reservation must be complete this long after its length prefix, else
+/// its connection is closed and the reservation given back: a peer that announces a large
+/// frame and sends it slowly (or never) cannot keep others' large frames waiting. 30 s is a
+/// 4 MiB frame at 140 KB/s.
+pub(crate) const RESERVED_FRAME_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What a [`FrameBudget`] is holding and how many connections wait for room, for observers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct BudgetUse {
@@ -367,6 +373,7 @@ impl FrameBudget {
             },
             stash: Vec::new(),
             stash_at: 0,
+            deadline: None,
         }
     }
 }
@@ -514,6 +521,9 @@ pub(crate) struct Budgeted<S> {
     /// prefix that waits for room), from `stash_at`.
     stash: Vec<u8>,
     stash_at: usize,
+    /// While a reservation is held: when its frame must be complete
+    /// ([`RESERVED_FRAME_DEADLINE`]).
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<S> Budgeted<S> {
@@ -533,6 +543,44 @@ impl<S: AsyncRead + Unpin> AsyncRead for Budgeted<S> {
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
+        let result = this.read_within_budget(cx, buf);
+        // A reservation gets its deadline when taken, and loses it with the reservation.
+        match (this.scan.held.is_some(), &mut this.deadline) {
+            (true, None) => {
+                let mut sleep = Box::pin(tokio::time::sleep(RESERVED_FRAME_DEADLINE));
+                // Registers the waker: the deadline wakes a reader that waits on its peer.
+                let _ = sleep.as_mut().poll(cx);
+                this.deadline = Some(sleep);
+            }
+            (false, Some(_)) => this.deadline = None,
+            _ => {}
+        }
+        // Checked whether bytes came or not: a frame dripped byte by byte ends too.
+        if let Some(deadline) = &mut this.deadline {
+            if deadline.as_mut().poll(cx).is_ready() {
+                this.scan.held = None;
+                this.deadline = None;
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "a large frame was not completed within {} s of its length prefix",
+                        RESERVED_FRAME_DEADLINE.as_secs()
+                    ),
+                )));
+            }
+        }
+        result
+    }
+}
+
+impl<S: AsyncRead + Unpin> Budgeted<S> {
+    /// One read: stashed bytes first, else the stream's, let through as the budget allows.
+    fn read_within_budget(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self;
         if this.stash_at < this.stash.len() {
             let end = this.stash.len().min(this.stash_at + buf.remaining());
             let n = match this.scan.admit(cx, &this.stash[this.stash_at..end]) {
@@ -746,6 +794,29 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(budget.total() >= 10_000);
+    }
+
+    /// Before, a peer that announced a large frame and never finished it held its reservation
+    /// for good, and other peers' large frames waited on it for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_reserved_frame_not_completed_in_time_closes_its_connection_and_frees_the_room() {
+        use ringmaster_proto::Connection;
+        use tokio::io::AsyncWriteExt as _;
+        let budget = FrameBudget::new(10_000, 1_000, 10_000);
+        let big = frame(6_000);
+        let (mut peer, stream) = tokio::io::duplex(64 * 1024);
+        let mut conn = Connection::with_max_frame(budget.guard(stream, 10_000), 10_000);
+        peer.write_all(&big[..100]).await.unwrap();
+        let read = tokio::spawn(async move { conn.recv().await.map(|m| m.is_some()) });
+        let mut usage = budget.watch();
+        usage.wait_for(|u| u.held > 0).await.unwrap();
+        // Paused time moves on to the deadline while the reader waits on its peer.
+        let outcome = tokio::time::timeout(2 * RESERVED_FRAME_DEADLINE, read)
+            .await
+            .expect("the connection ends at the deadline")
+            .unwrap();
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(budget.held(), 0, "the reservation was given back");
     }
 
     #[tokio::test]
