@@ -285,6 +285,19 @@ fn authenticate(credentials: &Credentials, auth: &AuthConfig, now: u64) -> Resul
     }
 }
 
+/// HTTP Basic sends the secret itself: on a listener that is plain HTTP and not loopback (no
+/// `tls:`) it is refused, whatever the secret, so no client is taught to send it in clear.
+/// Bearer tokens (`ringmaster token`, what the CLIs send) expire and are accepted there.
+pub fn basic_refused(credentials: &Credentials, basic_in_clear: bool) -> Option<Refusal> {
+    (basic_in_clear && matches!(credentials, Credentials::Basic { .. })).then(|| {
+        Refusal::BadCredentials(
+            "HTTP Basic would send the secret in clear here (plain HTTP, not loopback): send a \
+             bearer token (`ringmaster token`; the CLIs do) or serve HTTPS (`tls:`)"
+                .into(),
+        )
+    })
+}
+
 /// May a request with these credentials use `route`? `now` is the Unix time in seconds
 /// (for token expiry). The decision of the middleware, as a pure function.
 pub fn authorize(
@@ -569,6 +582,20 @@ mod tests {
             StatusCode::FORBIDDEN,
             "a principal is held to its roles"
         );
+    }
+
+    #[test]
+    fn basic_is_refused_in_clear_beyond_loopback_and_tokens_are_not() {
+        let basic = Credentials::Basic {
+            principal: "ops".into(),
+            secret: b"s".to_vec(),
+        };
+        assert!(matches!(
+            basic_refused(&basic, true),
+            Some(Refusal::BadCredentials(_))
+        ));
+        assert_eq!(basic_refused(&basic, false), None);
+        assert_eq!(basic_refused(&Credentials::None, true), None);
     }
 
     #[test]

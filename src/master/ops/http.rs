@@ -145,12 +145,15 @@ pub(crate) async fn serve(
     auth: Arc<super::auth::HttpAuth>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let basic_in_clear =
+        tls.is_none() && !listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
     let shared = HttpState {
         events,
         metrics,
         jobs,
         cluster,
         auth,
+        basic_in_clear,
     };
     let app = Router::new()
         .route("/", get(dashboard))
@@ -217,10 +220,16 @@ async fn require_auth(
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    use super::auth::{authorize, refusal_response, unix_now, Credentials, Refusal, Route};
+    use super::auth::{
+        authorize, basic_refused, refusal_response, unix_now, Credentials, Refusal, Route,
+    };
     let route = Route::of(request.method(), request.uri().path());
     let credentials = Credentials::from_header(request.headers().get(header::AUTHORIZATION));
-    match authorize(route, &credentials, &http.auth, unix_now()) {
+    let decided = match basic_refused(&credentials, http.basic_in_clear) {
+        Some(refusal) => Err(refusal),
+        None => authorize(route, &credentials, &http.auth, unix_now()),
+    };
+    match decided {
         Ok(principal) => {
             request.extensions_mut().insert(principal);
             next.run(request).await

@@ -25,4 +25,7 @@ pub(super) struct HttpState {
     pub(super) cluster: Option<crate::master::cluster::ClusterNode>,
     /// Who may use which route ([`super::auth`]).
     pub(super) auth: Arc<super::auth::HttpAuth>,
+    /// The listener is plain HTTP and not loopback: HTTP Basic is refused
+    /// ([`super::auth::basic_refused`]).
+    pub(super) basic_in_clear: bool,
 }
