@@ -22,6 +22,7 @@ pub mod dry_run_batch;
 pub mod jobs;
 pub mod leader_http;
 pub mod local;
+pub mod log_limit;
 pub mod master;
 pub mod security;
 pub mod sim;

@@ -237,12 +237,22 @@ fn load_config(path: Option<&PathBuf>) -> Result<Config, String> {
 }
 
 fn init_logging(default: &str) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+    // openraft repeats its complaints about an unreachable master several times a second:
+    // one line per peer and call site every 30 s (ringmaster::log_limit).
+    let limit = ringmaster::log_limit::RepeatLimit::new(ringmaster::log_limit::RAFT_REPEAT_EVERY);
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_filter(filter)
+                .with_filter(limit),
+        )
         .init();
 }
 
