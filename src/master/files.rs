@@ -25,6 +25,9 @@ pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct FileRequest {
     pub framework_id: String,
     pub task_id: String,
+    /// `Some(principal)`: read only a task of a framework that principal owns (a tenant
+    /// reading its own task's output); `None`: any task (an operator, or no authentication).
+    pub owner: Option<String>,
     pub file: ringmaster_proto::FileKind,
     pub offset: u64,
     pub length: u32,
@@ -56,12 +59,19 @@ pub enum FileReadError {
     Busy,
     /// The agent answered with an error (no sandbox, unsafe file, I/O).
     Agent(String),
+    /// The task's framework belongs to another principal than the one asking.
+    NotOwner(String),
 }
 
 impl std::fmt::Display for FileReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             FileReadError::UnknownTask => write!(f, "no such task"),
+            FileReadError::NotOwner(principal) => write!(
+                f,
+                "the task's framework does not belong to principal {principal:?} (an operator \
+                 reads every task's output)"
+            ),
             FileReadError::AgentGone(agent) => {
                 write!(f, "agent {agent} is not connected to the master")
             }

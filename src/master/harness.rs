@@ -305,10 +305,25 @@ impl Harness {
         offset: u64,
         length: u32,
     ) -> tokio::sync::oneshot::Receiver<super::files::FileReadResult> {
+        self.read_file_as(framework_id, task_id, file, offset, length, None)
+    }
+
+    /// [`Harness::read_file`] by a principal who may read only its own frameworks' tasks
+    /// (`owner`), as `GET /files/read` asks for a non-operator.
+    pub fn read_file_as(
+        &mut self,
+        framework_id: &str,
+        task_id: &str,
+        file: ringmaster_proto::FileKind,
+        offset: u64,
+        length: u32,
+        owner: Option<&str>,
+    ) -> tokio::sync::oneshot::Receiver<super::files::FileReadResult> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let request = super::files::FileRequest {
             framework_id: framework_id.to_string(),
             task_id: task_id.to_string(),
+            owner: owner.map(str::to_string),
             file,
             offset,
             length,

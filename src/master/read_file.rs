@@ -12,6 +12,12 @@ use super::state::{make_task_key, MasterState};
 impl MasterState {
     /// Sends the read to the task's agent, or answers at once why it cannot be read.
     pub(crate) fn read_file(&mut self, request: FileRequest, reply: FileReply, now: Instant) {
+        if let Some(owner) = &request.owner {
+            if self.owners.framework(&request.framework_id) != *owner {
+                let _ = reply.send(Err(FileReadError::NotOwner(owner.clone())));
+                return;
+            }
+        }
         let key = make_task_key(&request.framework_id, &request.task_id);
         let Some(task) = self.tasks.get(&key) else {
             let _ = reply.send(Err(FileReadError::UnknownTask));

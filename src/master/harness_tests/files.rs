@@ -209,3 +209,50 @@ fn an_unanswered_read_times_out_on_the_tick() {
     h.send(agent, data(read.request_id, b"late", 0, 4));
     assert_eq!(h.state.reads.len(), 0);
 }
+
+/// `GET /files/read` by a framework's principal (not an operator, issue 45): its own
+/// framework's task is read through its agent; another principal's framework's task is refused
+/// at once (`NotOwner`, 403), and nothing is asked of the agent.
+#[test]
+fn a_tenant_reads_only_its_own_frameworks_tasks() {
+    use crate::security::{AllowedUsers, AuthConfig, PrincipalGrant};
+    let grant = || {
+        PrincipalGrant::new(
+            b"secret".to_vec(),
+            [ringmaster_proto::security::AuthRole::Framework].into(),
+            AllowedUsers::Any,
+        )
+    };
+    let mut h = Harness::configured(|c| {
+        c.auth = AuthConfig {
+            required: false,
+            principals: [
+                ("spark".to_string(), grant()),
+                ("other".to_string(), grant()),
+            ]
+            .into(),
+        }
+    });
+    let agent = h.agent("a1", "cpus:4;mem:1024");
+    let subscribe = |name: &str| ringmaster_proto::Subscribe {
+        name: name.into(),
+        user: "nobody".into(),
+        ..Default::default()
+    };
+    let spark = h.framework_as(subscribe("spark"), Some("spark"));
+    let other = h.framework_as(subscribe("other"), Some("other"));
+    running(&mut h, &spark, agent, "t1", "cpus:1;mem:128");
+    running(&mut h, &other, agent, "t2", "cpus:1;mem:128");
+
+    let mut refused = h.read_file_as(&other.id, "t2", FileKind::Stdout, 0, 10, Some("spark"));
+    assert!(matches!(
+        refused.try_recv(),
+        Ok(Err(FileReadError::NotOwner(p))) if p == "spark"
+    ));
+    h.expect_nothing(agent);
+    let mut own = h.read_file_as(&spark.id, "t1", FileKind::Stdout, 0, 10, Some("spark"));
+    let read = expect_read(&mut h, agent);
+    assert_eq!(read.task_id, "t1");
+    h.send(agent, data(read.request_id, b"out", 0, 3));
+    assert!(matches!(own.try_recv(), Ok(Ok(FileWindow { .. }))));
+}

@@ -197,6 +197,9 @@ impl Credentials {
 pub struct Principal {
     /// `None`: anonymous.
     pub name: Option<String>,
+    /// May read every task's output (an operator, or anyone where authentication is not
+    /// required); else only its own frameworks' tasks' (`GET /files/read`).
+    pub all_logs: bool,
 }
 
 /// Why a request was refused.
@@ -308,13 +311,19 @@ pub fn authorize(
 ) -> Result<Principal, Refusal> {
     let access = route.access();
     if access == Access::Public {
-        return Ok(Principal { name: None });
+        return Ok(Principal {
+            name: None,
+            all_logs: false,
+        });
     }
     let anonymous_ok = !auth.auth.required
         || matches!(access, Access::Read(Some(r)) if auth.http.anonymous.contains(&r));
     if *credentials == Credentials::None {
         return if anonymous_ok {
-            Ok(Principal { name: None })
+            Ok(Principal {
+                name: None,
+                all_logs: !auth.auth.required,
+            })
         } else {
             Err(Refusal::Missing)
         };
@@ -328,10 +337,20 @@ pub fn authorize(
         Access::Read(Some(r)) if auth.http.anonymous.contains(&r) => (true, ""),
         Access::Read(_) => (viewer, "viewer or operator"),
         Access::Write => (operator, "operator"),
-        Access::Logs => (operator, "operator"),
+        // A framework's principal reads its own tasks' output (the actor checks the owner);
+        // a job's tasks are the jobs framework's, so their logs are the operator's.
+        Access::Logs => (
+            operator
+                || (route == Route::FilesRead
+                    && grant.allows_role(ringmaster_proto::security::AuthRole::Framework)),
+            "operator (or framework, for its own tasks' `/files/read`)",
+        ),
     };
     if allowed {
-        Ok(Principal { name: Some(name) })
+        Ok(Principal {
+            name: Some(name),
+            all_logs: operator,
+        })
     } else {
         Err(Refusal::Forbidden(format!(
             "principal {name:?} may not use this route: it needs the role {needs}"
@@ -502,6 +521,7 @@ mod tests {
             );
             let ops = Principal {
                 name: Some("ops".into()),
+                all_logs: true,
             };
             assert_eq!(
                 check(&basic("ops", "ops-secret")),
@@ -530,13 +550,26 @@ mod tests {
         for (method, path, _) in LOGS {
             let r = route(method, path);
             let check = |c: &Credentials| authorize(r, c, &auth, NOW);
-            assert!(check(&basic("ops", "ops-secret")).is_ok(), "{path}");
-            for who in ["eyes", "spark"] {
-                let secret = format!("{who}-secret");
-                assert_eq!(
-                    check(&basic(who, &secret)).unwrap_err().reason(),
-                    "forbidden"
-                );
+            assert!(
+                check(&basic("ops", "ops-secret")).unwrap().all_logs,
+                "{path}"
+            );
+            assert_eq!(
+                check(&basic("eyes", "eyes-secret")).unwrap_err().reason(),
+                "forbidden"
+            );
+            // A framework's principal reads its own tasks' output (the actor checks the
+            // owner), never a job's.
+            let spark = check(&basic("spark", "spark-secret"));
+            match r {
+                Route::FilesRead => assert_eq!(
+                    spark,
+                    Ok(Principal {
+                        name: Some("spark".into()),
+                        all_logs: false
+                    })
+                ),
+                _ => assert_eq!(spark.unwrap_err().reason(), "forbidden", "{path}"),
             }
         }
         // /health is open to everyone, whatever they present.
@@ -565,7 +598,10 @@ mod tests {
             let r = route(method, path);
             assert_eq!(
                 authorize(r, &Credentials::None, &auth, NOW),
-                Ok(Principal { name: None })
+                Ok(Principal {
+                    name: None,
+                    all_logs: true
+                })
             );
             assert_eq!(
                 authorize(r, &basic("ops", "wrong"), &auth, NOW)

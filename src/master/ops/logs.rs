@@ -101,6 +101,7 @@ async fn read(http: &HttpState, request: FileRequest) -> Result<FileWindow, Box<
     result.map_err(|e| {
         let status = match &e {
             FileReadError::UnknownTask => StatusCode::NOT_FOUND,
+            FileReadError::NotOwner(_) => StatusCode::FORBIDDEN,
             FileReadError::AgentGone(_) | FileReadError::Agent(_) => StatusCode::BAD_GATEWAY,
             FileReadError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             FileReadError::Busy => StatusCode::SERVICE_UNAVAILABLE,
@@ -157,8 +158,17 @@ fn ok(value: serde_json::Value) -> Response {
 /// `GET /files/read?framework_id=F&task_id=T&file=stdout|stderr&offset=N&length=M`.
 pub(super) async fn files_read(
     State(http): State<HttpState>,
+    principal: Option<axum::Extension<super::auth::Principal>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
+    // Who may read which task ([`super::auth`]): an operator every task, a framework's
+    // principal its own frameworks' tasks (the actor checks the owner).
+    let owner = match principal {
+        Some(axum::Extension(p)) if p.all_logs => None,
+        Some(axum::Extension(p)) => Some(p.name.unwrap_or_default()),
+        // Not let in by the middleware: nobody's (fails closed).
+        None => Some(String::new()),
+    };
     let (Some(framework_id), Some(task_id)) = (query.get("framework_id"), query.get("task_id"))
     else {
         return error(
@@ -173,6 +183,7 @@ pub(super) async fn files_read(
     let request = FileRequest {
         framework_id: framework_id.clone(),
         task_id: task_id.clone(),
+        owner,
         file,
         offset,
         length,
@@ -233,6 +244,8 @@ pub(super) async fn job_logs(
     let request = FileRequest {
         framework_id,
         task_id: task_id.clone(),
+        // The route needs an operator (a job's tasks are the jobs framework's).
+        owner: None,
         file,
         offset,
         length,
