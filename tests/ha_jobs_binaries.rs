@@ -153,17 +153,7 @@ fn restart_counts_and_health_survive_a_leader_change_with_authentication() {
         ("RINGMASTER_SECRET_FILE", ops_secret.as_path()),
     ];
     let status = |what: &str, cond: &dyn Fn(&serde_json::Value) -> bool| {
-        let deadline = std::time::Instant::now() + WAIT;
-        loop {
-            let (code, out, err) = job_with_env(&http_list, &["status", "web", "--json"], &ops);
-            assert_eq!(code, 0, "{err}");
-            let value: serde_json::Value = serde_json::from_str(&out).unwrap();
-            if cond(&value) {
-                return value;
-            }
-            assert!(std::time::Instant::now() < deadline, "{what}: {value:#}");
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        status_when_as(&http_list, "web", &ops, what, cond)
     };
     let healthy = |s: &serde_json::Value| {
         s["instances"]

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use processes::{start_master, WAIT};
+use processes::{start_master, wait_line, WAIT};
 
 /// The HTTP address a master logs (`operator HTTP ... on http://ADDR/`).
 fn http_address(logs: &mpsc::Receiver<String>) -> String {
@@ -109,6 +109,11 @@ fn start() -> Cluster {
     .unwrap();
     let (master, _addr, logs) = start_master(&config);
     let http = http_address(&logs);
+    // The jobs framework starts after the HTTP server: `/jobs` answers once it subscribed.
+    let mut seen = Vec::new();
+    wait_line(&logs, &mut seen, "the jobs framework subscribed", |s| {
+        s.iter().any(|l| l.contains("jobs framework subscribed"))
+    });
     // Keep reading the log so the master never blocks on a full pipe.
     std::thread::spawn(move || for _ in logs {});
     Cluster {
@@ -116,23 +121,6 @@ fn start() -> Cluster {
         _dir: dir,
         _master: master,
         http,
-    }
-}
-
-/// Waits until the jobs framework answers `GET /jobs` (it starts after the HTTP server).
-fn wait_jobs_ready(url: &str, operator: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (status, _, body) = request("GET", &format!("{url}/jobs"), Some(operator), None);
-        if status == 200 {
-            return;
-        }
-        assert_eq!(status, 503, "{body}");
-        assert!(
-            Instant::now() < deadline,
-            "the jobs framework never came up: {body}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
 
@@ -154,7 +142,6 @@ fn every_write_route_needs_an_operator_and_refusals_change_nothing() {
         "Bearer {}",
         ringmaster::security::http_token("ops", b"ops-secret", now() - 5)
     );
-    wait_jobs_ready(&url, &ops);
 
     // Open to everyone: /health always, /metrics by http.anonymous.
     assert_eq!(request("GET", &format!("{url}/health"), None, None).0, 200);
@@ -315,8 +302,6 @@ fn ringmaster(args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {
 #[test]
 fn the_clis_authenticate_with_principal_and_secret_file() {
     let cluster = start();
-    let url = format!("http://{}", cluster.http);
-    wait_jobs_ready(&url, &basic("ops", "ops-secret"));
     let spec_file = cluster.secrets.join("web.yaml");
     std::fs::write(&spec_file, SPEC).unwrap();
     let spec_file = spec_file.to_str().unwrap();

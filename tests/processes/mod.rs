@@ -213,9 +213,23 @@ pub fn status_when(
     what: &str,
     cond: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
+    status_when_as(http, name, &[], what, cond)
+}
+
+/// [`status_when`] with environment `env` for the CLI (e.g. its credential).
+pub fn status_when_as(
+    http: &str,
+    name: &str,
+    env: &[(&str, &Path)],
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = Instant::now() + WAIT;
     loop {
-        let status = status_json(http, name);
+        let (code, out, err) = job_with_env(http, &["status", name, "--json"], env);
+        assert_eq!(code, 0, "{err}");
+        let status: serde_json::Value =
+            serde_json::from_str(&out).expect("job status --json is JSON");
         if cond(&status) {
             return status;
         }
